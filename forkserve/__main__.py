@@ -1,0 +1,3 @@
+from forkserve.cli import main
+
+raise SystemExit(main())
