@@ -1,0 +1,951 @@
+"""forkserve.memory: parsing /proc text, the derived report, its renderings,
+and the `forkserve memory` command.
+
+Parsing is tested on text captured from /proc (tests/data/proc, see its
+README); the live tests fork real processes and compare our readings with an
+independent reading of /proc/PID/smaps_rollup.
+"""
+
+import contextlib
+import dataclasses
+import errno
+import http.server
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import hypothesis
+import hypothesis.strategies as st
+import pytest
+
+from forkserve import memory, memory_command, procfs
+from forkserve.memory import ProcessInfo, ProcessMemory, ProcessRow, Report
+
+DATA = Path(__file__).parent / "data" / "proc"
+KIB = 1024
+MIB = 1024 * 1024
+
+# tests/data/proc/5389: /bin/sleep run as "my (odd) proc)" on Linux 6.18.
+SLEEP_PID = 5389
+# tests/data/proc/4049: crafted Linux 4.9 process, smaps but no smaps_rollup.
+OLD_KERNEL_PID = 4049
+BOOT_TIME = 1795321463  # btime in tests/data/proc/stat
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def fixture_text(*parts):
+    return DATA.joinpath(*map(str, parts)).read_text()
+
+
+def make_memory(pid=1, *, rss, pss, shared_clean=0, shared_dirty=0, private_clean=0,
+                private_dirty=0, swap=0, minor_faults=0, major_faults=0, start_time=1000.0):
+    return ProcessMemory(
+        pid=pid, rss=rss, pss=pss, shared_clean=shared_clean, shared_dirty=shared_dirty,
+        private_clean=private_clean, private_dirty=private_dirty, swap=swap,
+        minor_faults=minor_faults, major_faults=major_faults, start_time=start_time,
+    )
+
+
+def make_report():
+    """A master of 100 MiB whose two workers share most of it."""
+    master = make_memory(
+        100, rss=100 * MIB, pss=40 * MIB, shared_clean=90 * MIB, private_dirty=10 * MIB,
+        minor_faults=5000, major_faults=3, start_time=1000.0,
+    )
+    worker1 = make_memory(
+        101, rss=95 * MIB, pss=35 * MIB, shared_clean=90 * MIB, private_dirty=5 * MIB,
+        swap=4 * KIB, minor_faults=700, start_time=1010.0,
+    )
+    worker2 = make_memory(
+        102, rss=95 * MIB, pss=35 * MIB, shared_clean=89 * MIB, shared_dirty=1 * MIB,
+        private_clean=1 * MIB, private_dirty=4 * MIB, minor_faults=650, start_time=1010.5,
+    )
+    rows = (
+        ProcessRow(ProcessInfo(100, "master"), master, 3723.0),
+        ProcessRow(ProcessInfo(101, "worker", 1, requests=1200, generation=1), worker1, 3713.0),
+        ProcessRow(ProcessInfo(102, "worker", 2, requests=None, generation=1), worker2, 3712.5),
+    )
+    return Report(rows, time=4723.0)
+
+
+# -- Parsing ------------------------------------------------------------------
+
+
+def test_smaps_rollup_fields_are_converted_from_kb_to_bytes():
+    fields = memory.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
+    assert fields["Rss"] == 1828 * KIB
+    assert fields["Pss"] == 349 * KIB
+    assert fields["Shared_Clean"] == 1676 * KIB
+    assert fields["Shared_Dirty"] == 0
+    assert fields["Private_Clean"] == 40 * KIB
+    assert fields["Private_Dirty"] == 112 * KIB
+    assert fields["Swap"] == 0
+    assert fields["Pss_Anon"] == 112 * KIB  # every kB field is kept, not only the seven
+
+
+def test_smaps_rollup_header_line_is_not_a_field():
+    fields = memory.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
+    assert all(re.fullmatch(r"[A-Za-z_]+", name) for name in fields)
+
+
+def test_smaps_rollup_missing_fields_are_absent_and_read_as_zero():
+    text = textwrap.dedent("""\
+        00400000-7fff00000000 ---p 00000000 00:00 0    [rollup]
+        Rss:                   8 kB
+        Pss:                   6 kB
+        Private_Dirty:         4 kB
+        """)
+    fields = memory.parse_smaps_rollup(text)
+    assert fields == {"Rss": 8 * KIB, "Pss": 6 * KIB, "Private_Dirty": 4 * KIB}
+    stat = memory.parse_stat(fixture_text(SLEEP_PID, "stat"))
+    mem = ProcessMemory.from_proc(stat, fields, boot_time=BOOT_TIME, clock_ticks=100)
+    assert (mem.swap, mem.shared_clean, mem.private_clean) == (0, 0, 0)
+    assert mem.uss == 4 * KIB
+
+
+def test_smaps_without_rollup_is_summed_over_mappings():
+    fields = memory.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
+    assert fields["Rss"] == 22740 * KIB
+    assert fields["Pss"] == 20084 * KIB
+    assert fields["Shared_Clean"] == 2944 * KIB
+    assert fields["Shared_Dirty"] == 1264 * KIB
+    assert fields["Private_Clean"] == 0
+    assert fields["Private_Dirty"] == 18532 * KIB
+    assert fields["Swap"] == 1036 * KIB
+
+
+def test_smaps_per_mapping_attributes_are_not_summed():
+    fields = memory.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
+    assert not {"Size", "KernelPageSize", "MMUPageSize", "VmFlags", "THPeligible"} & set(fields)
+
+
+def test_smaps_mapping_path_that_looks_like_a_field_is_not_counted():
+    text = textwrap.dedent("""\
+        7f0000000000-7f0000001000 rw-s 00000000 00:05 42    /tmp/Rss: 5000 kB
+        Rss:                   4 kB
+        Private_Dirty:         4 kB
+        VmFlags: rd wr sh
+        """)
+    assert memory.parse_smaps(text) == {"Rss": 4 * KIB, "Private_Dirty": 4 * KIB}
+
+
+def test_smaps_sum_agrees_with_rollup_of_the_same_process():
+    rollup = memory.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
+    summed = memory.parse_smaps(fixture_text(SLEEP_PID, "smaps"))
+    assert summed["Rss"] == rollup["Rss"]
+    # smaps rounds each mapping's Pss down, and a page changed hands between reads.
+    assert summed["Pss"] == pytest.approx(rollup["Pss"], rel=0.05)
+    assert set(name for name, _ in procfs.MEMORY_FIELDS) <= set(summed)
+
+
+def test_parsers_accept_bytes_as_well_as_text():
+    text = fixture_text(SLEEP_PID, "smaps_rollup")
+    assert memory.parse_smaps_rollup(text.encode()) == memory.parse_smaps_rollup(text)
+    stat = fixture_text(SLEEP_PID, "stat")
+    assert memory.parse_stat(stat.encode()) == memory.parse_stat(stat)
+
+
+def test_stat_comm_with_spaces_and_parens_is_read_whole():
+    stat = memory.parse_stat(fixture_text(SLEEP_PID, "stat"))
+    assert stat == procfs.ProcStat(
+        pid=SLEEP_PID, comm="my (odd) proc)", state="S", ppid=5385,
+        minflt=104, majflt=0, starttime_ticks=67347,
+    )
+
+
+def test_stat_fault_counts_and_start_ticks_come_from_their_fields():
+    stat = memory.parse_stat(fixture_text(OLD_KERNEL_PID, "stat"))
+    assert (stat.pid, stat.comm, stat.ppid) == (OLD_KERNEL_PID, "python3", 1)
+    assert (stat.minflt, stat.majflt, stat.starttime_ticks) == (51234, 12, 123456)
+
+
+def test_stat_comm_with_newline_and_closing_paren_is_read_whole():
+    rest = " ".join(["S", "7"] + [str(n) for n in range(5, 53)])
+    stat = memory.parse_stat(f"42 (a)\n) b) {rest}\n")
+    assert (stat.pid, stat.comm, stat.state, stat.ppid) == (42, "a)\n) b", "S", 7)
+    assert (stat.minflt, stat.majflt, stat.starttime_ticks) == (10, 12, 22)
+
+
+@hypothesis.given(
+    comm=st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), max_size=64)
+)
+def test_stat_any_comm_round_trips(comm):
+    line = f"123 ({comm}) R 1 " + " ".join(str(n) for n in range(5, 53)) + "\n"
+    stat = memory.parse_stat(line)
+    assert (stat.pid, stat.comm, stat.ppid, stat.starttime_ticks) == (123, comm, 1, 22)
+
+
+@pytest.mark.parametrize("text", ["", "garbage", "12 (x) S 1 2 3\n", "(x) S " + "1 " * 50])
+def test_stat_rejects_text_that_is_not_a_stat_line(text):
+    with pytest.raises(ValueError):
+        memory.parse_stat(text)
+
+
+def test_boot_time_is_btime_from_proc_stat():
+    assert procfs.parse_boot_time(fixture_text("stat")) == BOOT_TIME
+    with pytest.raises(ValueError, match="btime"):
+        procfs.parse_boot_time("cpu 1 2 3\n")
+
+
+def test_children_file_is_space_separated_pids():
+    assert procfs.parse_children("101 102 \n") == [101, 102]
+    assert procfs.parse_children("") == []
+
+
+# -- Reading a /proc tree -------------------------------------------------------
+
+
+def test_read_process_uses_smaps_rollup_and_stat():
+    mem = memory.read_process(SLEEP_PID, proc=DATA)
+    assert mem == ProcessMemory(
+        pid=SLEEP_PID, rss=1828 * KIB, pss=349 * KIB, shared_clean=1676 * KIB, shared_dirty=0,
+        private_clean=40 * KIB, private_dirty=112 * KIB, swap=0, minor_faults=104, major_faults=0,
+        start_time=BOOT_TIME + 67347 / os.sysconf("SC_CLK_TCK"),
+    )
+
+
+def test_read_process_falls_back_to_smaps_on_kernels_without_rollup():
+    assert not (DATA / str(OLD_KERNEL_PID) / "smaps_rollup").exists()
+    mem = memory.read_process(OLD_KERNEL_PID, proc=DATA)
+    assert (mem.rss, mem.pss, mem.swap) == (22740 * KIB, 20084 * KIB, 1036 * KIB)
+    assert mem.uss == 18532 * KIB
+    assert (mem.minor_faults, mem.major_faults) == (51234, 12)
+
+
+def test_read_process_of_missing_pid_is_none():
+    assert memory.read_process(999999999, proc=DATA) is None
+
+
+def test_read_process_lets_permission_errors_through(monkeypatch):
+    real_read = procfs._read
+
+    def read(path):
+        if path.endswith("smaps_rollup"):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_read(path)
+
+    monkeypatch.setattr(procfs, "_read", read)
+    with pytest.raises(PermissionError):
+        memory.read_process(SLEEP_PID, proc=DATA)
+
+
+def write_stat(proc, pid, ppid, state="S"):
+    template = fixture_text(OLD_KERNEL_PID, "stat")
+    line = template.replace("4049 (python3) S 1 ", f"{pid} (python3) {state} {ppid} ", 1)
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "stat").write_text(line)
+
+
+def test_discover_reads_children_files_of_every_thread(tmp_path):
+    write_stat(tmp_path, 100, 1)
+    (tmp_path / "100/task/100").mkdir(parents=True)
+    (tmp_path / "100/task/100/children").write_text("102 101 ")
+    (tmp_path / "100/task/105").mkdir(parents=True)
+    (tmp_path / "100/task/105/children").write_text("103 ")
+    infos = memory.discover(100, proc=tmp_path)
+    assert infos == [
+        ProcessInfo(100, "master"),
+        ProcessInfo(101, "worker"),
+        ProcessInfo(102, "worker"),
+        ProcessInfo(103, "worker"),
+    ]
+
+
+def test_discover_scans_proc_when_kernel_has_no_children_files(tmp_path):
+    write_stat(tmp_path, 100, 1)
+    (tmp_path / "100/task/100").mkdir(parents=True)
+    write_stat(tmp_path, 101, 100)
+    write_stat(tmp_path, 102, 1)
+    write_stat(tmp_path, 103, 100)
+    (tmp_path / "self").mkdir()
+    infos = memory.discover(100, proc=tmp_path)
+    assert [(i.pid, i.role, i.worker_id) for i in infos] == [
+        (100, "master", None), (101, "worker", None), (103, "worker", None)
+    ]
+
+
+def test_discover_without_children_is_a_single_process(tmp_path):
+    write_stat(tmp_path, 100, 1)
+    (tmp_path / "100/task/100").mkdir(parents=True)
+    (tmp_path / "100/task/100/children").write_text("")
+    assert memory.discover(100, proc=tmp_path) == [ProcessInfo(100, "single")]
+
+
+def test_discover_of_exited_master_raises_process_lookup_error(tmp_path):
+    with pytest.raises(ProcessLookupError):
+        memory.discover(100, proc=tmp_path)
+    write_stat(tmp_path, 100, 1, state="Z")
+    with pytest.raises(ProcessLookupError):
+        memory.discover(100, proc=tmp_path)
+
+
+def test_collect_drops_vanished_and_repeated_processes_and_derives_uptime():
+    infos = [
+        ProcessInfo(SLEEP_PID, "master"),
+        ProcessInfo(999999999, "worker", worker_id=1),
+        ProcessInfo(OLD_KERNEL_PID, "worker", worker_id=2, requests=7),
+        ProcessInfo(OLD_KERNEL_PID, "worker", worker_id=3),
+    ]
+    start = BOOT_TIME + 67347 / os.sysconf("SC_CLK_TCK")
+    report = memory.collect(infos, now=start + 90.0, proc=DATA)
+    assert [row.info.pid for row in report.processes] == [SLEEP_PID, OLD_KERNEL_PID]
+    assert report.processes[0].uptime == pytest.approx(90.0)
+    assert report.processes[1].info.requests == 7
+    assert report.time == start + 90.0
+
+
+# -- The report -------------------------------------------------------------------
+
+
+def test_uss_shared_and_shared_fraction_of_a_process():
+    mem = make_memory(rss=100, pss=50, shared_clean=60, shared_dirty=15, private_clean=5,
+                      private_dirty=20)
+    assert mem.uss == 25
+    assert mem.shared == 75
+    assert mem.shared_fraction == 0.75
+
+
+def test_shared_fraction_of_a_process_with_nothing_resident_is_zero():
+    assert make_memory(rss=0, pss=0).shared_fraction == 0.0
+
+
+def test_cost_ratio_and_workers_cost_are_relative_to_master_rss():
+    report = make_report()
+    assert report.total_pss == 110 * MIB
+    assert report.master_rss == 100 * MIB
+    assert report.workers_cost == 10 * MIB
+    assert report.cost_ratio == pytest.approx(1.1)
+    assert report.total_uss == 10 * MIB + 5 * MIB + 5 * MIB
+    assert report.requests == 1200
+    assert (report.minor_faults, report.major_faults) == (6350, 3)
+
+
+def test_report_without_a_master_has_no_cost_ratio():
+    report = make_report()
+    workers_only = Report(report.processes[1:], report.time)
+    assert workers_only.master is None
+    assert workers_only.master_rss is None
+    assert workers_only.workers_cost is None
+    assert workers_only.cost_ratio is None
+    assert workers_only.total_pss == 70 * MIB
+
+
+def test_requests_are_unknown_when_no_process_knows_them():
+    rows = tuple(
+        ProcessRow(ProcessInfo(row.info.pid, row.info.role), row.memory, row.uptime)
+        for row in make_report().processes
+    )
+    assert Report(rows, 0.0).requests is None
+
+
+def test_process_info_rejects_an_unknown_role():
+    with pytest.raises(ValueError, match="master, worker, single"):
+        ProcessInfo(1, "manager")
+
+
+# -- Table ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "size, text",
+    [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
+     (260 * MIB + MIB // 10, "260.1 MiB"), (3 * 1024 * MIB, "3.0 GiB"), (-2 * MIB, "-2.0 MiB")],
+)
+def test_sizes_are_shown_in_binary_units(size, text):
+    assert memory.format_size(size) == text
+
+
+@pytest.mark.parametrize(
+    "seconds, text",
+    [(0, "0s"), (42.9, "42s"), (303, "5m03s"), (7500, "2h05m"), (4 * 86400 + 3 * 3600, "4d03h")],
+)
+def test_uptime_is_shown_in_its_two_largest_units(seconds, text):
+    assert memory.format_duration(seconds) == text
+
+
+def test_table_has_a_row_per_process_a_total_row_and_a_summary():
+    lines = memory.format_table(make_report()).splitlines()
+    assert lines[0].split() == [
+        "PID", "ROLE", "RSS", "PSS", "SHARED", "PRIVATE(USS)", "SWAP", "MINFLT", "MAJFLT", "REQS",
+        "UPTIME",
+    ]
+    assert lines[1].split() == [
+        "100", "master", "100.0", "MiB", "40.0", "MiB", "90.0", "MiB", "10.0", "MiB", "0", "B",
+        "5000", "3", "-", "1h02m",
+    ]
+    assert lines[2].split()[:3] == ["101", "worker", "1"]
+    assert lines[2].split()[-2:] == ["1200", "1h01m"]
+    assert lines[3].split()[-2:] == ["-", "1h01m"]
+    assert lines[4].split() == [
+        "total", "290.0", "MiB", "110.0", "MiB", "270.0", "MiB", "20.0", "MiB", "4.0", "KiB",
+        "6350", "3", "1200",
+    ]
+    assert lines[5] == "total PSS 110.0 MiB = master RSS 100.0 MiB x 1.10 (workers add 10.0 MiB)"
+    assert len(lines) == 6
+
+
+def test_table_columns_line_up():
+    lines = memory.format_table(make_report()).splitlines()[:-1]
+    header = lines[0]
+    for column in ("RSS", "PSS", "SWAP", "MINFLT"):
+        right_edge = header.index(column) + len(column)
+        for line in lines[1:]:
+            assert line[right_edge - 1] != " "
+            assert right_edge == len(line) or line[right_edge] == " "
+
+
+def test_table_summary_of_a_single_process_mentions_no_workers():
+    row = make_report().processes[0]
+    single = Report((ProcessRow(ProcessInfo(100, "single"), row.memory, row.uptime),), 0.0)
+    summary = memory.format_table(single).splitlines()[-1]
+    assert summary == "total PSS 40.0 MiB: a single process, no workers"
+
+
+def test_table_of_an_empty_report_says_the_server_has_exited():
+    assert "exited" in memory.format_table(Report((), 0.0))
+
+
+def test_log_report_logs_each_process_then_the_summary(caplog):
+    caplog.set_level("INFO", logger="test.memory")
+    memory.log_report(logging.getLogger("test.memory"), make_report())
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages[0] == (
+        "Memory of master (pid 100): RSS 100.0 MiB, PSS 40.0 MiB, shared 90.0 MiB (90%), "
+        "private 10.0 MiB, swap 0 B"
+    )
+    assert messages[1].startswith("Memory of worker 1 (pid 101): ")
+    assert messages[3] == "Memory: " + memory.format_table(make_report()).splitlines()[-1]
+    assert len(messages) == 4
+
+
+# -- JSON ------------------------------------------------------------------------------
+
+
+def test_json_round_trip_gives_back_the_same_report():
+    report = make_report()
+    served = json.loads(json.dumps(memory.to_json(report)))
+    assert memory.from_json(served) == report
+
+
+def test_json_keys_are_the_documented_ones():
+    data = memory.to_json(make_report())
+    assert list(data) == ["schema", "time", "processes", "totals"]
+    assert list(data["processes"][0]) == [
+        "pid", "role", "worker_id", "generation", "requests", "start_time", "uptime",
+        "rss", "pss", "shared_clean", "shared_dirty", "private_clean", "private_dirty", "swap",
+        "uss", "shared", "shared_fraction", "minor_faults", "major_faults",
+    ]
+    assert list(data["totals"]) == [
+        "processes", "workers", "rss", "pss", "uss", "swap", "master_rss", "workers_cost",
+        "cost_ratio", "minor_faults", "major_faults", "requests",
+    ]
+    assert data["processes"][1]["worker_id"] == 1
+    assert data["processes"][0]["worker_id"] is None
+    assert data["totals"]["pss"] == 110 * MIB
+    assert data["totals"]["workers"] == 2
+    assert data["totals"]["cost_ratio"] == pytest.approx(1.1)
+
+
+def test_json_of_a_report_without_master_has_null_cost():
+    report = make_report()
+    totals = memory.to_json(Report(report.processes[1:], report.time))["totals"]
+    assert totals["master_rss"] is None
+    assert totals["workers_cost"] is None
+    assert totals["cost_ratio"] is None
+
+
+@pytest.mark.parametrize(
+    "obj, message",
+    [
+        ([], "no list of processes"),
+        ({"schema": 1, "time": 0}, "no list of processes"),
+        ({"schema": 99, "time": 0, "processes": []}, "same forkserve version"),
+        ({"schema": 1, "time": 0, "processes": [{"pid": 1}]}, "missing 'role'"),
+        ({"schema": 1, "processes": []}, "missing 'time'"),
+    ],
+)
+def test_from_json_rejects_what_is_not_a_report(obj, message):
+    with pytest.raises(ValueError, match=message):
+        memory.from_json(obj)
+
+
+def test_from_json_rejects_a_null_size():
+    data = memory.to_json(make_report())
+    data["processes"][0]["pss"] = None
+    with pytest.raises(ValueError, match="not a forkserve memory report"):
+        memory.from_json(data)
+
+
+# -- Prometheus ---------------------------------------------------------------------------
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+_VALUE = r"(?:[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|Inf)|NaN)"
+_SAMPLE = re.compile(rf"({_NAME})(?:\{{((?:{_LABEL})(?:,{_LABEL})*)?\}})? ({_VALUE})(?: -?\d+)?")
+_HELP = re.compile(rf"# HELP ({_NAME}) (?:[^\\\n]|\\[\\n])*")
+_TYPE = re.compile(rf"# TYPE ({_NAME}) (counter|gauge|histogram|summary|untyped)")
+
+
+def check_exposition(text):
+    """Assert text is valid Prometheus text format 0.0.4; return {name: type}."""
+    assert text.endswith("\n")
+    helps, types, series, finished = set(), {}, set(), set()
+    current = None
+    for line in text[:-1].split("\n"):
+        if line.startswith("# HELP "):
+            match = _HELP.fullmatch(line)
+            assert match, line
+            assert match[1] not in helps, f"HELP twice: {line}"
+            assert match[1] not in types, f"HELP after TYPE: {line}"
+            helps.add(match[1])
+        elif line.startswith("# TYPE "):
+            match = _TYPE.fullmatch(line)
+            assert match, line
+            assert match[1] not in types, f"TYPE twice: {line}"
+            types[match[1]] = match[2]
+        elif line.startswith("#") or not line:
+            continue
+        else:
+            match = _SAMPLE.fullmatch(line)
+            assert match, f"not a sample line: {line!r}"
+            name = match[1]
+            assert name in helps and name in types, f"sample before HELP/TYPE: {line}"
+            if current != name:
+                assert name not in finished, f"samples of {name} are not grouped"
+                if current:
+                    finished.add(current)
+                current = name
+            labels = tuple(sorted(re.findall(_LABEL, match[2] or "")))
+            assert (name, labels) not in series, f"duplicate series: {line}"
+            series.add((name, labels))
+            if types[name] == "counter":
+                assert name.endswith("_total"), name
+    return types
+
+
+def test_prometheus_text_is_valid_exposition_format():
+    types = check_exposition(memory.to_prometheus(make_report()))
+    assert types["forkserve_process_pss_bytes"] == "gauge"
+    assert types["forkserve_process_minor_faults_total"] == "counter"
+    assert types["forkserve_process_requests_total"] == "counter"
+    assert types["forkserve_server_pss_bytes"] == "gauge"
+
+
+def test_prometheus_sizes_are_in_bytes_with_pid_role_and_worker_labels():
+    text = memory.to_prometheus(make_report(), prefix="app")
+    assert 'app_process_pss_bytes{pid="100",role="master"} 41943040\n' in text
+    assert 'app_process_uss_bytes{pid="101",role="worker",worker="1"} 5242880\n' in text
+    assert 'app_process_major_faults_total{pid="100",role="master"} 3\n' in text
+    assert "app_server_pss_bytes 115343360\n" in text
+    assert "app_master_rss_bytes 104857600\n" in text
+    assert "app_workers_cost_bytes 10485760\n" in text
+    assert re.search(r"^app_cost_ratio 1\.1\d*$", text, re.MULTILINE)
+
+
+def test_prometheus_leaves_out_unknown_values():
+    report = make_report()
+    text = memory.to_prometheus(Report(report.processes[1:], report.time))
+    check_exposition(text)
+    assert 'requests_total{pid="102"' not in text
+    assert 'requests_total{pid="101",role="worker",worker="1"} 1200' in text
+    assert not re.search(r"^forkserve_cost_ratio ", text, re.MULTILINE)
+
+
+def test_prometheus_of_an_empty_report_is_valid():
+    check_exposition(memory.to_prometheus(Report((), 0.0)))
+
+
+def test_prometheus_rejects_a_prefix_that_is_not_a_metric_name():
+    with pytest.raises(ValueError, match="not a valid Prometheus metric name"):
+        memory.to_prometheus(make_report(), prefix="fork-serve")
+
+
+# -- Live processes ---------------------------------------------------------------------
+
+# Allocates and touches MB of memory, forks N children, each of which
+# touches 1 MB of its own; all then wait to be killed.
+FORKING_PROGRAM = """
+import os, signal, sys
+workers, megabytes, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+shared = b"\\x01" * (megabytes << 20)
+
+def announce(name):
+    with open(os.path.join(ready, name + ".tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(os.path.join(ready, name + ".tmp"), os.path.join(ready, name))
+
+for n in range(workers):
+    if os.fork() == 0:
+        private = b"\\x02" * (1 << 20)
+        announce(f"worker-{n}")
+        while True:
+            signal.pause()
+announce("master")
+while True:
+    signal.pause()
+"""
+
+
+@dataclasses.dataclass
+class ForkedServer:
+    pid: int
+    worker_pids: list[int]
+    spawned: float  # time.time() just before the master was started
+
+
+@contextlib.contextmanager
+def forked_server(tmp_path, workers, megabytes):
+    ready = tmp_path / f"ready-{workers}"
+    ready.mkdir()
+    spawned = time.time()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORKING_PROGRAM, str(workers), str(megabytes), str(ready)],
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len([p for p in ready.iterdir() if p.suffix != ".tmp"]) < workers + 1:
+            assert proc.poll() is None, f"forking program exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "forking program did not get ready in 60 s"
+            time.sleep(0.02)
+        worker_pids = sorted(int((ready / f"worker-{n}").read_text()) for n in range(workers))
+        yield ForkedServer(proc.pid, worker_pids, spawned)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    with forked_server(tmp_path, workers=2, megabytes=32) as server:
+        yield server
+
+
+def independent_rollup(pid):
+    """smaps_rollup (or summed smaps) read without forkserve's parser."""
+    path = f"/proc/{pid}/smaps_rollup"
+    if not os.path.exists(path):
+        path = f"/proc/{pid}/smaps"
+    fields = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB" and parts[0].endswith(":"):
+                fields[parts[0][:-1]] = fields.get(parts[0][:-1], 0) + int(parts[1]) * 1024
+    return fields
+
+
+def assert_agrees_with_proc(mem, before):
+    """Within 2% of the reading taken just before ours or of one just after."""
+    after = independent_rollup(mem.pid)
+    for field, attr in procfs.MEMORY_FIELDS:
+        ours = getattr(mem, attr)
+        low = min(before[field], after[field]) * 0.98
+        high = max(before[field], after[field]) * 1.02
+        assert low <= ours <= high, f"{attr} of {mem.pid}: {ours} outside [{low}, {high}]"
+
+
+@linux_only
+def test_read_process_agrees_with_smaps_rollup_of_live_processes(server):
+    for pid in [server.pid] + server.worker_pids:
+        before = independent_rollup(pid)
+        mem = memory.read_process(pid)
+        assert mem.pid == pid
+        assert_agrees_with_proc(mem, before)
+
+
+@linux_only
+def test_read_process_fault_counts_and_start_time_match_stat(server):
+    mem = memory.read_process(server.pid)
+    with open(f"/proc/{server.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    assert mem.minor_faults == int(fields[7])
+    assert mem.major_faults == int(fields[9])
+    # btime is whole seconds, so the start time can be up to a second early.
+    assert server.spawned - 1.5 < mem.start_time <= time.time()
+
+
+@linux_only
+def test_read_process_of_a_zombie_is_none():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while procfs.parse_stat(Path(f"/proc/{child.pid}/stat").read_bytes()).state != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert memory.read_process(child.pid) is None
+    finally:
+        child.wait()
+    assert memory.read_process(child.pid) is None
+
+
+@linux_only
+def test_discover_finds_the_forked_children(server):
+    infos = memory.discover(server.pid)
+    assert infos[0] == ProcessInfo(server.pid, "master")
+    assert [(i.pid, i.role, i.worker_id) for i in infos[1:]] == [
+        (pid, "worker", None) for pid in server.worker_pids
+    ]
+
+
+@linux_only
+def test_discover_of_a_process_without_children_is_single(server):
+    assert memory.discover(server.worker_pids[0]) == [ProcessInfo(server.worker_pids[0], "single")]
+
+
+@pytest.mark.memory
+@linux_only
+def test_collect_of_live_server_shows_workers_sharing_the_master_memory(server):
+    befores = {pid: independent_rollup(pid) for pid in [server.pid] + server.worker_pids}
+    report = memory.collect(memory.discover(server.pid))
+    assert [row.info.pid for row in report.processes] == [server.pid] + server.worker_pids
+    for row in report.processes:
+        assert_agrees_with_proc(row.memory, befores[row.info.pid])
+        assert 0 <= row.uptime < 120
+    assert report.master_rss > 32 * MIB
+    # Nothing shared would be about 3 (three copies); the 32 MB are shared.
+    assert report.cost_ratio < 1.8
+    for row in report.processes[1:]:
+        assert row.memory.shared_fraction > 0.5
+
+
+@linux_only
+def test_reading_seventeen_processes_is_fast(tmp_path):
+    with forked_server(tmp_path, workers=16, megabytes=16) as server:
+        started = time.perf_counter()
+        report = memory.collect(memory.discover(server.pid))
+        elapsed = time.perf_counter() - started
+    assert len(report.processes) == 17
+    assert elapsed < 1.0
+
+
+# -- The `forkserve memory` command ---------------------------------------------------------
+
+
+@pytest.fixture
+def pid_file(tmp_path, server):
+    path = tmp_path / "forkserve.pid"
+    path.write_text(f"{server.pid}\n")
+    return path
+
+
+@linux_only
+def test_memory_command_prints_json_for_a_pid_file(pid_file, server, capsys):
+    assert memory.main(["--pid", str(pid_file), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [p["pid"] for p in data["processes"]] == [server.pid] + server.worker_pids
+    assert [p["role"] for p in data["processes"]] == ["master", "worker", "worker"]
+    assert data["totals"]["processes"] == 3
+    assert data["totals"]["pss"] == sum(p["pss"] for p in data["processes"])
+    assert data["totals"]["master_rss"] == data["processes"][0]["rss"]
+    assert memory.from_json(data).cost_ratio == pytest.approx(data["totals"]["cost_ratio"])
+
+
+@linux_only
+def test_memory_command_prints_a_table_by_default(pid_file, server, capsys):
+    assert memory.main(["--pid", str(pid_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["PID", "ROLE", "RSS"]
+    assert lines[1].split()[:2] == [str(server.pid), "master"]
+    assert lines[-1].startswith("total PSS ")
+
+
+def test_memory_command_without_pid_file_asks_whether_the_server_runs_with_pid(tmp_path, capsys):
+    missing = tmp_path / "nope.pid"
+    assert memory.main(["--pid", str(missing)]) == 1
+    assert f"is the server running with --pid {missing}?" in capsys.readouterr().err
+
+
+def test_memory_command_with_a_stale_pid_says_the_server_stopped(tmp_path, capsys):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    path = tmp_path / "stale.pid"
+    path.write_text(str(child.pid))
+    assert memory.main(["--pid", str(path)]) == 1
+    assert "not running: the server has stopped" in capsys.readouterr().err
+
+
+def test_memory_command_with_a_pid_file_holding_garbage_fails(tmp_path, capsys):
+    path = tmp_path / "garbage.pid"
+    path.write_text("hello\n")
+    assert memory.main(["--pid", str(path)]) == 1
+    assert "does not hold a pid" in capsys.readouterr().err
+
+
+def test_memory_command_without_pid_or_stats_is_a_usage_error(capsys):
+    assert memory.main([]) == 2
+    assert "--pid FILE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--pid", "x", "--stats", "127.0.0.1:1"], "not allowed with"),
+        (["--stats", "10.1.2.3:9100"], "loopback only"),
+        (["--stats", "127.0.0.1"], "HOST:PORT"),
+        (["--stats", "https://127.0.0.1:9100"], "only http://"),
+        (["--stats", "unix:"], "socket path"),
+        (["--pid", "x", "--watch", "0"], "positive number of seconds"),
+        (["--pid", "x", "--watch", "soon"], "not a number of seconds"),
+    ],
+)
+def test_memory_command_usage_errors_exit_2(argv, message, capsys):
+    assert memory.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("127.0.0.1:9100", ("127.0.0.1", 9100, None, "/")),
+        ("http://localhost:9100", ("localhost", 9100, None, "/")),
+        ("http://[::1]:9100/stats", ("::1", 9100, None, "/stats")),
+        ("unix:/run/forkserve/stats.sock", (None, None, "/run/forkserve/stats.sock", "/")),
+    ],
+)
+def test_stats_addresses_in_every_accepted_form(address, expected):
+    assert memory_command.parse_stats_address(address) == expected
+
+
+def test_memory_command_when_stats_endpoint_refuses_says_to_start_with_stats(capsys):
+    with socket.socket() as bound_not_listening:
+        bound_not_listening.bind(("127.0.0.1", 0))
+        address = "127.0.0.1:%d" % bound_not_listening.getsockname()[1]
+        assert memory.main(["--stats", address]) == 1
+    assert f"start the server with --stats {address}" in capsys.readouterr().err
+
+
+def test_memory_command_when_stats_socket_is_missing_says_to_start_with_stats(tmp_path, capsys):
+    address = f"unix:{tmp_path}/stats.sock"
+    assert memory.main(["--stats", address]) == 1
+    assert f"start the server with --stats {address}" in capsys.readouterr().err
+
+
+def captured_report():
+    infos = [
+        ProcessInfo(SLEEP_PID, "master"),
+        ProcessInfo(OLD_KERNEL_PID, "worker", worker_id=0, requests=3),
+    ]
+    return memory.collect(infos, now=BOOT_TIME + 3600.0, proc=DATA)
+
+
+class StatsHandler(http.server.BaseHTTPRequestHandler):
+    status = 200
+    body = b""
+
+    def do_GET(self):
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format, *args):
+        pass
+
+    def address_string(self):
+        return "client"
+
+
+class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+class TCPHTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+
+@contextlib.contextmanager
+def stats_endpoint(tmp_path, body, status=200, unix=False):
+    handler = type("Handler", (StatsHandler,), {"status": status, "body": body})
+    if unix:
+        httpd = UnixHTTPServer(str(tmp_path / "stats.sock"), handler)
+        address = f"unix:{tmp_path / 'stats.sock'}"
+    else:
+        httpd = TCPHTTPServer(("127.0.0.1", 0), handler)
+        address = "127.0.0.1:%d" % httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield address
+    finally:
+        httpd.shutdown()
+        thread.join()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
+def test_memory_command_renders_what_the_stats_endpoint_serves(tmp_path, unix, capsys):
+    report = captured_report()
+    body = json.dumps(memory.to_json(report)).encode()
+    with stats_endpoint(tmp_path, body, unix=unix) as address:
+        assert memory.main(["--stats", address]) == 0
+        assert capsys.readouterr().out == memory.format_table(report) + "\n"
+        assert memory.main(["--stats", address, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == memory.to_json(report)
+
+
+def test_memory_command_accepts_an_http_url_for_stats(tmp_path, capsys):
+    report = captured_report()
+    with stats_endpoint(tmp_path, json.dumps(memory.to_json(report)).encode()) as address:
+        assert memory.main(["--stats", f"http://{address}"]) == 0
+    assert "total PSS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "status, body, message",
+    [(404, b"not here", "answered 404"), (200, b"<html>", "did not serve a memory report"),
+     (200, b'{"processes": "x"}', "did not serve a memory report")],
+)
+def test_memory_command_explains_an_endpoint_that_is_not_the_stats_endpoint(
+    tmp_path, status, body, message, capsys
+):
+    with stats_endpoint(tmp_path, body, status=status) as address:
+        assert memory.main(["--stats", address]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "--stats address?" in err
+
+
+def interrupt_after_frames(monkeypatch, frames):
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == frames:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(memory_command.time, "sleep", sleep)
+    return sleeps
+
+
+def test_memory_command_watch_refreshes_until_ctrl_c(tmp_path, monkeypatch, capsys):
+    report = captured_report()
+    sleeps = interrupt_after_frames(monkeypatch, frames=2)
+    with stats_endpoint(tmp_path, json.dumps(memory.to_json(report)).encode()) as address:
+        assert memory.main(["--stats", address, "--watch", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert sleeps == [0.5, 0.5]
+    assert out.count("total PSS") == 2
+    assert "\x1b[2J" not in out  # not a tty: no clearing
+
+
+def test_memory_command_watch_json_prints_one_document_per_line(tmp_path, monkeypatch, capsys):
+    report = captured_report()
+    interrupt_after_frames(monkeypatch, frames=3)
+    with stats_endpoint(tmp_path, json.dumps(memory.to_json(report)).encode()) as address:
+        assert memory.main(["--stats", address, "--json", "--watch", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    assert all(json.loads(line) == memory.to_json(report) for line in lines)
