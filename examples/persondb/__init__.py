@@ -1,0 +1,1 @@
+"""PersonDB: a synthetic employee directory served from memory (forkserve example)."""

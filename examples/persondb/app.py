@@ -1,0 +1,242 @@
+"""PersonDB: an employee directory held in memory and served by email.
+
+    forkserve -w 4 examples.persondb.app:app                  # small demo dataset
+    PERSONDB_CSV=people.csv PERSONDB_MODE=store forkserve -w 4 examples.persondb.app:app
+
+The dataset is loaded when this module is imported, so under a pre-fork
+server that preloads the app (forkserve always does; ``gunicorn --preload``)
+it is loaded once, in the master, and the workers inherit it.
+
+Settings (environment variables, read once at import):
+
+``PERSONDB_CSV``
+    The CSV to serve (columns as written by ``examples.persondb.generate``;
+    only ``email`` is required). Unset: a small deterministic dataset of
+    ``PERSONDB_ROWS`` rows (default 2,000, seed ``PERSONDB_SEED``) is
+    generated into the temp directory, so the example works with no setup.
+``PERSONDB_MODE``
+    How the rows are held, the one thing the benchmark varies:
+
+    - ``dict``: a dict of plain row dicts keyed by email (what most services
+      do; every lookup writes reference counts, so workers copy pages).
+    - ``share``: the same dicts, passed to ``forkserve.share()`` before the
+      fork, which keeps their pages shared (Python 3.12+).
+    - ``store``: a ``forkserve.store.Store`` built from the CSV and cached in
+      ``PERSONDB_STORE`` (default: the CSV path + ``.store``); responses are
+      the stored, already-encoded JSON bytes, never decoded or re-encoded.
+
+Routes: ``GET /person/<email>`` (JSON; 404 JSON when unknown; emails match
+exactly) and ``GET /health`` (row count, mode and the serving pid).
+"""
+
+import csv
+import logging
+import os
+import sys
+import tempfile
+import time
+
+import bottle
+import orjson
+
+from examples.persondb import generate
+
+__all__ = ["MODES", "PersonDBError", "Settings", "app", "load", "make_app", "people"]
+
+MODES = ("dict", "share", "store")
+
+log = logging.getLogger("persondb")
+
+_JSON = "application/json"
+
+
+class PersonDBError(RuntimeError):
+    """The dataset cannot be loaded; the message says which file and what to do."""
+
+
+class Settings:
+    """The environment variables above, read and checked in one place."""
+
+    def __init__(self, environ):
+        self.mode = environ.get("PERSONDB_MODE", "dict").strip().lower() or "dict"
+        if self.mode not in MODES:
+            raise PersonDBError(
+                f"PERSONDB_MODE={self.mode!r} is not one of {', '.join(MODES)}; "
+                "set it to one of those or unset it (default: dict)."
+            )
+        self.csv_path = environ.get("PERSONDB_CSV") or None
+        self.rows = _int_setting(environ, "PERSONDB_ROWS", generate.DEFAULT_ROWS)
+        self.seed = _int_setting(environ, "PERSONDB_SEED", generate.DEFAULT_SEED)
+        self.store_path = environ.get("PERSONDB_STORE") or None
+
+    def dataset(self):
+        """The CSV path to load, generating the demo dataset if none is set."""
+        if self.csv_path is not None:
+            return self.csv_path
+        path = os.path.join(
+            tempfile.gettempdir(), f"persondb-{self.rows}rows-seed{self.seed}.csv"
+        )
+        if not os.path.exists(path):
+            log.info("PERSONDB_CSV is unset: generating %d demo rows into %s", self.rows, path)
+            generate.generate_file(path, self.rows, self.seed)
+        return path
+
+
+def _int_setting(environ, name, default):
+    value = environ.get(name)
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise PersonDBError(f"{name}={value!r} is not an integer") from None
+
+
+# -- loading -------------------------------------------------------------------
+
+
+def _open_csv(path):
+    try:
+        f = open(path, newline="", encoding="utf-8")
+    except FileNotFoundError:
+        raise PersonDBError(
+            f"PersonDB CSV {path!r} does not exist. Create it with "
+            f"'python -m examples.persondb.generate --rows 100000 -o {path}', "
+            "or unset PERSONDB_CSV to serve a small generated dataset."
+        ) from None
+    except IsADirectoryError:
+        raise PersonDBError(f"PersonDB CSV {path!r} is a directory; point PERSONDB_CSV at a file.") from None
+    except PermissionError:
+        raise PersonDBError(f"PersonDB CSV {path!r} is not readable by this user.") from None
+    reader = csv.DictReader(f)
+    try:
+        header = reader.fieldnames
+    except (UnicodeDecodeError, csv.Error) as e:
+        f.close()
+        raise PersonDBError(f"PersonDB CSV {path!r} cannot be read as UTF-8 CSV ({e}).") from None
+    if not header or "email" not in header:
+        f.close()
+        found = f"its header is {header!r}" if header else "it is empty"
+        raise PersonDBError(
+            f"PersonDB CSV {path!r} has no 'email' column ({found}). "
+            "Expected the columns written by 'python -m examples.persondb.generate'."
+        )
+    return f, reader
+
+
+def load_dicts(path):
+    """Read the CSV into ``{email: row dict}``, streaming it row by row."""
+    f, reader = _open_csv(path)
+    people = {}
+    with f:
+        try:
+            for row in reader:
+                people[row["email"]] = row
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise PersonDBError(
+                f"PersonDB CSV {path!r} is malformed near line {reader.line_num} ({e})."
+            ) from None
+    return people
+
+
+def load_store(path, store_path=None):
+    """Open the Store cached beside ``path``, rebuilding it if the CSV is newer."""
+    from forkserve.store import Store
+
+    # Check the CSV first so a bad file gets PersonDB's error message.
+    f, _ = _open_csv(path)
+    f.close()
+    store_path = store_path or f"{path}.store"
+    try:
+        fresh = os.stat(store_path).st_mtime >= os.stat(path).st_mtime
+    except FileNotFoundError:
+        fresh = False
+    if fresh:
+        return Store.open(store_path)
+    # Build beside the target and rename: a concurrent loader never opens a
+    # half-written store, and the Store we return stays valid after the rename.
+    tmp = f"{store_path}.{os.getpid()}.tmp"
+    try:
+        store = Store.from_csv(path, key="email", path=tmp)
+        os.replace(tmp, store_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return store
+
+
+def load(path, mode, store_path=None):
+    """Load ``path`` the way ``mode`` says; returns the mapping to serve from."""
+    started = time.perf_counter()
+    if mode == "store":
+        people = load_store(path, store_path)
+    else:
+        people = load_dicts(path)
+        if mode == "share":
+            import forkserve
+
+            report = forkserve.share(people)
+            log.info("forkserve.share: %s", report)
+    log.info(
+        "loaded %d people from %s in %.2fs (mode=%s, pid=%d)",
+        len(people), path, time.perf_counter() - started, mode, os.getpid(),
+    )
+    return people
+
+
+# -- the WSGI app --------------------------------------------------------------
+
+
+def make_app(people, mode):
+    """A Bottle app serving ``people`` (a dict of rows, or a Store)."""
+    app = bottle.Bottle()
+    if mode == "store":
+        # Stored values are JSON already: pass the bytes through untouched.
+        get_json = people.get_raw
+    else:
+        def get_json(email, default=None):
+            row = people.get(email)
+            return default if row is None else orjson.dumps(row)
+
+    @app.get("/person/<email>")
+    def person(email):
+        body = get_json(email)
+        if body is None:
+            return bottle.HTTPResponse(
+                orjson.dumps({"error": "not found", "email": email}),
+                status=404, content_type=_JSON,
+            )
+        bottle.response.content_type = _JSON
+        return body
+
+    @app.get("/health")
+    def health():
+        bottle.response.content_type = _JSON
+        return orjson.dumps(
+            {"status": "ok", "rows": len(people), "mode": mode, "pid": os.getpid()}
+        )
+
+    @app.error(404)
+    @app.error(405)
+    def no_route(error):
+        bottle.response.content_type = _JSON
+        return orjson.dumps({"error": error.status_line, "path": bottle.request.path})
+
+    return app
+
+
+def _configure_logging():
+    # An app must not take over the process's logging, but our load report
+    # should be visible under any server: add a stderr handler only when
+    # nobody configured logging.
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[persondb] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+_configure_logging()
+settings = Settings(os.environ)
+people = load(settings.dataset(), settings.mode, settings.store_path)
+app = make_app(people, settings.mode)
