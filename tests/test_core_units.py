@@ -1,0 +1,144 @@
+"""Pure parts of the core: app specs, addresses, exit codes, signal dispatch."""
+
+import os
+import signal
+import socket
+
+import pytest
+
+from forkserve import exits, loader, sockets
+from forkserve.master import Master
+from forkserve.settings import parse
+from forkserve.signals import MASTER_SIGNALS, SignalQueue, handler_name
+from forkserve.worker import heartbeat_interval
+
+
+@pytest.mark.parametrize("spec, module, attribute, call, args, kwargs", [
+    ("pkg.mod", "pkg.mod", None, False, (), {}),
+    ("pkg.mod:app", "pkg.mod", "app", False, (), {}),
+    ("pkg.mod:obj.wsgi", "pkg.mod", "obj.wsgi", False, (), {}),
+    ("mod:create_app()", "mod", "create_app", True, (), {}),
+    ("mod:create_app('x', debug=True)", "mod", "create_app", True, ("x",), {"debug": True}),
+])
+def test_app_specs_parse(spec, module, attribute, call, args, kwargs):
+    parsed = loader.parse_spec(spec)
+    assert (parsed.module, parsed.attribute, parsed.is_call, parsed.args, parsed.kwargs) == (
+        module, attribute, call, args, kwargs)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "no application given"),
+    ("app.py:app", "is not a module name"),
+    ("path/to/app:app", "is not a module name"),
+    ("mod:create_app(os.environ)", "must be literals"),
+    ("mod:1+2", "neither an attribute name nor a call"),
+])
+def test_bad_app_specs_say_what_to_write(spec, message):
+    with pytest.raises(loader.AppLoadError, match=message):
+        loader.parse_spec(spec)
+
+
+@pytest.mark.parametrize("text, family, target", [
+    ("127.0.0.1:0", socket.AF_INET, ("127.0.0.1", 0)),
+    ("localhost:8000", None, None),
+    ("[::1]:8080", socket.AF_INET6, ("::1", 8080)),
+    ("unix:/run/app.sock", socket.AF_UNIX, "/run/app.sock"),
+    ("127.0.0.1", socket.AF_INET, ("127.0.0.1", 8000)),
+])
+def test_bind_addresses_parse(text, family, target):
+    address = sockets.parse_address(text)
+    if family is not None:
+        assert address.family == family and address.target == target
+
+
+@pytest.mark.parametrize("text, message", [
+    ("127.0.0.1:99999", "port must be a number from 0 to 65535"),
+    ("127.0.0.1:http", "port must be a number"),
+    ("::1:80", "put IPv6 addresses in brackets"),
+    ("unix:", "has no path"),
+])
+def test_bad_bind_addresses_say_how_to_write_them(text, message):
+    with pytest.raises(sockets.BindError, match=message):
+        sockets.parse_address(text)
+
+
+def test_port_zero_binds_and_describes_the_real_port():
+    sock = sockets.bind(sockets.parse_address("127.0.0.1:0"))
+    try:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        port = sock.getsockname()[1]
+        assert port > 0 and sockets.describe(sock) == f"http://127.0.0.1:{port}"
+    finally:
+        sock.close()
+
+
+def _status_of(code=None, signum=None):
+    pid = os.fork()
+    if pid == 0:
+        if signum:
+            os.kill(os.getpid(), signum)
+        os._exit(code or 0)
+    return os.waitpid(pid, 0)[1]
+
+
+@pytest.mark.parametrize("code, signum, kind", [
+    (0, None, "clean"), (exits.WORKER_BOOT_ERROR, None, "boot_error"), (1, None, "error"),
+    (None, signal.SIGKILL, "signal"),
+])
+def test_exit_statuses_are_classified(code, signum, kind):
+    outcome = exits.classify(_status_of(code, signum))
+    assert outcome.kind == kind
+    if signum:
+        assert "SIGKILL" in outcome.description
+
+
+def test_every_master_signal_has_a_handler_method():
+    for signum in MASTER_SIGNALS:
+        assert callable(getattr(Master, handler_name(signum))), signum
+
+
+def _master(*argv):
+    cfg = parse([*argv, "a:b"], environ={}, cwd="/")
+    return Master(cfg, app=None, listeners=[], app_name="a:b")
+
+
+def test_signals_pushed_into_the_queue_are_dispatched_in_order():
+    master = _master("-w", "2")
+    for signum in (signal.SIGTTIN, signal.SIGTTIN, signal.SIGTTOU):
+        master.queue.push(signum)
+    master.dispatch_signals()
+    assert master.target == 3
+    assert master.queue.pending == []
+
+
+def test_ttou_never_goes_below_one_worker():
+    master = _master("-w", "1")
+    master.queue.push(signal.SIGTTOU)
+    master.dispatch_signals()
+    assert master.target == 1
+
+
+def test_term_starts_a_graceful_stop_and_int_a_fast_one():
+    master = _master("-w", "1", "--graceful-timeout", "7")
+    master.queue.push(signal.SIGTERM)
+    master.dispatch_signals()
+    assert master.stopping == "graceful"
+    master.queue.push(signal.SIGINT)
+    master.dispatch_signals()
+    assert master.stopping == "fast"
+
+
+def test_signal_queue_wakes_a_sleeping_loop():
+    queue = SignalQueue()
+    try:
+        queue.push(signal.SIGHUP)
+        assert os.read(queue.wake_r, 10) == b"."
+        assert queue.pop_all() == [signal.SIGHUP]
+    finally:
+        queue.close()
+
+
+def test_heartbeat_is_frequent_enough_for_the_timeout():
+    assert heartbeat_interval(1) <= 0.25
+    assert heartbeat_interval(30) == 1.0
+    assert heartbeat_interval(0) == 1.0
