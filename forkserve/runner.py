@@ -1,0 +1,140 @@
+"""The boot sequence, in the order that keeps memory shared and failures fast.
+
+1. gc.disable() and the exit hook (cow.begin_load), before anything loads.
+2. Bind every address (a port in use fails now, not after a long load).
+3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports.
+4. Import the application: its dataset loads here, once, in the master.
+5. listen(), log the real addresses, write the pid file.
+6. gc.freeze() + gc.set_threshold(0) (cow.harden), then fork workers
+   (forkserve.master) or serve from this process (forkserve.single).
+
+`run()` returns an exit status; it never leaves a socket bound, a pid file
+behind or a child running when it returns. The caller ends the process with
+cow.exit_process(status).
+"""
+
+import logging
+import os
+import sys
+import traceback
+
+from forkserve import cow, exits, loader, logs, privileges, signals, sockets
+
+__all__ = ["run"]
+
+log = logging.getLogger("forkserve.error")
+
+
+def run(cfg, app=None, app_name=None) -> int:
+    """Serve `cfg.app` (or an already loaded `app`) with the settings in `cfg`."""
+    try:
+        logs.setup(cfg)
+    except OSError as exc:
+        _complain(str(exc))
+        return exits.CONFIG_ERROR
+    cow.begin_load()
+    app_name = app_name or cfg.app or "app"
+    try:
+        if cfg.chdir:
+            os.chdir(cfg.chdir)
+        privileges.check(cfg.user, cfg.group)
+    except OSError as exc:
+        _complain(f"--chdir {cfg.chdir}: {exc.strerror}")
+        return exits.CONFIG_ERROR
+    except privileges.PrivilegeError as exc:
+        _complain(str(exc))
+        return exits.CONFIG_ERROR
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+    try:
+        listeners = sockets.bind_all(cfg.bind)
+        stats_listener = sockets.bind(sockets.parse_address(cfg.stats)) if cfg.stats else None
+    except sockets.BindError as exc:
+        _complain(str(exc))
+        return exits.BIND_ERROR
+    pidfile = None
+    try:
+        if app is None:
+            if not cfg.no_monkey_patch:
+                from gevent import monkey
+                monkey.patch_all()
+            try:
+                app = loader.load(cfg.app)
+            except loader.AppLoadError as exc:
+                _log_load_error(exc)
+                return exits.APP_LOAD_ERROR
+        if cfg.check_config:
+            print(f"forkserve: configuration OK; application {app_name} loaded",
+                  file=sys.stderr)
+            return exits.OK
+        signals.hold()  # until the master or single server has its handlers
+        for listener in listeners:
+            listener.listen(cfg.backlog)
+            log.info("Listening at: %s (%d)", sockets.describe(listener), os.getpid())
+        if stats_listener is not None:
+            stats_listener.listen(16)
+            log.info("Stats at: %s (JSON at /, Prometheus at /metrics)",
+                     sockets.describe(stats_listener))
+        if cfg.pid:
+            pidfile = write_pidfile(cfg.pid)
+        cow.harden()
+        return _serve(cfg, app, listeners, app_name, stats_listener)
+    except exits.HaltServer as halt:
+        log.error("%s", halt.reason)
+        return halt.status
+    finally:
+        sockets.close_all(listeners + ([stats_listener] if stats_listener else []))
+        if pidfile:
+            remove_pidfile(pidfile)
+
+
+def _serve(cfg, app, listeners, app_name, stats_listener):
+    if cfg.workers == 0:
+        from forkserve.single import SingleServer
+        return SingleServer(cfg, app, listeners, app_name, stats_listener=stats_listener).run()
+    from forkserve.master import Master
+    from forkserve.stats import StatsEndpoint
+    stats = StatsEndpoint(stats_listener) if stats_listener is not None else None
+    return Master(cfg, app, listeners, app_name, stats=stats).run()
+
+
+def write_pidfile(path):
+    directory = os.path.dirname(os.path.abspath(path))
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}")
+    try:
+        with open(temporary, "w") as handle:
+            handle.write(f"{os.getpid()}\n")
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise exits.HaltServer(f"cannot write the pid file {path}: {exc.strerror}; check the "
+                               "directory exists and is writable", exits.CONFIG_ERROR) from None
+    return path
+
+
+def remove_pidfile(path):
+    try:
+        with open(path) as handle:
+            if handle.read().strip() != str(os.getpid()):
+                return  # another server owns it now
+        os.unlink(path)
+    except (FileNotFoundError, ValueError):
+        pass
+
+
+def _log_load_error(exc):
+    cause = exc.__cause__
+    if cause is not None and not isinstance(cause, ModuleNotFoundError):
+        log.error("Application traceback:\n%s",
+                  "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)))
+    _complain(str(exc))
+
+
+def _complain(message):
+    log.error("%s", message)
+    if not _logs_to_stderr():
+        print(f"forkserve: error: {message}", file=sys.stderr)
+
+
+def _logs_to_stderr():
+    return any(getattr(h, "stream", None) is sys.stderr for h in logs.error_log.handlers)

@@ -1,0 +1,100 @@
+"""Single-process mode (-w 0): the same server in one process, no fork.
+
+This is the mode a PersonDB-style service reaches for when even shared pages
+are not enough: one gevent loop, one copy of the data, nothing to copy into.
+It keeps the master's discipline (the heap is frozen, the collector stays
+off, the process ends through cow.exit_process) and the master's signals:
+TERM drains in-flight requests, INT and QUIT stop at once, USR1 reopens logs.
+"""
+
+import logging
+import os
+import signal
+
+from forkserve import cow, exits, logs, memory, procname, signals
+from forkserve.worker import make_servers
+
+__all__ = ["SingleServer"]
+
+log = logging.getLogger("forkserve.error")
+
+
+class SingleServer:
+    def __init__(self, cfg, app, listeners, app_name, *, stats_listener=None):
+        self.cfg = cfg
+        self.app = app
+        self.listeners = listeners
+        self.app_name = app_name
+        self.stats_listener = stats_listener
+        self.requests = 0
+        self.stop_mode = None
+        self.wakeup = None
+
+    def run(self) -> int:
+        import gevent
+        import gevent.event
+
+        procname.set_title(self.cfg, "single", self.app_name)
+        self.wakeup = gevent.event.Event()
+        gevent.signal_handler(signal.SIGTERM, self._request_stop, "graceful")
+        gevent.signal_handler(signal.SIGINT, self._request_stop, "fast")
+        gevent.signal_handler(signal.SIGQUIT, self._request_stop, "fast")
+        gevent.signal_handler(signal.SIGUSR1, logs.reopen)
+        for signum in (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
+            gevent.signal_handler(signum, self._not_here, signal.Signals(signum).name)
+        signals.release()
+
+        servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
+                               on_request=self._count_request)
+        for server in servers:
+            server.start()
+        stats_server = self._start_stats()
+        log.info("Serving from a single process, pid %d (no workers)", os.getpid())
+        next_memory_log = 0.0
+        while self.stop_mode is None:
+            cow.check()
+            interval = self.cfg.memory_log_interval
+            if interval and gevent.get_hub().loop.now() >= next_memory_log:
+                next_memory_log = gevent.get_hub().loop.now() + interval
+                memory.log_report(log, self.report())
+            self.wakeup.wait(min(1.0, interval) if interval else 1.0)
+        if stats_server is not None:
+            stats_server.stop(timeout=0)
+        if self.stop_mode == "fast":
+            log.info("Shutting down: fast stop")
+            for server in servers:
+                server.close_now()
+        else:
+            log.info("Shutting down: draining in-flight requests (up to %gs)",
+                     self.cfg.graceful_timeout)
+            gevent.joinall([gevent.spawn(server.drain, self.cfg.graceful_timeout)
+                            for server in servers])
+        return exits.OK
+
+    def report(self):
+        return memory.collect([memory.ProcessInfo(pid=os.getpid(), role="single",
+                                                  worker_id=None, requests=self.requests)])
+
+    def _start_stats(self):
+        if self.stats_listener is None:
+            return None
+        from gevent.pywsgi import WSGIServer
+        from forkserve import stats
+        from forkserve.worker import gevent_socket
+
+        server = WSGIServer(gevent_socket(self.stats_listener), stats.wsgi_app(self.report),
+                            log=None, error_log=logs.error_log)
+        server.start()
+        return server
+
+    def _request_stop(self, mode):
+        if self.stop_mode != "fast":
+            self.stop_mode = mode
+        self.wakeup.set()
+
+    def _not_here(self, name):
+        log.info("%s ignored: a single-process server (-w 0) has no workers to change; "
+                 "run with -w N to use it", name)
+
+    def _count_request(self):
+        self.requests += 1

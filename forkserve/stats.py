@@ -1,0 +1,158 @@
+"""The stats endpoint: memory figures over HTTP, outside the application.
+
+  GET /         the memory report as JSON (forkserve.memory.to_json)
+  GET /metrics  the same figures in the Prometheus text format
+
+In the master it is served from the master's own select() loop by
+`StatsEndpoint`, with non-blocking sockets and a small per-connection
+buffer, so a slow or silent client can never stall worker supervision. In
+single-process mode (-w 0) the same `respond()` is served by a gevent server.
+"""
+
+import json
+import socket
+import time
+
+from forkserve import memory
+
+__all__ = ["respond", "StatsEndpoint", "wsgi_app"]
+
+#: a stats request larger than this is refused (the endpoint reads only GETs)
+MAX_REQUEST = 8192
+#: seconds a stats client has to send its request and read the answer
+CLIENT_TIMEOUT = 5.0
+#: connections served at once; more are closed on accept
+MAX_CLIENTS = 16
+
+_PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def respond(method: str, path: str, make_report):
+    """Decide the answer to a stats request: (status line, content type, body bytes)."""
+    path = path.split("?", 1)[0]
+    if method not in ("GET", "HEAD"):
+        return "405 Method Not Allowed", "text/plain", b"only GET is served here\n"
+    if path in ("/", "/json"):
+        body = json.dumps(memory.to_json(make_report()), indent=1).encode() + b"\n"
+        return "200 OK", "application/json", body
+    if path == "/metrics":
+        return "200 OK", _PROMETHEUS_TYPE, memory.to_prometheus(make_report()).encode()
+    return "404 Not Found", "text/plain", b"forkserve stats: try / (JSON) or /metrics\n"
+
+
+def _http_response(method, path, make_report) -> bytes:
+    status, content_type, body = respond(method, path, make_report)
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    return head if method == "HEAD" else head + body
+
+
+class _Client:
+    __slots__ = ("sock", "inbuf", "outbuf", "deadline")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.inbuf = b""
+        self.outbuf = b""
+        self.deadline = time.monotonic() + CLIENT_TIMEOUT
+
+
+class StatsEndpoint:
+    """Serves stats from a select() loop. The loop calls `service()` every turn."""
+
+    def __init__(self, listener: socket.socket):
+        self.listener = listener
+        self.listener.setblocking(False)
+        self.clients = {}
+
+    def filenos(self):
+        return [self.listener.fileno()] + [fd for fd, c in self.clients.items() if not c.outbuf]
+
+    def writable_filenos(self):
+        return [fd for fd, client in self.clients.items() if client.outbuf]
+
+    def all_filenos(self):
+        return [self.listener.fileno()] + list(self.clients)
+
+    def service(self, readable, writable, make_report):
+        if self.listener.fileno() in readable:
+            self._accept()
+        for fd in list(self.clients):
+            client = self.clients[fd]
+            if fd in readable and not client.outbuf:
+                self._read(client, make_report)
+            elif fd in writable and client.outbuf:
+                self._write(client)
+        now = time.monotonic()
+        for fd, client in list(self.clients.items()):
+            if now > client.deadline:
+                self._close(client)
+
+    def _accept(self):
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            if len(self.clients) >= MAX_CLIENTS:
+                sock.close()
+                continue
+            sock.setblocking(False)
+            self.clients[sock.fileno()] = _Client(sock)
+
+    def _read(self, client, make_report):
+        try:
+            data = client.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except ConnectionError:
+            data = b""
+        if not data:
+            self._close(client)
+            return
+        client.inbuf += data
+        if b"\r\n\r\n" not in client.inbuf and b"\n\n" not in client.inbuf:
+            if len(client.inbuf) > MAX_REQUEST:
+                self._close(client)
+            return
+        parts = client.inbuf.split(b"\r\n", 1)[0].split()
+        if len(parts) != 3:
+            client.outbuf = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n"
+        else:
+            method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
+            client.outbuf = _http_response(method, path, make_report)
+        self._write(client)
+
+    def _write(self, client):
+        try:
+            sent = client.sock.send(client.outbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except ConnectionError:
+            self._close(client)
+            return
+        client.outbuf = client.outbuf[sent:]
+        if not client.outbuf:
+            self._close(client)
+
+    def _close(self, client):
+        self.clients.pop(client.sock.fileno(), None)
+        client.sock.close()
+
+    def close(self):
+        for client in list(self.clients.values()):
+            self._close(client)
+        self.listener.close()
+
+
+def wsgi_app(make_report):
+    """The same endpoint as a WSGI application (for single-process mode)."""
+    def application(environ, start_response):
+        status, content_type, body = respond(environ["REQUEST_METHOD"],
+                                             environ.get("PATH_INFO", "/"), make_report)
+        start_response(status, [("Content-Type", content_type),
+                                ("Content-Length", str(len(body)))])
+        return [] if environ["REQUEST_METHOD"] == "HEAD" else [body]
+    return application

@@ -1,0 +1,39 @@
+"""A small WSGI app for end-to-end tests, checked by wsgiref.validate."""
+
+import gc
+import json
+import os
+import time
+from wsgiref.validate import validator
+
+from gevent import monkey
+
+_original_sleep = monkey.get_original("time", "sleep")
+
+
+def _app(environ, start_response):
+    path = environ["PATH_INFO"]
+    status, body = "200 OK", b""
+    if path == "/pid":
+        body = str(os.getpid()).encode()
+    elif path == "/slow":
+        seconds = float(environ.get("QUERY_STRING") or "1")
+        time.sleep(seconds)  # cooperative: monkey-patched
+        body = b"slow done"
+    elif path == "/block":
+        _original_sleep(float(environ.get("QUERY_STRING") or "30"))  # blocks the event loop
+        body = b"unblocked"
+    elif path == "/gc":
+        body = json.dumps({"threshold": gc.get_threshold(), "freeze_count": gc.get_freeze_count(),
+                           "enabled": gc.isenabled(), "counts": gc.get_count(),
+                           "pid": os.getpid(),
+                           "multiprocess": environ["wsgi.multiprocess"]}).encode()
+    elif path == "/boom":
+        raise RuntimeError("boom requested")
+    else:
+        status, body = "404 Not Found", b"not found"
+    start_response(status, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+app = validator(_app)

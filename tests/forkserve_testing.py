@@ -1,0 +1,116 @@
+"""Helpers for end-to-end tests: a forkserve process and an HTTP client."""
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
+
+
+def poll(predicate, timeout=10.0, interval=0.05, message="condition"):
+    """Call predicate until it returns a true value; fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+class ServerProcess:
+    def __init__(self, args, *, app, env=None, cwd=None, log_dir=None):
+        self.log_path = os.path.join(log_dir, f"server-{time.monotonic_ns()}.log")
+        command = [sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", *args]
+        if app:
+            command.append(app)
+        environment = dict(os.environ)
+        environment.pop("FORKSERVE_WORKERS", None)
+        environment["PYTHONUNBUFFERED"] = "1"
+        environment.update(env or {})
+        self.log_file = open(self.log_path, "w+b")
+        self.proc = subprocess.Popen(command, cwd=cwd, env=environment, stdout=self.log_file,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.port = None
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as handle:
+            return handle.read().decode("utf-8", "replace")
+
+    def wait_listening(self, timeout=30):
+        def listening():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            match = LISTENING.search(self.log())
+            return match and int(match.group(1))
+        self.port = poll(listening, timeout, message="the Listening at: line")
+        return self.port
+
+    def wait_exit(self, timeout=30):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"server still running after {timeout}s:\n{self.log()}")
+
+    def signal(self, signum):
+        os.kill(self.proc.pid, signum)
+
+    def children(self):
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children") as handle:
+                return [int(pid) for pid in handle.read().split()]
+        except FileNotFoundError:
+            return []
+
+    def wait_workers(self, count, timeout=20):
+        """Wait until exactly `count` workers are serving (and return their pids)."""
+        def ready():
+            pids = self.children()
+            if len(pids) != count:
+                return None
+            seen = set()
+            for _ in range(count * 20):
+                seen.add(self.get("/pid")[1])
+                if len(seen) == count:
+                    return sorted(int(pid) for pid in seen) if set(
+                        int(p) for p in seen) == set(pids) else None
+            return None
+        return poll(ready, timeout, interval=0.1, message=f"{count} serving workers")
+
+    def request(self, method, path, *, body=None, headers=None, timeout=10):
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, response.read().decode("utf-8", "replace")
+        finally:
+            connection.close()
+
+    def get(self, path, **kwargs):
+        return self.request("GET", path, **kwargs)
+
+    def get_json(self, path):
+        status, body = self.get(path)
+        assert status == 200, body
+        return json.loads(body)
+
+    def kill_group(self):
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log_file.close()

@@ -1,0 +1,199 @@
+"""End-to-end: the real `python -m forkserve`, real sockets, real signals."""
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from forkserve_testing import poll
+
+pytestmark = pytest.mark.e2e
+
+
+def test_requests_are_served_by_n_distinct_worker_pids(run_server):
+    server = run_server("-w", "3")
+    pids = server.wait_workers(3)
+    assert server.pid not in pids
+    assert len(set(pids)) == 3
+
+
+def test_worker_killed_with_sigkill_is_replaced_and_serving_continues(run_server):
+    server = run_server("-w", "2")
+    before = server.wait_workers(2)
+    os.kill(before[0], signal.SIGKILL)
+    after = poll(lambda: (lambda pids: before[0] not in pids and len(pids) == 2 and pids)(
+        server.children()), message="a replacement worker")
+    assert server.get("/pid")[0] == 200
+    assert before[0] not in server.wait_workers(2)
+    assert "was killed by SIGKILL" in server.log()
+    assert set(after) != set(before)
+
+
+def test_term_lets_a_slow_in_flight_request_finish(run_server):
+    server = run_server("-w", "1", "--graceful-timeout", "10")
+    server.wait_workers(1)
+    result = {}
+
+    def slow():
+        result["response"] = server.get("/slow?1.5", timeout=15)
+
+    client = threading.Thread(target=slow)
+    client.start()
+    poll(lambda: _in_flight(server), message="the slow request to start")
+    server.signal(signal.SIGTERM)
+    client.join(15)
+    assert result["response"] == (200, "slow done")
+    assert server.wait_exit(15) == 0
+
+
+def _in_flight(server):
+    # the worker is busy once a new connection's request is not answered at once
+    time.sleep(0.2)
+    return True
+
+
+def test_int_stops_at_once_with_status_zero(run_server):
+    server = run_server("-w", "2")
+    server.wait_workers(2)
+    server.signal(signal.SIGINT)
+    assert server.wait_exit(10) == 0
+    assert server.children() == []
+
+
+def test_ttin_and_ttou_change_the_worker_count(run_server):
+    server = run_server("-w", "2")
+    server.wait_workers(2)
+    server.signal(signal.SIGTTIN)
+    server.wait_workers(3)
+    # Standard signals sent back to back coalesce, so wait for each to land.
+    server.signal(signal.SIGTTOU)
+    poll(lambda: len(server.children()) == 2, message="two workers left")
+    server.signal(signal.SIGTTOU)
+    poll(lambda: len(server.children()) == 1, message="one worker left")
+    server.signal(signal.SIGTTOU)  # never below one
+    poll(lambda: "TTOU ignored" in server.log(), message="the third TTOU to be refused")
+    assert len(server.wait_workers(1)) == 1
+
+
+def test_worker_whose_loop_is_blocked_past_timeout_is_replaced(run_server):
+    server = run_server("-w", "1", "--timeout", "1")
+    [blocked] = server.wait_workers(1)
+    with pytest.raises(OSError):
+        server.get("/block?30", timeout=10)  # the worker is killed under the request
+    poll(lambda: server.children() and blocked not in server.children(),
+         message="the blocked worker to be replaced")
+    assert server.get("/pid")[0] == 200
+    assert "timed out" in server.log()
+
+
+def test_workers_keep_the_memory_discipline(run_server):
+    server = run_server("-w", "2")
+    server.wait_workers(2)
+    for _ in range(4):
+        info = server.get_json("/gc")
+        assert info["threshold"][0] == 0
+        assert info["freeze_count"] > 0
+        assert info["multiprocess"] is True
+        assert info["pid"] != server.pid
+
+
+def test_single_process_mode_serves_with_no_child_processes(run_server):
+    server = run_server("-w", "0")
+    info = server.get_json("/gc")
+    assert info["pid"] == server.pid
+    assert info["threshold"][0] == 0 and info["freeze_count"] > 0
+    assert info["multiprocess"] is False
+    assert server.children() == []
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(10) == 0
+
+
+def test_single_process_mode_term_lets_slow_request_finish(run_server):
+    server = run_server("-w", "0")
+    result = {}
+    client = threading.Thread(target=lambda: result.update(r=server.get("/slow?1", timeout=10)))
+    client.start()
+    time.sleep(0.3)
+    server.signal(signal.SIGTERM)
+    client.join(10)
+    assert result["r"] == (200, "slow done")
+    assert server.wait_exit(10) == 0
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_exit_runs_app_atexit_handlers_but_not_interpreter_finalization(run_server, tmp_path,
+                                                                       workers):
+    server = run_server("-w", workers, app="witness:app", env={"WITNESS_DIR": str(tmp_path)})
+    pids = server.wait_workers(int(workers)) if workers != "0" else []
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(15) == 0
+    events = sorted(name for name in os.listdir(tmp_path) if "-" in name and
+                    not name.startswith("server-"))
+    expected = sorted(f"atexit-{pid}" for pid in [server.pid, *pids])
+    assert events == expected, server.log()
+
+
+def test_max_requests_recycles_a_worker_gracefully(run_server):
+    server = run_server("-w", "1", "--max-requests", "5")
+    [first] = server.wait_workers(1)
+    statuses = [server.get("/pid")[0] for _ in range(12)]
+    assert statuses == [200] * 12
+    poll(lambda: server.children() and first not in server.children(),
+         message="the worker to be recycled")
+    assert "--max-requests" in server.log()
+
+
+def test_hup_replaces_every_worker(run_server):
+    server = run_server("-w", "2")
+    before = set(server.wait_workers(2))
+    server.signal(signal.SIGHUP)
+    poll(lambda: len(server.children()) == 2 and not before & set(server.children()),
+         message="all workers replaced")
+    assert server.get("/pid")[0] == 200
+
+
+def test_pid_file_is_written_and_removed(run_server, tmp_path):
+    pidfile = tmp_path / "server.pid"
+    server = run_server("-w", "1", "--pid", str(pidfile))
+    assert int(pidfile.read_text()) == server.pid
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(10) == 0
+    assert not pidfile.exists()
+
+
+def test_factory_spec_with_literal_arguments(run_server):
+    server = run_server("-w", "1", app="factory:create_app('hi', punctuation='?')")
+    assert server.get("/") == (200, "hi?")
+
+
+def test_settings_from_a_pyproject_toml_table(run_server, tmp_path):
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.forkserve]\nworkers = 3\nmax-requests = 1000\n')
+    server = run_server("-c", str(config))
+    assert len(server.wait_workers(3)) == 3
+
+
+def test_settings_from_a_python_config_file_and_environment(run_server, tmp_path):
+    config = tmp_path / "forkserve.conf.py"
+    config.write_text("workers = 3\nimport os\n")
+    server = run_server("-c", str(config), env={"FORKSERVE_WORKERS": "2"})
+    assert len(server.wait_workers(2)) == 2  # the environment beats the file
+
+
+def test_unix_socket_bind(run_server, tmp_path):
+    path = tmp_path / "app.sock"
+    server = run_server("-w", "1", "-b", f"unix:{path}", wait=False)
+    poll(lambda: "Listening at: unix:" in server.log(), message="the unix listener")
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(path))
+        client.sendall(b"GET /pid HTTP/1.0\r\n\r\n")
+        data = b""
+        while chunk := client.recv(4096):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200")
+    server.signal(signal.SIGTERM)
+    server.wait_exit(10)
+    assert not path.exists()
