@@ -15,9 +15,10 @@ import logging
 import os
 import random
 import signal
+import time
 import traceback
 
-from forkserve import cow, exits, logs, privileges, procname
+from forkserve import cow, exits, logs, memory, privileges, procfs, procname
 from forkserve.scoreboard import READY, RETIRE, STOPPING
 
 __all__ = ["Worker", "heartbeat_interval", "make_servers"]
@@ -51,6 +52,9 @@ class Worker:
         self.requests = 0
         self.servers = []
         self.stop_mode = None   # None, "graceful" or "fast"
+        #: seconds between process-title updates; reading smaps_rollup costs
+        #: the kernel a walk of the process's pages (~20 ms per GB mapped)
+        self.title_interval = 10.0
         self.wakeup = None
 
     @property
@@ -107,9 +111,14 @@ class Worker:
     def run(self):
         import gevent
         interval = heartbeat_interval(self.cfg.timeout)
+        next_title = 0.0
         while self.stop_mode is None:
             self.scoreboard.beat(self.index)
             cow.check()
+            now = time.monotonic()
+            if now >= next_title:
+                next_title = now + self.title_interval
+                self.update_title()
             self.wakeup.wait(interval)
             self.wakeup.clear()
         if self.stop_mode == "fast":
@@ -122,6 +131,13 @@ class Worker:
                   for server in self.servers]
         gevent.joinall(drains)
         beating.kill()
+
+    def update_title(self):
+        """Show requests served and private memory in ps/top."""
+        reading = procfs.read_process(os.getpid())
+        private = f", {memory.format_size(reading.uss)} private" if reading else ""
+        procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name,
+                           f"{self.requests} req{private}")
 
     # --- callbacks, run on the worker's event loop ---
 
