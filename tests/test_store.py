@@ -1,0 +1,672 @@
+"""forkserve.store: a read-only mapping packed in one buffer.
+
+Unit tests build small stores in memory and in tmp_path. The memory tests
+run a script in a fresh interpreter (never forking pytest itself): it builds
+a store of PersonDB-like records, forks a child that looks up every record,
+and reports the child's private memory from /proc/self/smaps_rollup.
+"""
+
+import collections.abc
+import csv
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forkserve import _storecsv, _storeformat
+from forkserve.store import Store, StoreError, StoreFormatError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PEOPLE = {
+    "ana@example.com": {"email": "ana@example.com", "name": "Ana Souza", "team": "Security"},
+    "bo@example.com": {"email": "bo@example.com", "name": "Bo Lindqvist", "team": "Finance"},
+    "chen@example.com": {"email": "chen@example.com", "name": "陈静", "team": "Engineering"},
+}
+
+
+@pytest.fixture(params=["in memory", "from file"])
+def make_store(request, tmp_path):
+    """Build a store in memory, or write it to a file and open that."""
+    stores = []
+
+    def make(rows, codec="json"):
+        if request.param == "in memory":
+            store = Store.build(rows, codec=codec)
+        else:
+            Store.build(rows, tmp_path / "built.fsdb", codec=codec).close()
+            store = Store.open(tmp_path / "built.fsdb")
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()
+
+
+def write_csv(path, text):
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+# -- values, codecs, keys ---------------------------------------------------
+
+def test_json_records_round_trip(make_store):
+    store = make_store(PEOPLE.items())
+    assert dict(store) == PEOPLE
+    assert store.codec == "json"
+
+
+@pytest.mark.parametrize("codec, values", [
+    ("json", [{"a": [1, 2.5, None, True]}, "text", 7, [], {}]),
+    ("bytes", [b"", b"\x00\xff raw", bytearray(b"mutable"), memoryview(b"view")]),
+    ("str", ["", "plain", "ünïcødé ✓", "line\nbreak"]),
+])
+def test_each_codec_round_trips_its_values(make_store, codec, values):
+    store = make_store([(f"k{i}", value) for i, value in enumerate(values)], codec=codec)
+    assert store.codec == codec
+    for i, value in enumerate(values):
+        assert store[f"k{i}"] == value
+        if codec == "bytes":
+            assert type(store[f"k{i}"]) is bytes
+
+
+def test_msgpack_codec_round_trips_when_installed():
+    pytest.importorskip("msgpack")
+    with Store.build({"k": {"a": [1, b"bin"]}}, codec="msgpack") as store:
+        assert store["k"] == {"a": [1, b"bin"]}
+
+
+def test_msgpack_codec_without_the_package_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "msgpack", None)  # makes `import msgpack` fail
+    with pytest.raises(StoreError, match="pip install msgpack"):
+        Store.build({"k": 1}, codec="msgpack")
+
+
+def test_unknown_codec_names_the_known_ones():
+    known = "bytes, json, msgpack, str"
+    with pytest.raises(StoreError, match=f"unknown codec 'yaml'; use one of: {known}"):
+        Store.build({}, codec="yaml")
+
+
+def test_raw_returns_the_stored_json_bytes(make_store):
+    store = make_store(PEOPLE.items())
+    assert store.raw("ana@example.com") == orjson.dumps(PEOPLE["ana@example.com"])
+    assert store.get_raw("chen@example.com") == orjson.dumps(PEOPLE["chen@example.com"])
+    assert type(store.raw("ana@example.com")) is bytes
+
+
+def test_each_lookup_returns_a_fresh_value(make_store):
+    store = make_store(PEOPLE.items())
+    store["ana@example.com"]["team"] = "changed"
+    assert store["ana@example.com"]["team"] == "Security"
+
+
+def test_str_and_bytes_keys_find_the_same_record(make_store):
+    store = make_store([("zoë", 1), (b"bytes-key", 2)])
+    assert store["zoë"] == store["zoë".encode()] == 1
+    assert store["bytes-key"] == store[b"bytes-key"] == 2
+    assert "zoë".encode() in store and "bytes-key" in store
+
+
+def test_unicode_keys_round_trip(make_store):
+    keys = ["é", "e\u0301", "日本語", "🙂 emoji", "\u0000nul", "ß", "Ǆ", "a" * 10_000]
+    store = make_store([(key, i) for i, key in enumerate(keys)])
+    assert list(store) == keys
+    # "é" and "e\u0301" stay two keys: keys are bytes, never normalized.
+    assert [store[key] for key in keys] == list(range(len(keys)))
+
+
+def test_non_utf8_bytes_keys_iterate_as_surrogate_escapes_that_look_themselves_up(make_store):
+    store = make_store([(b"\xff\xfe", "binary")])
+    [key] = list(store)
+    assert key == "\udcff\udcfe"
+    assert store[key] == store[b"\xff\xfe"] == "binary"
+
+
+def test_keys_of_other_types_are_simply_absent(make_store):
+    store = make_store([("1", "one")])
+    assert 1 not in store
+    assert store.get(1) is None
+    assert "\ud800" not in store  # a lone surrogate cannot be a stored key
+    with pytest.raises(KeyError):
+        store[1]
+
+
+# -- mapping behaviour --------------------------------------------------------
+
+def test_store_behaves_as_a_read_only_mapping(make_store):
+    store = make_store(PEOPLE.items())
+    assert isinstance(store, collections.abc.Mapping)
+    assert not isinstance(store, collections.abc.MutableMapping)
+    assert len(store) == 3
+    assert store == PEOPLE
+    assert list(store.keys()) == list(PEOPLE)
+    assert list(store.items()) == list(PEOPLE.items())
+    assert list(store.values()) == list(PEOPLE.values())
+    assert ("ana@example.com", PEOPLE["ana@example.com"]) in store.items()
+    assert store.keys() & {"bo@example.com", "nobody"} == {"bo@example.com"}
+    with pytest.raises(TypeError):
+        store["new"] = 1
+
+
+def test_missing_key_raises_key_error_naming_it(make_store):
+    store = make_store(PEOPLE.items())
+    with pytest.raises(KeyError, match="nobody@example.com"):
+        store["nobody@example.com"]
+    with pytest.raises(KeyError):
+        store.raw(b"nobody@example.com")
+    assert "nobody@example.com" not in store
+    assert store.get("nobody@example.com") is None
+    assert store.get("nobody@example.com", "default") == "default"
+    assert store.get_raw("nobody@example.com", b"-") == b"-"
+
+
+def test_iteration_yields_str_keys_in_the_order_given(make_store):
+    keys = [f"key-{i * 7919 % 1000}" for i in range(1000)]
+    store = make_store((key, i) for i, key in enumerate(keys))
+    assert list(store) == keys
+    assert all(type(key) is str for key in store)
+
+
+def test_a_store_of_many_records_finds_every_one_and_no_others(make_store):
+    store = make_store((f"user{i}", i) for i in range(20_000))
+    assert all(store[f"user{i}"] == i for i in range(20_000))
+    assert not any(f"user{i}" in store for i in range(20_000, 25_000))
+
+
+def test_empty_store_has_no_keys(make_store):
+    store = make_store([])
+    assert len(store) == 0
+    assert list(store) == [] and dict(store.items()) == {}
+    assert store.get("anything") is None
+    assert store.nbytes > 0
+
+
+def test_build_accepts_a_mapping_and_any_iterable_of_pairs():
+    with Store.build(PEOPLE) as from_mapping, Store.build(iter(PEOPLE.items())) as from_pairs:
+        assert from_mapping == from_pairs == PEOPLE
+
+
+def test_build_streams_its_rows_one_at_a_time():
+    consumed = []
+
+    def rows():
+        for i in range(5):
+            consumed.append(i)
+            yield f"k{i}", i
+
+    with Store.build(rows()) as store:
+        assert consumed == list(range(5)) and len(store) == 5
+
+
+# -- files ------------------------------------------------------------------------
+
+def test_save_then_open_gives_the_same_store(tmp_path):
+    with Store.build(PEOPLE) as built:
+        built.save(tmp_path / "saved.fsdb")
+        with Store.open(tmp_path / "saved.fsdb") as opened:
+            assert opened == built
+            assert opened.nbytes == built.nbytes == (tmp_path / "saved.fsdb").stat().st_size
+            assert opened.path == str(tmp_path / "saved.fsdb") and built.path is None
+            opened.verify()
+
+
+def test_build_to_a_path_writes_the_file_and_leaves_no_temporary(tmp_path):
+    with Store.build(PEOPLE, tmp_path / "people.fsdb") as store:
+        assert store.path == str(tmp_path / "people.fsdb")
+        assert store == PEOPLE
+    assert [p.name for p in tmp_path.iterdir()] == ["people.fsdb"]
+    assert (tmp_path / "people.fsdb").stat().st_mode & 0o777 == 0o644
+
+
+def test_failed_build_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    Store.build({"old": 1}, tmp_path / "data.fsdb").close()
+
+    def rows():
+        yield "new", 1
+        raise RuntimeError("source went away")
+
+    with pytest.raises(RuntimeError, match="source went away"):
+        Store.build(rows(), tmp_path / "data.fsdb")
+    assert [p.name for p in tmp_path.iterdir()] == ["data.fsdb"]
+    with Store.open(tmp_path / "data.fsdb") as store:
+        assert dict(store) == {"old": 1}
+
+
+def test_rebuilding_over_an_open_store_leaves_the_open_one_readable(tmp_path):
+    path = tmp_path / "data.fsdb"
+    with Store.build({"k": "old"}, path) as old:
+        with Store.build({"k": "new"}, path) as new:
+            assert old["k"] == "old" and new["k"] == "new"
+
+
+@pytest.fixture
+def store_file(tmp_path):
+    path = tmp_path / "people.fsdb"
+    Store.build(PEOPLE, path).close()
+    return path
+
+
+@pytest.mark.parametrize("keep", [0, 7, _storeformat.HEADER.size, -100, -1])
+def test_truncated_file_is_refused_with_advice_to_rebuild(store_file, keep):
+    data = store_file.read_bytes()
+    store_file.write_bytes(data[:keep % len(data)])
+    with pytest.raises(StoreFormatError, match=r"rebuild it with Store\.from_csv") as caught:
+        Store.open(store_file)
+    assert str(store_file) in str(caught.value)
+    if keep < 0:
+        assert f"truncated: the header says {len(data)} bytes" in str(caught.value)
+
+
+@pytest.mark.parametrize("content", [
+    b"email,name\nana@example.com,Ana\n" * 10,
+    b"\x89PNG\r\n\x1a\n" + bytes(200),
+    b"SQLite format 3\x00" + bytes(200),
+])
+def test_foreign_file_is_refused(tmp_path, content):
+    path = write_csv(tmp_path / "foreign.fsdb", content)
+    with pytest.raises(StoreFormatError, match="not a forkserve store.*rebuild it"):
+        Store.open(path)
+
+
+def test_trailing_data_is_refused(store_file):
+    store_file.write_bytes(store_file.read_bytes() + b"extra")
+    with pytest.raises(StoreFormatError, match="5 bytes of trailing data"):
+        Store.open(store_file)
+
+
+def test_damaged_header_is_refused(store_file):
+    data = bytearray(store_file.read_bytes())
+    data[40] ^= 0x01  # inside the record count
+    store_file.write_bytes(data)
+    with pytest.raises(StoreFormatError, match="header is damaged"):
+        Store.open(store_file)
+
+
+def test_damaged_trailer_is_refused(store_file):
+    data = bytearray(store_file.read_bytes())
+    data[-10] ^= 0x01
+    store_file.write_bytes(data)
+    with pytest.raises(StoreFormatError, match="trailer"):
+        Store.open(store_file)
+
+
+def test_newer_format_version_is_refused(store_file):
+    data = bytearray(store_file.read_bytes())
+    data[8:12] = (2).to_bytes(4, "little")
+    span = _storeformat.HEADER.size - 8
+    data[span:span + 4] = zlib.crc32(data[:span]).to_bytes(4, "little")
+    store_file.write_bytes(data)
+    with pytest.raises(StoreFormatError, match="version 2, but this forkserve reads version 1"):
+        Store.open(store_file)
+
+
+def test_verify_finds_a_damaged_record_that_open_does_not_read(store_file):
+    data = bytearray(store_file.read_bytes())
+    data[_storeformat.HEADER.size + 3] ^= 0x20
+    store_file.write_bytes(data)
+    with Store.open(store_file) as store:
+        with pytest.raises(StoreFormatError, match="records are damaged"):
+            store.verify()
+
+
+def test_damaged_value_is_reported_when_read_not_returned_as_garbage(store_file):
+    data = bytearray(store_file.read_bytes())
+    value_start = _storeformat.HEADER.size + len("ana@example.com")
+    assert data[value_start:value_start + 1] == b"{"
+    data[value_start] = ord("}")
+    store_file.write_bytes(data)
+    with Store.open(store_file) as store:
+        with pytest.raises(StoreFormatError, match="'ana@example.com' does not decode as json"):
+            store["ana@example.com"]
+        assert store["bo@example.com"] == PEOPLE["bo@example.com"]
+
+
+def test_closed_store_refuses_lookups_and_closing_twice_is_harmless():
+    store = Store.build(PEOPLE)
+    with store:
+        pass
+    store.close()
+    assert "closed" in repr(store)
+    with pytest.raises(ValueError):
+        store["ana@example.com"]
+
+
+# -- bad rows -------------------------------------------------------------------
+
+def test_duplicate_key_names_the_key_and_both_records():
+    with pytest.raises(StoreError, match="duplicate key 'b': record 2 and record 4; keys must be"):
+        Store.build([("a", 1), ("b", 2), ("c", 3), (b"b", 4)])
+
+
+def test_duplicate_key_building_a_file_leaves_nothing_behind(tmp_path):
+    with pytest.raises(StoreError, match="duplicate key 'a'"):
+        Store.build([("a", 1), ("a", 2)], tmp_path / "dup.fsdb")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("codec, value, problem", [
+    ("json", object(), "Type is not JSON serializable: object"),
+    ("json", 2**70, "Integer exceeds 64-bit range"),
+    ("bytes", "text", "expected bytes, not str"),
+    ("str", 5, "expected str, not int"),
+    ("str", "\ud800", "'utf-8' codec can't encode character '.ud800' in position 0"),
+])
+def test_value_the_codec_cannot_encode_names_the_record(codec, value, problem):
+    rows = [("fine", b"x" if codec == "bytes" else "x"), ("bad", value)]
+    expected = f"record 2, key 'bad': codec '{codec}' cannot encode the value: {problem}"
+    with pytest.raises(StoreError, match=expected):
+        Store.build(rows, codec=codec)
+
+
+def test_key_of_the_wrong_type_names_the_record():
+    with pytest.raises(StoreError, match="record 2: a key must be str or bytes, not int"):
+        Store.build([("a", 1), (2, 2)])
+
+
+def test_row_that_is_not_a_pair_names_the_record():
+    with pytest.raises(StoreError, match="record 1: expected a .key, value. pair, got str"):
+        Store.build(["abc"])
+
+
+# -- CSV ------------------------------------------------------------------------
+
+@pytest.fixture(params=[None, "people.fsdb"], ids=["in memory", "to file"])
+def csv_store(request, tmp_path):
+    """Store.from_csv, in memory or to a file; closes what it built."""
+    stores = []
+
+    def build(csv_path, key, **options):
+        path = request.param and tmp_path / request.param
+        store = Store.from_csv(csv_path, key, path, **options)
+        stores.append(store)
+        return store
+
+    yield build
+    for store in stores:
+        store.close()
+
+
+def test_from_csv_maps_the_key_column_to_the_whole_row(tmp_path, csv_store):
+    path = write_csv(tmp_path / "people.csv",
+                     'name,email,team\nAna,ana@x,Sec\n陈静,chen@x,"Eng, Ops"\n')
+    store = csv_store(path, "email")
+    assert dict(store) == {
+        "ana@x": {"name": "Ana", "email": "ana@x", "team": "Sec"},
+        "chen@x": {"name": "陈静", "email": "chen@x", "team": "Eng, Ops"},
+    }
+    assert store.raw("ana@x") == b'{"name":"Ana","email":"ana@x","team":"Sec"}'
+
+
+def test_csv_blank_lines_crlf_and_a_byte_order_mark_are_tolerated(tmp_path, csv_store):
+    path = write_csv(tmp_path / "people.csv",
+                     "\ufeffemail,name\r\n\r\nana@x,Ana\r\n\r\nbo@x,Bo\r\n")
+    assert csv_store(path, "email") == {"ana@x": {"email": "ana@x", "name": "Ana"},
+                                         "bo@x": {"email": "bo@x", "name": "Bo"}}
+
+
+def test_csv_with_only_a_header_gives_an_empty_store(tmp_path, csv_store):
+    assert len(csv_store(write_csv(tmp_path / "people.csv", "email,name\n"), "email")) == 0
+
+
+def test_csv_without_the_key_column_names_the_columns_it_has(tmp_path):
+    path = write_csv(tmp_path / "people.csv", "mail,name\nana@x,Ana\n")
+    with pytest.raises(StoreError, match=r"has no column 'email'; the header \(line 1\) has these "
+                                         r"columns: 'mail', 'name'"):
+        Store.from_csv(path, "email")
+
+
+def test_empty_csv_file_asks_for_a_header(tmp_path):
+    with pytest.raises(StoreError, match="is empty: the first line must be a header"):
+        Store.from_csv(write_csv(tmp_path / "people.csv", ""), "email")
+
+
+def test_csv_header_with_a_repeated_column_is_refused(tmp_path):
+    path = write_csv(tmp_path / "people.csv", "email,name,name\na,b,c\n")
+    with pytest.raises(StoreError, match="line 1: column 'name' appears twice"):
+        Store.from_csv(path, "email")
+
+
+def test_csv_row_with_the_wrong_number_of_fields_names_its_line(tmp_path):
+    # The quoted field spans lines 2-3, so the short row is on line 4.
+    path = write_csv(tmp_path / "people.csv", 'email,name,note\na@x,A,"two\nlines"\nb@x,B\n')
+    with pytest.raises(StoreError, match=r"people\.csv, line 4: 2 fields, but the header has 3"):
+        Store.from_csv(path, "email")
+
+
+def test_csv_row_with_an_empty_key_names_its_line(tmp_path):
+    path = write_csv(tmp_path / "people.csv", "name,email\nAna,ana@x\nNobody,\n")
+    with pytest.raises(StoreError, match=r"people\.csv, line 3: the key column 'email' is empty"):
+        Store.from_csv(path, "email")
+
+
+def test_csv_that_is_not_utf8_names_the_exact_line(tmp_path):
+    # Far past the first 8 KiB, where a text-mode reader would misplace the error.
+    lines = b"".join(b"user%d@x,Name %d\n" % (i, i) for i in range(1000))
+    path = write_csv(tmp_path / "people.csv", b"email,name\n" + lines + b"ren\xe9@x,Ren\xe9\n")
+    with pytest.raises(StoreError, match=r"people\.csv, line 1002: not valid UTF-8 .*iconv"):
+        Store.from_csv(path, "email")
+
+
+def test_csv_duplicate_key_names_both_lines(tmp_path):
+    path = write_csv(tmp_path / "people.csv", "email,n\na@x,1\nb@x,2\n\nc@x,3\na@x,4\n")
+    with pytest.raises(StoreError, match=r"duplicate key 'a@x': .*people\.csv, line 2 and "
+                                         r".*people\.csv, line 6; keys must be unique"):
+        Store.from_csv(path, "email", tmp_path / "people.fsdb")
+    assert not (tmp_path / "people.fsdb").exists()
+
+
+def test_csv_parse_error_names_its_line(tmp_path):
+    huge = "x" * (csv.field_size_limit() + 1)
+    path = write_csv(tmp_path / "people.csv", f"email,note\na@x,short\nb@x,{huge}\n")
+    with pytest.raises(StoreError, match=r"people\.csv, line 3: field larger than field limit"):
+        Store.from_csv(path, "email")
+
+
+def test_csv_codec_that_cannot_hold_rows_names_the_line(tmp_path):
+    path = write_csv(tmp_path / "people.csv", "email\na@x\n")
+    expected = "line 2, key 'a@x': codec 'bytes' cannot encode the value: expected bytes, not dict"
+    with pytest.raises(StoreError, match=expected):
+        Store.from_csv(path, "email", codec="bytes")
+
+
+def test_csv_progress_callable_hears_rows_and_bytes(tmp_path):
+    rows = 2 * _storecsv.PROGRESS_EVERY + 5
+    path = write_csv(tmp_path / "people.csv", "email\n" + "".join(f"u{i}\n" for i in range(rows)))
+    calls = []
+    with Store.from_csv(path, "email", progress=lambda *args: calls.append(args)) as store:
+        assert len(store) == rows
+    size = path.stat().st_size
+    every = _storecsv.PROGRESS_EVERY
+    assert [done for done, _, _ in calls] == [every, 2 * every, rows]
+    assert all(total == size for _, _, total in calls)
+    assert [read for _, read, _ in calls] == sorted(read for _, read, _ in calls)
+    assert calls[-1][1] == size
+
+
+def test_csv_progress_is_logged_by_default_when_a_build_is_slow(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(_storecsv.LogProgress, "interval", 0.0)
+    path = write_csv(tmp_path / "people.csv", "email\na@x\n")
+    with caplog.at_level(logging.INFO, logger="forkserve.store"):
+        Store.from_csv(path, "email").close()
+    assert any("people.csv: 1 rows read, 100% of" in message for message in caplog.messages)
+
+
+# -- properties -------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: (st.lists(children, max_size=4)
+                      | st.dictionaries(st.text(), children, max_size=4)),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=75, deadline=None, database=None)
+@given(st.dictionaries(st.text(), json_values, max_size=40))
+def test_any_dict_of_json_values_round_trips_through_build_save_and_open(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("property") / "store.fsdb"
+    with Store.build(data) as built:
+        assert list(built.items()) == list(data.items())
+        built.save(path)
+    with Store.open(path) as opened:
+        assert list(opened.items()) == list(data.items())
+        assert all(opened[key] == value for key, value in data.items())
+
+
+@settings(max_examples=75, deadline=None, database=None)
+@given(st.dictionaries(st.binary(max_size=20), st.binary(max_size=50), max_size=40),
+       st.lists(st.binary(max_size=20), max_size=10))
+def test_any_bytes_keys_and_values_round_trip_and_absent_keys_stay_absent(data, probes):
+    with Store.build(data, codec="bytes") as store:
+        as_bytes = {key.encode("utf-8", "surrogateescape"): value for key, value in store.items()}
+        assert as_bytes == data
+        for probe in probes:
+            assert store.get(probe) == data.get(probe)
+
+
+# -- command line -------------------------------------------------------------------
+
+def run_cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "forkserve.store", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_cli_builds_describes_and_reads_a_store_file(tmp_path):
+    path = write_csv(tmp_path / "people.csv", "email,name\nana@x,Ana\nbo@x,Bo\n")
+    built = run_cli("build", path, "--key", "email", "-o", tmp_path / "people.fsdb")
+    assert built.returncode == 0, built.stderr
+    assert "people.fsdb: 2 records" in built.stdout
+    info = run_cli("info", tmp_path / "people.fsdb", "--verify")
+    assert info.returncode == 0, info.stderr
+    assert re.search(r"^codec: +json$", info.stdout, re.M)
+    assert re.search(r"^records: +2$", info.stdout, re.M)
+    assert re.search(r"^verified: +every record", info.stdout, re.M)
+    got = run_cli("get", tmp_path / "people.fsdb", "bo@x")
+    assert (got.returncode, got.stdout) == (0, '{"email":"bo@x","name":"Bo"}\n')
+    missing = run_cli("get", tmp_path / "people.fsdb", "nobody@x")
+    assert missing.returncode == 1 and "no record for 'nobody@x'" in missing.stderr
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path):
+    path = write_csv(tmp_path / "people.csv", "email,name\nana@x\n")
+    result = run_cli("build", path, "--key", "email", "-o", tmp_path / "people.fsdb")
+    assert result.returncode == 1
+    assert "error:" in result.stderr and "line 2: 1 fields" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- memory sharing --------------------------------------------------------------------
+
+RECORDS = 200_000
+
+MEMORY_SCRIPT = textwrap.dedent("""
+    import gc, json, os, sys
+    from forkserve.store import Store
+
+    def email(i):
+        return f"person{i}.{i * 7919 % 100003}@example-corp.com"
+
+    def person(i):
+        # Ten fields, each a new str per record, as a CSV loader makes them.
+        return {"email": email(i), "first_name": f"First{i % 5003}",
+                "last_name": f"Last{i * 31 % 9001}",
+                "employee_id": f"E{i:08d}", "department": f"Department {i % 17}",
+                "title": f"Analyst, level {i % 7}", "manager_email": email(i // 10),
+                "phone": f"+1-555-{i % 10000:04d}-{i * 13 % 10000:04d}",
+                "office": f"Berlin HQ, floor {i % 12}",
+                "hired": f"20{i % 25:02d}-{i % 12 + 1:02d}-01"}
+
+    def rows(n):
+        for i in range(n):
+            record = person(i)
+            yield record["email"], record
+
+    def kib(path, *fields):
+        found = {}
+        with open(path) as file:
+            for line in file:
+                name, _, rest = line.partition(":")
+                if name in fields:
+                    found[name] = int(rest.split()[0])
+        return sum(found[field] for field in fields) * 1024
+
+    def lookup_every_record(store, n):
+        step = 7919  # a prime not dividing n: j * step % n visits every record once
+        for j in range(n):
+            i = j * step % n
+            if store[email(i)]["employee_id"] != f"E{i:08d}":
+                os._exit(3)
+
+    def main(mode, n, path=None):
+        before = kib("/proc/self/status", "VmRSS")
+        if mode == "dicts":
+            data = dict(rows(n))
+            print(json.dumps({"rss_growth": kib("/proc/self/status", "VmRSS") - before}))
+            return
+        store = Store.build(rows(n), path)
+        report = {"rss_growth": kib("/proc/self/status", "VmRSS") - before, "nbytes": store.nbytes}
+        if path:
+            store.close()
+            store = Store.open(path)
+            store.verify()  # maps every page here first, as a serving master would have
+        gc.collect()
+        gc.freeze()
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            lookup_every_record(store, n)
+            private = kib("/proc/self/smaps_rollup", "Private_Clean", "Private_Dirty")
+            os.write(write_end, str(private).encode())
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            report["child_private"] = int(pipe.read() or -1)
+        _, status = os.waitpid(pid, 0)
+        report["child_exit"] = os.waitstatus_to_exitcode(status)
+        print(json.dumps(report))
+
+    main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:])
+""")
+
+
+def run_memory_script(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, *map(str, args)],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+@linux_only
+@pytest.mark.memory
+@pytest.mark.parametrize("source", ["built in memory", "opened from file"])
+def test_forked_child_reading_every_record_keeps_under_5_percent_private(tmp_path, source):
+    path = [tmp_path / "people.fsdb"] if source == "opened from file" else []
+    report = run_memory_script("store", RECORDS, *path)
+    assert report["child_exit"] == 0, "a lookup in the child returned the wrong record"
+    assert report["child_private"] < 0.05 * report["nbytes"], report
+
+
+@linux_only
+@pytest.mark.memory
+def test_store_grows_the_master_by_under_half_of_the_same_data_as_dicts():
+    store = run_memory_script("store", RECORDS)
+    dicts = run_memory_script("dicts", RECORDS)
+    assert store["rss_growth"] < 0.5 * dicts["rss_growth"], (store, dicts)
