@@ -24,7 +24,7 @@ import random
 import signal
 import time
 
-from forkserve import exits, memory, procname, signals
+from forkserve import exits, memory, procname, reload, signals, systemd
 from forkserve.exits import HaltServer
 from forkserve.scoreboard import FREE, READY, RETIRE, Scoreboard
 from forkserve.signals import MASTER_SIGNALS, SignalQueue, handler_name
@@ -85,11 +85,18 @@ class Master:
         self.workers = {}
         self.scoreboard = Scoreboard()
         self.queue = SignalQueue()
-        self.generation = 0
+        self.generation = reload.generation_number()
         self.boot_failures = 0
         self.next_spawn_at = 0.0
         self.stopping = None
         self.stop_deadline = None
+        #: HUP reloads code and data in a new generation, unless this master
+        #: is itself a generation under a supervisor (then HUP restarts workers)
+        self.reloadable = reload.role() is None
+        self.pending = None
+        self.handing_over = False
+        self.reload_again = False
+        self.announced = False
         self.next_memory_check = 0.0
         self.next_memory_log = 0.0
         self._fork = _original("os", "fork")
@@ -99,7 +106,8 @@ class Master:
     # --- the loop ---
 
     def run(self) -> int:
-        procname.set_title(self.cfg, "master", self.app_name)
+        role = "master" if self.reloadable else f"generation {self.generation}"
+        procname.set_title(self.cfg, role, self.app_name)
         self.queue.install(MASTER_SIGNALS, setter=_original("signal", "signal"))
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
@@ -107,9 +115,10 @@ class Master:
             while True:
                 self.dispatch_signals()
                 self.reap()
-                if self.stopping and not self.workers:
+                if self.stopping and not self.workers and self.pending is None:
                     break
                 self.murder()
+                self.check_reload()
                 self.manage()
                 self.log_memory()
                 self.sleep()
@@ -130,6 +139,8 @@ class Master:
         if self.next_spawn_at > time.monotonic():
             timeout = min(timeout, self.next_spawn_at - time.monotonic())
         watched = [self.queue.wake_r] + (self.stats.filenos() if self.stats else [])
+        if self.pending is not None and not self.handing_over:
+            watched.append(self.pending.ready_fd)
         try:
             readable, writable, _ = self._select(
                 watched, self.stats.writable_filenos() if self.stats else [], [],
@@ -157,11 +168,50 @@ class Master:
     def handle_hup(self):
         if self.stopping:
             return
-        self.generation += 1
+        if self.pending or self.handing_over:
+            log.info("Hang up during a reload: reloading again once it is done")
+            self.reload_again = True
+            return
+        if self.reloadable:
+            log.info("Hang up: reloading the application in a new generation")
+            systemd.notify("RELOADING=1")
+            self.pending = reload.spawn_generation(self.listeners, self.generation + 1,
+                                                   fork=self._fork)
+            return
+        self.restart_workers()
+
+    def restart_workers(self):
         log.info("Hang up: restarting %d workers gracefully", self.target)
         for record in self.workers.values():
             if record.state in ("booting", "ready"):
                 record.state = "retiring"
+
+    # --- reload: hand over to a new generation (forkserve.reload) ---
+
+    def check_reload(self):
+        if self.pending is not None and self.pending.ready():
+            log.info("Generation %d (pid %d) serves; draining the old workers",
+                     self.pending.number, self.pending.pid)
+            self.handing_over = True
+            self.stop_deadline = time.monotonic() + self.cfg.graceful_timeout + 1.0
+            self.stop_all(signal.SIGTERM)
+        if self.handing_over and (not self.workers or time.monotonic() > self.stop_deadline):
+            self.stop_all(signal.SIGKILL)
+            self.wait_all(time.monotonic() + 5)
+            pending, self.pending = self.pending, None
+            pending.close()
+            reload.exec_supervisor(self.cfg, self.app_name, pending.pid, pending.number,
+                                   self.listeners, self.stats.listener if self.stats else None,
+                                   reload_again=self.reload_again)
+
+    def reload_failed(self, outcome):
+        log.error("Reload failed: generation %d (pid %d) %s before it was ready; the old "
+                  "generation keeps serving", self.pending.number, self.pending.pid,
+                  outcome.description)
+        self.pending.close()
+        self.pending = None
+        if self.handing_over:  # it died after saying it was ready: serve again ourselves
+            self.handing_over = False
 
     def handle_ttin(self):
         if self.target >= self.scoreboard.capacity // 2:
@@ -186,6 +236,9 @@ class Master:
         if self.stopping == "fast" or (self.stopping and mode == "graceful"):
             return
         self.stopping = mode
+        if self.pending is not None:
+            os.kill(self.pending.pid, signal.SIGTERM if mode == "graceful" else signal.SIGQUIT)
+        systemd.notify("STOPPING=1")
         now = time.monotonic()
         if mode == "graceful":
             self.stop_deadline = now + self.cfg.graceful_timeout
@@ -206,6 +259,13 @@ class Master:
                 return
             if pid == 0:
                 return
+            if self.pending is not None and pid == self.pending.pid:
+                if self.stopping:
+                    self.pending.close()
+                    self.pending = None
+                else:
+                    self.reload_failed(exits.classify(status))
+                continue
             record = self.workers.pop(pid, None)
             if record is None:
                 continue  # not one of ours (e.g. a process the application spawned)
@@ -276,6 +336,8 @@ class Master:
     # --- manage: reach the target, retire what was replaced ---
 
     def manage(self):
+        if self.handing_over:
+            return
         if self.stopping:
             if time.monotonic() > self.stop_deadline:
                 self.stop_all(signal.SIGKILL)
@@ -291,6 +353,10 @@ class Master:
             for record in extra:
                 self.stop_worker(record)
         ready = sum(1 for r in serving if r.ready)
+        if ready >= self.target and not self.announced:
+            self.announced = True
+            reload.signal_ready()  # to the supervisor, when this master is a generation
+            systemd.notify("READY=1")
         if ready >= self.target:
             for record in list(self.workers.values()):
                 if record.state == "retiring":

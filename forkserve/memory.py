@@ -57,7 +57,7 @@ __all__ = [
     "to_prometheus",
 ]
 
-ROLES = ("master", "worker", "single")
+ROLES = ("master", "worker", "single", "supervisor")
 
 #: Version of the to_json() layout. Keys are only ever added; a change that
 #: breaks readers bumps this, and from_json() refuses what it cannot read.
@@ -71,7 +71,7 @@ class ProcessInfo:
     """What the caller (the master's scoreboard, or discover()) knows of a process."""
 
     pid: int
-    role: str  # "master" | "worker" | "single"
+    role: str  # "master" | "worker" | "single" | "supervisor"
     worker_id: int | None = None
     requests: int | None = None
     generation: int | None = None
@@ -112,8 +112,10 @@ class Report:
 
     @property
     def master(self):
-        """The master's row ("single" when it has no workers), or None."""
-        return next((row for row in self.processes if row.info.role != "worker"), None)
+        """The row of the process holding the application ("single" when it has no
+        workers; under a supervisor, the newest generation's), or None."""
+        rows = [row for row in self.processes if row.info.role in ("master", "single")]
+        return rows[-1] if rows else None
 
     @property
     def total_pss(self):

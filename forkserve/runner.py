@@ -18,7 +18,7 @@ import os
 import sys
 import traceback
 
-from forkserve import cow, exits, loader, logs, privileges, signals, sockets
+from forkserve import cow, exits, loader, logs, privileges, reload, signals, sockets
 
 __all__ = ["run"]
 
@@ -47,9 +47,15 @@ def run(cfg, app=None, app_name=None) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
 
+    generation = reload.role() == "generation"
     try:
-        listeners = sockets.bind_all(cfg.bind)
-        stats_listener = sockets.bind(sockets.parse_address(cfg.stats)) if cfg.stats else None
+        listeners = reload.adopted_listeners()
+        if listeners is None:
+            listeners = sockets.bind_all(cfg.bind)
+        stats_listener = None
+        if cfg.stats and not generation:  # the supervisor serves stats for generations
+            stats_listener = sockets.bind(sockets.parse_address(cfg.stats))
+            stats_listener.set_inheritable(False)
     except sockets.BindError as exc:
         _complain(str(exc))
         return exits.BIND_ERROR
@@ -76,7 +82,7 @@ def run(cfg, app=None, app_name=None) -> int:
             stats_listener.listen(16)
             log.info("Stats at: %s (JSON at /, Prometheus at /metrics)",
                      sockets.describe(stats_listener))
-        if cfg.pid:
+        if cfg.pid and not generation:
             pidfile = write_pidfile(cfg.pid)
         cow.harden()
         return _serve(cfg, app, listeners, app_name, stats_listener)

@@ -4,14 +4,19 @@ This is the mode a PersonDB-style service reaches for when even shared pages
 are not enough: one gevent loop, one copy of the data, nothing to copy into.
 It keeps the master's discipline (the heap is frozen, the collector stays
 off, the process ends through cow.exit_process) and the master's signals:
-TERM drains in-flight requests, INT and QUIT stop at once, USR1 reopens logs.
+TERM drains in-flight requests, INT and QUIT stop at once, USR1 reopens logs,
+HUP reloads: a new single-process generation loads the current code and
+data, and once it serves this one drains and becomes its supervisor
+(forkserve.reload).
 """
 
 import logging
 import os
 import signal
 
-from forkserve import cow, exits, logs, memory, procname, signals
+from gevent import monkey
+
+from forkserve import cow, exits, logs, memory, procname, reload, signals, systemd
 from forkserve.worker import make_servers
 
 __all__ = ["SingleServer"]
@@ -29,18 +34,22 @@ class SingleServer:
         self.requests = 0
         self.stop_mode = None
         self.wakeup = None
+        self.reload_requested = False
+        self.pending = None
 
     def run(self) -> int:
         import gevent
         import gevent.event
 
-        procname.set_title(self.cfg, "single", self.app_name)
+        role = "single" if reload.role() is None else f"generation {reload.generation_number()}"
+        procname.set_title(self.cfg, role, self.app_name)
         self.wakeup = gevent.event.Event()
         gevent.signal_handler(signal.SIGTERM, self._request_stop, "graceful")
         gevent.signal_handler(signal.SIGINT, self._request_stop, "fast")
         gevent.signal_handler(signal.SIGQUIT, self._request_stop, "fast")
         gevent.signal_handler(signal.SIGUSR1, logs.reopen)
-        for signum in (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
+        gevent.signal_handler(signal.SIGHUP, self._request_reload)
+        for signum in (signal.SIGTTIN, signal.SIGTTOU):
             gevent.signal_handler(signum, self._not_here, signal.Signals(signum).name)
         signals.release()
 
@@ -50,16 +59,34 @@ class SingleServer:
             server.start()
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
+        reload.signal_ready()
+        systemd.notify("READY=1")
         next_memory_log = 0.0
         while self.stop_mode is None:
             cow.check()
+            if self.reload_requested and self.pending is None:
+                self.reload_requested = False
+                self._start_generation()
+            if self.pending is not None and self._generation_ready():
+                break
             interval = self.cfg.memory_log_interval
             if interval and gevent.get_hub().loop.now() >= next_memory_log:
                 next_memory_log = gevent.get_hub().loop.now() + interval
                 memory.log_report(log, self.report())
-            self.wakeup.wait(min(1.0, interval) if interval else 1.0)
+            self.wakeup.wait(0.1 if self.pending else min(1.0, interval or 1.0))
+            self.wakeup.clear()
         if stats_server is not None:
             stats_server.stop(timeout=0)
+        if self.stop_mode is None:  # a new generation serves: drain, then supervise it
+            gevent.joinall([gevent.spawn(server.drain, self.cfg.graceful_timeout)
+                            for server in servers])
+            pending, self.pending = self.pending, None
+            pending.close()
+            reload.exec_supervisor(self.cfg, self.app_name, pending.pid, pending.number,
+                                   self.listeners, self.stats_listener,
+                                   reload_again=self.reload_requested)
+        if self.pending is not None:
+            os.kill(self.pending.pid, signal.SIGTERM)
         if self.stop_mode == "fast":
             log.info("Shutting down: fast stop")
             for server in servers:
@@ -91,6 +118,33 @@ class SingleServer:
         if self.stop_mode != "fast":
             self.stop_mode = mode
         self.wakeup.set()
+
+    def _request_reload(self):
+        if reload.role() is not None:
+            log.info("HUP ignored: this process is a generation; send HUP to the master")
+        else:  # during a reload, remembered and done once this one is over
+            self.reload_requested = True
+            self.wakeup.set()
+
+    def _start_generation(self):
+        log.info("Hang up: reloading the application in a new generation")
+        systemd.notify("RELOADING=1")
+        self.pending = reload.spawn_generation(self.listeners, reload.generation_number() + 1,
+                                               fork=monkey.get_original("os", "fork"))
+
+    def _generation_ready(self):
+        if self.pending.ready():
+            log.info("Generation %d (pid %d) serves; draining this one", self.pending.number,
+                     self.pending.pid)
+            return True
+        pid, status = monkey.get_original("os", "waitpid")(self.pending.pid, os.WNOHANG)
+        if pid:
+            log.error("Reload failed: generation %d (pid %d) %s before it was ready; this "
+                      "process keeps serving", self.pending.number, pid,
+                      exits.classify(status).description)
+            self.pending.close()
+            self.pending = None
+        return False
 
     def _not_here(self, name):
         log.info("%s ignored: a single-process server (-w 0) has no workers to change; "

@@ -146,13 +146,22 @@ def test_max_requests_recycles_a_worker_gracefully(run_server):
     assert "--max-requests" in server.log()
 
 
-def test_hup_replaces_every_worker(run_server):
+def test_hup_replaces_every_worker_under_the_same_master_pid(run_server):
     server = run_server("-w", "2")
     before = set(server.wait_workers(2))
     server.signal(signal.SIGHUP)
-    poll(lambda: len(server.children()) == 2 and not before & set(server.children()),
-         message="all workers replaced")
-    assert server.get("/pid")[0] == 200
+    poll(lambda: not before & {int(server.get("/pid")[1]) for _ in range(6)},
+         timeout=20, message="answers from new workers only")
+    poll(lambda: not before & set(_descendants(server.pid)), message="old workers gone")
+    assert server.proc.poll() is None and server.get("/pid")[0] == 200
+
+
+def _descendants(pid):
+    found = []
+    for child in open(f"/proc/{pid}/task/{pid}/children").read().split():
+        found.append(int(child))
+        found.extend(_descendants(int(child)))
+    return found
 
 
 def test_pid_file_is_written_and_removed(run_server, tmp_path):

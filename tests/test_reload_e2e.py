@@ -1,0 +1,112 @@
+"""HUP reloads code and data under load: no failed request, same master PID."""
+
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from forkserve_testing import poll
+
+pytestmark = pytest.mark.e2e
+
+
+class Load:
+    """A bounded request loop on fresh connections, counting failures."""
+
+    def __init__(self, server, seconds=60):
+        self.server, self.deadline = server, time.monotonic() + seconds
+        self.answers, self.failures, self.stop = [], [], threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self):
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            try:
+                status, body = self.server.get("/", timeout=10)
+                if status != 200:
+                    self.failures.append(status)
+                self.answers.append(body.split()[0])
+            except OSError as exc:
+                self.failures.append(repr(exc))
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(15)
+
+
+HANDED_OVER = re.compile(r"continues as its supervisor|Generation \d+ \(pid \d+\) exited")
+
+
+def _reload_to(server, version_file, version):
+    """HUP, then wait until the new version answers and the old one is gone."""
+    handovers = len(HANDED_OVER.findall(server.log()))
+    version_file.write_text(version)
+    server.signal(signal.SIGHUP)
+    poll(lambda: server.get("/")[1].split()[0] == version, timeout=30,
+         message=f"answers from {version}")
+    poll(lambda: len(HANDED_OVER.findall(server.log())) > handovers, timeout=30,
+         message="the old generation to finish draining")
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_three_reloads_under_load_lose_no_request(run_server, tmp_path, workers):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    pidfile = tmp_path / "server.pid"
+    server = run_server("-w", workers, "--pid", str(pidfile), "--graceful-timeout", "10",
+                        app="versioned:app", env={"VERSION_FILE": str(version_file)})
+    master = server.pid
+    assert server.get("/")[1].startswith("v1")
+    with Load(server) as load:
+        for version in ("v2", "v3", "v4"):
+            _reload_to(server, version_file, version)
+            assert int(pidfile.read_text()) == master and server.proc.poll() is None
+        served_before = len(load.answers)
+        poll(lambda: len(load.answers) > served_before + 5, message="more answers")
+    assert load.failures == []
+    assert len(load.answers) > 20
+    assert load.answers[-1] == "v4"
+    assert "v1" in load.answers  # the loop ran across every reload
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
+    with pytest.raises(ProcessLookupError):
+        os.killpg(master, 0)  # no process left behind
+    assert not pidfile.exists()
+
+
+def test_a_reload_with_a_broken_app_keeps_serving_the_old_answers(run_server, tmp_path):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("-w", "2", "--stats", "127.0.0.1:0", app="versioned:app",
+                        env={"VERSION_FILE": str(version_file)})
+    _reload_to(server, version_file, "v2")
+    with Load(server) as load:
+        version_file.write_text("broken")
+        server.signal(signal.SIGHUP)
+        poll(lambda: "Reload failed" in server.log(), timeout=30, message="the failed reload")
+        answers_then = len(load.answers)
+        poll(lambda: len(load.answers) > answers_then + 5, message="more answers")
+    assert load.failures == []
+    assert set(load.answers) == {"v2"}
+    log = server.log()
+    assert "the dataset does not parse" in log
+    assert "the previous generation keeps serving" in log
+    _reload_to(server, version_file, "v3")  # and a good reload still works afterwards
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
+
+
+def test_the_first_reload_frees_the_old_heap_by_exec(run_server, tmp_path):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("-w", "1", app="versioned:app", env={"VERSION_FILE": str(version_file)})
+    _reload_to(server, version_file, "v2")
+    poll(lambda: "continues as its supervisor" in server.log(), message="the supervisor exec")
+    with open(f"/proc/{server.pid}/cmdline", "rb") as handle:
+        assert b"forkserve.supervisor" in handle.read()
