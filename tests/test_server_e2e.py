@@ -157,11 +157,12 @@ def test_hup_replaces_every_worker_under_the_same_master_pid(run_server):
 
 
 def _descendants(pid):
-    found = []
-    for child in open(f"/proc/{pid}/task/{pid}/children").read().split():
-        found.append(int(child))
-        found.extend(_descendants(int(child)))
-    return found
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            children = [int(child) for child in handle.read().split()]
+    except FileNotFoundError:
+        return []  # exited while we looked
+    return children + [grandchild for child in children for grandchild in _descendants(child)]
 
 
 def test_pid_file_is_written_and_removed(run_server, tmp_path):
