@@ -84,6 +84,8 @@ def run(cfg, app=None, app_name=None) -> int:
                      sockets.describe(stats_listener))
         if cfg.pid and not generation:
             pidfile = write_pidfile(cfg.pid)
+        from forkserve import worker
+        worker.preload()
         cow.harden()
         return _serve(cfg, app, listeners, app_name, stats_listener)
     except exits.HaltServer as halt:

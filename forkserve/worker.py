@@ -21,7 +21,7 @@ import traceback
 from forkserve import cow, exits, logs, memory, privileges, procfs, procname
 from forkserve.scoreboard import READY, RETIRE, STOPPING
 
-__all__ = ["Worker", "heartbeat_interval", "make_servers"]
+__all__ = ["Worker", "heartbeat_interval", "make_servers", "preload"]
 
 log = logging.getLogger("forkserve.error")
 
@@ -159,6 +159,22 @@ class Worker:
         while True:
             self.scoreboard.beat(self.index)
             gevent.sleep(interval)
+
+
+def preload():
+    """Import, in the master, everything a worker needs after fork.
+
+    Modules imported before the fork are shared by every worker (and frozen
+    with the rest of the heap); modules imported after it are one private
+    copy per worker, and may not even be readable once --user has dropped
+    privileges.
+    """
+    import gevent.event  # noqa: F401
+    import gevent.pool  # noqa: F401
+    import gevent.pywsgi  # noqa: F401
+
+    import forkserve.http  # noqa: F401
+    import forkserve.server  # noqa: F401
 
 
 def make_servers(cfg, app, listeners, *, multiprocess, on_request):

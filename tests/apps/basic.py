@@ -28,6 +28,8 @@ def _app(environ, start_response):
                            "enabled": gc.isenabled(), "counts": gc.get_count(),
                            "pid": os.getpid(),
                            "multiprocess": environ["wsgi.multiprocess"]}).encode()
+    elif path == "/whoami":
+        body = json.dumps({"uid": os.getuid(), "gid": os.getgid(), "pid": os.getpid()}).encode()
     elif path == "/boom":
         raise RuntimeError("boom requested")
     else:
