@@ -190,31 +190,32 @@ def load(path, mode, store_path=None):
 def make_app(people, mode):
     """A Bottle app serving ``people`` (a dict of rows, or a Store)."""
     app = bottle.Bottle()
-    if mode == "store":
-        # Stored values are JSON already: pass the bytes through untouched.
-        get_json = people.get_raw
-    else:
-        def get_json(email, default=None):
-            row = people.get(email)
-            return default if row is None else orjson.dumps(row)
 
-    @app.get("/person/<email>")
-    def person(email):
-        body = get_json(email)
-        if body is None:
-            return bottle.HTTPResponse(
-                orjson.dumps({"error": "not found", "email": email}),
-                status=404, content_type=_JSON,
-            )
-        bottle.response.content_type = _JSON
-        return body
+    if mode == "store":
+        @app.get("/person/<email>")
+        def person(email):
+            # Stored values are JSON already: pass the bytes through untouched.
+            body = people.get_raw(email)
+            if body is None:
+                return _not_found(email)
+            bottle.response.content_type = _JSON
+            return body
+    else:
+        @app.get("/person/<email>")
+        def person(email):
+            row = people.get(email)
+            if row is None:
+                return _not_found(email)
+            # Bottle's JSON plugin encodes the dict (json.dumps), as in most
+            # Bottle apps. The encoder takes a reference to every value it
+            # writes, so each lookup writes the refcounts of the row's
+            # objects: the pages that hold them are copied into this worker
+            # unless the objects are immortal (forkserve.share on 3.12+).
+            return row
 
     @app.get("/health")
     def health():
-        bottle.response.content_type = _JSON
-        return orjson.dumps(
-            {"status": "ok", "rows": len(people), "mode": mode, "pid": os.getpid()}
-        )
+        return {"status": "ok", "rows": len(people), "mode": mode, "pid": os.getpid()}
 
     @app.error(404)
     @app.error(405)
@@ -223,6 +224,12 @@ def make_app(people, mode):
         return orjson.dumps({"error": error.status_line, "path": bottle.request.path})
 
     return app
+
+
+def _not_found(email):
+    return bottle.HTTPResponse(
+        orjson.dumps({"error": "not found", "email": email}), status=404, content_type=_JSON,
+    )
 
 
 def _configure_logging():

@@ -1,0 +1,1 @@
+"""The forkserve benchmark harness; run it with python benchmarks/run.py."""

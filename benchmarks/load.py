@@ -1,0 +1,169 @@
+"""Drive random PersonDB lookups at a server with wrk, one phase at a time.
+
+Why wrk rather than Locust: on a 2-core machine the load generator competes
+with the server for CPU. wrk is C with an event loop and costs a few
+microseconds per request; Locust, even with FastHttpUser, costs tens of
+microseconds of Python per request, so it would need most of a core to
+drive a few thousand requests per second and would become what we measure.
+(examples/locustfile.py is still the tool for realistic user behaviour and
+for watching memory while a test runs; see examples/README.)
+
+A phase is a fixed number of responses, not a fixed time: memory copied by
+copy-on-write grows with the number of distinct rows touched, so comparing
+servers after equal work is fair, and comparing after equal time would
+penalise the faster server. wrk only knows durations, so benchmarks/lookup.lua
+counts responses, stops its thread at the quota and drops a marker file; we
+then interrupt wrk (its main thread otherwise sleeps for the whole -d), and
+it prints its summary. -d is kept as a time cap.
+"""
+
+import dataclasses
+import glob
+import json
+import os
+import signal
+import subprocess
+import time
+
+from benchmarks.procs import Group
+
+__all__ = ["LoadSpec", "PhaseResult", "parse_result", "run_phase"]
+
+LUA_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lookup.lua")
+
+_RESULT_PREFIX = "BENCH_RESULT "
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadSpec:
+    """How to generate load; the same for every server."""
+
+    emails_path: str
+    threads: int = 1
+    connections: int = 32
+    miss_ratio: float = 0.05
+    #: Share of requests that ask the server to close the connection. wrk
+    #: keeps connections open, and a pre-fork server's workers race to
+    #: accept them, so without this a few workers could hold every
+    #: connection for the whole run and the others would see no traffic.
+    #: Reconnecting every ~50 requests spreads the load as a real client
+    #: population does, at a small cost in connects.
+    close_ratio: float = 0.02
+    seed: int = 1
+    #: Taskset CPU list for wrk, or None to leave it unpinned.
+    cpus: str | None = "1"
+    request_timeout_s: int = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseResult:
+    """wrk's figures for one phase (latencies in microseconds)."""
+
+    responses: int
+    duration_s: float
+    ok: int
+    not_found: int
+    bad_status: int
+    connect_errors: int
+    read_errors: int
+    write_errors: int
+    timeouts: int
+    p50_us: int
+    p90_us: int
+    p99_us: int
+    p999_us: int
+    max_us: int
+    timed_out: bool = False
+
+    @property
+    def errors(self):
+        """Failed requests: statuses other than 200/404, connect and write
+        errors, timeouts.
+
+        Read errors are left out on purpose: wrk counts as one every
+        connection the server closes, including the ones we asked it to
+        close (close_ratio) and every connection of a server that does not
+        keep connections alive. They are reported separately.
+        """
+        return self.bad_status + self.connect_errors + self.write_errors + self.timeouts
+
+    @property
+    def rate(self):
+        return self.responses / self.duration_s if self.duration_s else 0.0
+
+
+def parse_result(stdout, timed_out=False):
+    """Find lookup.lua's BENCH_RESULT line in wrk's output."""
+    for line in stdout.splitlines():
+        if line.startswith(_RESULT_PREFIX):
+            data = json.loads(line[len(_RESULT_PREFIX):])
+            break
+    else:
+        raise ValueError("wrk printed no BENCH_RESULT line:\n" + stdout[-2000:])
+    return PhaseResult(
+        responses=data["ok"] + data["not_found"] + data["bad_status"],
+        duration_s=data["duration_us"] / 1e6,
+        ok=data["ok"],
+        not_found=data["not_found"],
+        bad_status=data["bad_status"],
+        connect_errors=data["connect_errors"],
+        read_errors=data["read_errors"],
+        write_errors=data["write_errors"],
+        timeouts=data["timeouts"],
+        p50_us=data["p50_us"],
+        p90_us=data["p90_us"],
+        p99_us=data["p99_us"],
+        p999_us=data["p999_us"],
+        max_us=data["max_us"],
+        timed_out=timed_out,
+    )
+
+
+def run_phase(url, spec, responses, time_cap_s, workdir, *, phase_id=0, poll_s=0.01):
+    """Send ``responses`` lookups to ``url`` (at most ``time_cap_s``) and
+    return the PhaseResult."""
+    per_thread = -(-responses // spec.threads)  # ceiling
+    done_prefix = os.path.join(workdir, f"wrk-done-{os.getpid()}-{phase_id}-")
+    for stale in glob.glob(done_prefix + "*"):
+        os.unlink(stale)
+    env = dict(
+        os.environ,
+        BENCH_EMAILS=spec.emails_path,
+        BENCH_QUOTA=str(per_thread),
+        BENCH_DONE=done_prefix,
+        BENCH_MISS_RATIO=str(spec.miss_ratio),
+        BENCH_CLOSE_RATIO=str(spec.close_ratio),
+        BENCH_SEED=str(spec.seed * 1000 + phase_id),
+    )
+    argv = [
+        "wrk", f"-t{spec.threads}", f"-c{spec.connections}",
+        f"-d{int(time_cap_s)}s", f"--timeout={spec.request_timeout_s}s",
+        "-s", LUA_SCRIPT, url,
+    ]
+    if spec.cpus:
+        argv = ["taskset", "-c", spec.cpus] + argv
+    markers = [f"{done_prefix}{n}" for n in range(1, spec.threads + 1)]
+    out_path = os.path.join(workdir, f"wrk-{os.getpid()}-{phase_id}.out")
+    timed_out = False
+    with open(out_path, "w+b") as out:
+        with Group(argv, env=env, stdout=out, stderr=subprocess.STDOUT) as wrk:
+            deadline = time.monotonic() + time_cap_s + 30
+            while wrk.alive():
+                if all(os.path.exists(m) for m in markers):
+                    # Every thread met its quota: end wrk's -d sleep now.
+                    wrk.send_signal(signal.SIGINT)
+                    break
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(poll_s)
+            try:
+                wrk.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass  # Group.__exit__ kills it
+            timed_out = not all(os.path.exists(m) for m in markers)
+        out.seek(0)
+        text = out.read().decode("utf-8", "replace")
+    for path in markers + [out_path]:
+        if os.path.exists(path):
+            os.unlink(path)
+    return parse_result(text, timed_out=timed_out)

@@ -1,0 +1,473 @@
+"""Compare forkserve with Gunicorn, uWSGI and one gevent process on PersonDB.
+
+    python benchmarks/run.py                 # the full run (< 10 min on 2 cores)
+    python benchmarks/run.py --quick         # a smoke run (< 2 min)
+    python benchmarks/run.py --servers gunicorn,forkserve-share --rows 100000
+
+For each server in turn: start it on the same PersonDB dataset (loaded once,
+in its master), wait until every worker is up, sample the memory of every
+process in its process group, then drive --phases phases of random lookups
+with wrk, sampling during and after each phase; then stop it and time the
+stop. Results go to --out: samples.csv (every process at every sample),
+summary.csv, results.md and memory.png. See benchmarks/README.md.
+
+Every process started here runs in its own process group and is stopped
+(SIGTERM, then SIGKILL) on the way out, also on Ctrl-C or SIGTERM.
+"""
+
+import argparse
+import contextlib
+import datetime
+import http.client
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+if __package__ in (None, ""):
+    # Run as a script: make the repository (forkserve, examples, benchmarks)
+    # importable, as `python -m benchmarks.run` from the root would.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import load, report  # noqa: E402
+from benchmarks.procs import Group, sample_group  # noqa: E402
+from benchmarks.servers import REPO, all_servers, bind_listener, python_version  # noqa: E402
+from examples.persondb import generate  # noqa: E402
+
+#: Settings of the default run and of --quick (each overridable by its flag).
+DEFAULTS = {
+    "rows": 300_000, "phases": 4, "requests": 25_000, "phase_timeout": 45.0,
+    "workers": 4, "connections": 32, "budget": 570.0,
+}
+QUICK = {
+    "rows": 20_000, "phases": 2, "requests": 5_000, "phase_timeout": 20.0,
+    "workers": 4, "connections": 32, "budget": 110.0,
+}
+
+#: Seconds set aside per server still to run for starting, settling and
+#: stopping it, when the time budget is shared out among the phases.
+OVERHEAD_PER_SERVER = 20.0
+#: No phase is given less than this, whatever the budget says.
+MIN_PHASE_S = 5.0
+
+#: Seconds a server gets to load the dataset and start its workers.
+START_TIMEOUT = 180.0
+#: Pause after start and after each phase, so in-flight work settles before
+#: the sample that counts (wrk's last responses, freed buffers).
+SETTLE_S = 1.0
+
+
+class ServerFailed(Exception):
+    """A server did not start, or died while under test. The message says how."""
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/run.py",
+        description="Memory and throughput of pre-fork servers serving the PersonDB example.",
+    )
+    p.add_argument("--quick", action="store_true",
+                   help="small dataset and short phases: a smoke test in under 2 minutes")
+    p.add_argument("--servers", default="all",
+                   help="comma-separated names (default: all): "
+                        + ", ".join(s.name for s in all_servers()))
+    p.add_argument("--rows", type=int, help=f"dataset rows (default {DEFAULTS['rows']:,})")
+    p.add_argument("--workers", type=int, help=f"workers per server (default {DEFAULTS['workers']})")
+    p.add_argument("--phases", type=int, help=f"load phases (default {DEFAULTS['phases']})")
+    p.add_argument("--requests", type=int,
+                   help=f"lookups per phase (default {DEFAULTS['requests']:,})")
+    p.add_argument("--connections", type=int,
+                   help=f"concurrent connections (default {DEFAULTS['connections']})")
+    p.add_argument("--phase-timeout", type=float,
+                   help=f"time cap per phase, s (default {DEFAULTS['phase_timeout']:.0f})")
+    p.add_argument("--budget", type=float,
+                   help="seconds the whole run may take; phases are cut short (and flagged) "
+                        f"to stay within it (default {DEFAULTS['budget']:.0f}, "
+                        f"--quick {QUICK['budget']:.0f})")
+    p.add_argument("--seed", type=int, default=0, help="dataset seed (default 0)")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter that runs the servers (default: this one)")
+    p.add_argument("--server-cpus", default="0",
+                   help="taskset CPU list for the servers ('' = unpinned; default 0)")
+    p.add_argument("--client-cpus", default="1",
+                   help="taskset CPU list for wrk and this harness ('' = unpinned; default 1)")
+    p.add_argument("--sample-interval", type=float, default=2.0,
+                   help="seconds between memory samples during a phase (default 2)")
+    p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"),
+                   help="where the generated dataset is cached (default: %(default)s)")
+    p.add_argument("--out", help="results directory (default: benchmarks/results, "
+                                 "or a temp dir with --quick)")
+    args = p.parse_args(argv)
+    preset = QUICK if args.quick else DEFAULTS
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.out is None:
+        args.out = (os.path.join(tempfile.gettempdir(), "forkserve-bench-quick") if args.quick
+                    else os.path.join(REPO, "benchmarks", "results"))
+    known = {s.name for s in all_servers()}
+    if args.servers != "all":
+        wanted = [name.strip() for name in args.servers.split(",") if name.strip()]
+        unknown = sorted(set(wanted) - known)
+        if unknown:
+            p.error(f"unknown server(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
+        args.servers = wanted
+    else:
+        args.servers = [s.name for s in all_servers()]
+    if args.workers < 1:
+        p.error("--workers must be >= 1 (the single-process servers are in the list already)")
+    return args
+
+
+# -- the dataset ------------------------------------------------------------------
+
+
+def prepare_dataset(rows, seed, data_dir):
+    """The cached CSV and the emails file for wrk, generated when missing."""
+    os.makedirs(data_dir, exist_ok=True)
+    stem = os.path.join(data_dir, f"persondb-{rows}rows-seed{seed}")
+    csv_path, emails_path = stem + ".csv", stem + ".emails"
+    if not os.path.exists(csv_path):
+        say(f"generating {rows:,} rows into {csv_path} (cached for later runs)")
+        generate.generate_file(csv_path, rows, seed,
+                               progress=lambda n: say(f"  {n:,} rows"))
+    if not os.path.exists(emails_path):
+        generate.generate_file(emails_path, rows, seed, only_emails=True)
+    return csv_path, emails_path
+
+
+def build_store(python, csv_path, env):
+    """Build the Store cache once, outside any timed server start."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [python, "-c", "import examples.persondb.app"], cwd=REPO, capture_output=True,
+        text=True, env=dict(env, PERSONDB_MODE="store", PERSONDB_CSV=csv_path), timeout=600,
+    )
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        return None, lines[-1] if lines else f"exit status {proc.returncode}"
+    return time.monotonic() - started, None
+
+
+# -- one server ---------------------------------------------------------------------
+
+
+def http_status(port, path="/health", timeout=2.0):
+    """GET path on 127.0.0.1:port; the status, or None if it did not answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def log_tail(path, lines=12):
+    try:
+        with open(path, "rb") as f:
+            text = f.read()[-8000:].decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def wait_until_ready(server, spec, port, log_path, expected, timeout):
+    """Poll until the server answers /health with all its processes; its port."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise ServerFailed(f"exited with status {server.popen.returncode} while starting:\n"
+                               + log_tail(log_path))
+        if port is None:
+            with open(log_path, "rb") as f:
+                port = spec.port_from_log(f.read())
+        if (port is not None and len(server.members()) >= expected
+                and http_status(port) == 200):
+            return port
+        time.sleep(0.1)
+    raise ServerFailed(f"not ready within {timeout:.0f}s:\n" + log_tail(log_path))
+
+
+class Sampler:
+    """Samples the server's process group every ``interval`` s in a thread."""
+
+    def __init__(self, run, root_pid, single, started, interval):
+        self.run, self.root_pid, self.single = run, root_pid, single
+        self.started, self.interval = started, interval
+        self.phase = 0
+        self._stop = threading.Event()
+        self._thread = None
+
+    def record(self, point, responses=""):
+        now = time.monotonic() - self.started
+        for s in sample_group(self.root_pid, self.single):
+            self.run.samples.append({
+                "server": self.run.name, "phase": self.phase, "point": point,
+                "t_s": round(now, 3), "responses": responses, "pid": s.pid, "role": s.role,
+                "rss": s.rss, "pss": s.pss, "uss": s.uss, "shared": s.shared, "swap": s.swap,
+                "minor_faults": s.minor_faults, "major_faults": s.major_faults,
+                "cpu_s": s.cpu_s,
+            })
+
+    @contextlib.contextmanager
+    def during(self, phase):
+        self.phase = phase
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
+        self._thread.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            self._thread.join()
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            self.record("during")
+
+
+class Budget:
+    """Shares the run's remaining time out among the phases still to run."""
+
+    def __init__(self, seconds, phases_per_server, servers):
+        self.deadline = time.monotonic() + seconds
+        self.phases_per_server = phases_per_server
+        self.servers_left = servers
+
+    def phase_cap(self, phase_cap, phases_left_here):
+        """Seconds the next phase may take."""
+        later = self.servers_left - 1
+        phases_left = phases_left_here + later * self.phases_per_server
+        spare = self.deadline - time.monotonic() - later * OVERHEAD_PER_SERVER
+        return max(MIN_PHASE_S, min(phase_cap, spare / max(phases_left, 1)))
+
+    def server_done(self):
+        self.servers_left -= 1
+
+
+def run_server(spec, args, csv_path, load_spec, env, workdir, budget):
+    """Start, load and stop one server; a report.ServerRun."""
+    run = report.ServerRun(spec.name, spec.description, note=spec.note)
+    log_path = os.path.join(args.out, "logs", f"{spec.name}.log")
+    open(log_path, "wb").close()
+    listener = bind_listener() if spec.needs_fd else None
+    fd = listener.fileno() if listener else None
+    # Sockets we bound: we know the port. forkserve binds its own: read its log.
+    port = listener.getsockname()[1] if listener else None
+    argv = spec.command(args.python, args.workers, fd)
+    # Always set the server's CPUs: unpinned means all of them, not the
+    # client CPUs this harness pinned itself to (children inherit affinity).
+    argv = ["taskset", "-c", args.server_cpus or f"0-{os.cpu_count() - 1}"] + argv
+    server_env = dict(env, PERSONDB_CSV=csv_path, PERSONDB_MODE=spec.mode,
+                      PERSONDB_STORE=csv_path + ".store")
+    with open(log_path, "ab") as log:
+        log.write(f"$ {shlex.join(argv)}\n".encode())
+    started = time.monotonic()
+    try:
+        server = Group(argv, log_path=log_path, env=server_env, cwd=workdir,
+                       pass_fds=(fd,) if fd is not None else ())
+    finally:
+        if listener:
+            listener.close()  # the server holds its own copy now
+    with server:
+        expected = 1 if spec.single else 1 + args.workers
+        port = wait_until_ready(server, spec, port, log_path, expected, START_TIMEOUT)
+        run.startup_s = time.monotonic() - started
+        say(f"  ready on port {port} in {run.startup_s:.1f}s "
+            f"({len(server.members())} processes)")
+        time.sleep(SETTLE_S)
+        sampler = Sampler(run, server.pid, spec.single, started, args.sample_interval)
+        sampler.record("loaded", 0)
+        responses = 0
+        url = f"http://127.0.0.1:{port}"
+        for phase in range(1, args.phases + 1):
+            with sampler.during(phase):
+                cap = budget.phase_cap(args.phase_timeout, args.phases - phase + 1)
+                result = load.run_phase(url, load_spec, args.requests, cap,
+                                        workdir, phase_id=phase)
+            run.phases.append(result)
+            responses += result.responses
+            if not server.alive():
+                raise ServerFailed(f"died during phase {phase}:\n" + log_tail(log_path))
+            time.sleep(SETTLE_S)
+            sampler.record("phase_end", responses)
+            pss = sum(r["pss"] for r in run.samples
+                      if r["point"] == "phase_end" and r["phase"] == phase)
+            say(f"  phase {phase}: {result.responses:,} responses in {result.duration_s:.1f}s "
+                f"({result.rate:,.0f}/s, p99 {result.p99_us / 1000:.1f} ms, "
+                f"{result.errors} errors), total PSS {pss / report.MIB:,.0f} MiB"
+                + (" [hit the time cap]" if result.timed_out else ""))
+        run.stop_s = server.stop()
+    return run
+
+
+# -- the whole run ----------------------------------------------------------------
+
+
+def say(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+def versions(python):
+    """Versions of everything measured, read in the servers' interpreter."""
+    code = (
+        "import importlib.metadata as m, json, platform, forkserve\n"
+        "out = {'python': platform.python_version(), 'forkserve': forkserve.__version__}\n"
+        "for name in ('gevent', 'greenlet', 'gunicorn', 'pyuwsgi', 'bottle', 'orjson'):\n"
+        "    try: out[name] = m.version(name)\n"
+        "    except m.PackageNotFoundError: out[name] = 'not installed'\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([python, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
+    found = json.loads(proc.stdout) if proc.returncode == 0 else {"forkserve": "not importable"}
+    try:
+        wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout
+        found["wrk"] = wrk.split()[1] if wrk.split() else "?"
+    except FileNotFoundError:
+        found["wrk"] = "not installed"
+    return found
+
+
+def machine():
+    model = "?"
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    return f"{os.cpu_count()} × {model}, Linux {platform.release()}"
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """Turn SIGTERM/SIGHUP into SystemExit so every `with Group` cleans up."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def main(argv=None):
+    clock_start = time.monotonic()
+    args = parse_args(argv)
+    with stop_on_signals():
+        runs, meta = run_all(args, argv, clock_start)
+    write_results(runs, meta, args.out)
+    return 0 if any(run.status == "ok" for run in runs) else 1
+
+
+def run_all(args, argv, clock_start):
+    """Run every selected server in turn; (runs, meta) for the report."""
+    if args.client_cpus:
+        os.sched_setaffinity(0, _cpu_list(args.client_cpus))
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    py_version = python_version(args.python)
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    started_at = datetime.datetime.now(datetime.timezone.utc)
+    load_before = os.getloadavg()
+    csv_path, emails_path = prepare_dataset(args.rows, args.seed, args.data_dir)
+    load_spec = load.LoadSpec(emails_path=emails_path, connections=args.connections,
+                              cpus=args.client_cpus or None)
+    runs = []
+    specs = [s for s in all_servers() if s.name in args.servers]
+    budget = Budget(args.budget - (time.monotonic() - clock_start), args.phases, len(specs))
+    with tempfile.TemporaryDirectory(prefix="forkserve-bench-") as workdir:
+        for spec in specs:
+            try:
+                runs.append(run_one(spec, args, csv_path, load_spec, env, workdir, budget,
+                                    py_version))
+            finally:
+                budget.server_done()
+    meta = run_meta(args, argv, py_version, csv_path, started_at, load_before)
+    return runs, meta
+
+
+def run_one(spec, args, csv_path, load_spec, env, workdir, budget, py_version):
+    """One server's ServerRun: measured, skipped (can't run here) or failed."""
+    reason = spec.skip_reason(args.python, py_version)
+    if reason is None and spec.mode == "store":
+        seconds, problem = build_store(args.python, csv_path, env)
+        if problem:
+            reason = f"building the Store failed: {problem}"
+        else:
+            say(f"store cache ready ({seconds:.1f}s)")
+    if reason:
+        say(f"{spec.name}: skipped: {reason}")
+        return report.ServerRun(spec.name, spec.description, status="skipped", reason=reason)
+    say(f"{spec.name}: {spec.description}")
+    try:
+        return run_server(spec, args, csv_path, load_spec, env, workdir, budget)
+    except ServerFailed as exc:
+        say(f"{spec.name}: FAILED: {exc}")
+        first_line = str(exc).splitlines()[0]
+        return report.ServerRun(spec.name, spec.description, status="failed",
+                                reason=f"{first_line} (see logs/{spec.name}.log)")
+
+
+def _cpu_list(text):
+    cpus = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def run_meta(args, argv, py_version, csv_path, started_at, load_before):
+    size_mb = os.path.getsize(csv_path) / 1e6
+    v = versions(args.python)
+    command = "python benchmarks/run.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return {
+        "title": "PersonDB lookups" + (" (--quick)" if args.quick else ""),
+        "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": f"`{command.strip()}`",
+        "machine": machine() + f", load average {load_before[0]:.2f} before / "
+                   f"{os.getloadavg()[0]:.2f} after the run",
+        "versions": ", ".join(f"{k} {val}" for k, val in v.items()),
+        "dataset": f"{args.rows:,} people, CSV {size_mb:,.0f} MB (seed {args.seed})",
+        "load": (f"{args.phases} phases × {args.requests:,} random lookups (5% unknown → 404), "
+                 f"wrk {load_spec_text(args)}"),
+        "servers": f"{args.workers} workers each (except the single-process ones), pinned to "
+                   f"CPU {args.server_cpus or 'any'}; wrk and the harness on CPU "
+                   f"{args.client_cpus or 'any'}",
+    }
+
+
+def load_spec_text(args):
+    return (f"1 thread, {args.connections} connections, ~2% of requests with "
+            f"'Connection: close'; time cap {args.phase_timeout:.0f}s per phase")
+
+
+def write_results(runs, meta, out):
+    with open(os.path.join(out, "samples.csv"), "w", newline="") as f:
+        report.write_samples_csv(runs, f)
+    with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
+        report.write_summary_csv(runs, f)
+    markdown = report.render_markdown(runs, meta)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(markdown)
+    png = os.path.join(out, "memory.png")
+    try:
+        report.plot(runs, png, f"{meta['dataset']}; {meta['load']}")
+        say(f"plot: {png}")
+    except ImportError as exc:
+        say(f"no plot ({exc}); pip install matplotlib")
+    print(markdown)
+    say(f"results in {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
