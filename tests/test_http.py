@@ -1,0 +1,614 @@
+"""forkserve.http: limits, strict parsing, timeouts, errors and the access log.
+
+Unit tests drive the pure parsing functions and wsgi.input over in-memory
+streams; e2e tests run tests/httpserve.py in a subprocess and talk raw HTTP.
+"""
+
+import io
+import re
+import socket
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from forkserve.http import (Body, ClientDisconnected, Limits, RequestError, body_framing,
+                            chunk_size, escape, header_field, request_line)
+from httpclient import LiveServer, Reader, fresh_server, is_closed, read_response, wait_closed  # noqa: F401
+from httpcorpus import GOOD, LIMITS, REJECTED, chunked, post, request
+
+# --- unit: the grammar ---------------------------------------------------------
+
+
+def test_request_line_parses_method_target_and_version():
+    assert request_line(b"GET /a?b HTTP/1.1\r\n", 100) == ("GET", "/a?b", "HTTP/1.1")
+    assert request_line(b"PATCH /\xe9 HTTP/1.0\r\n", 100) == ("PATCH", "/\xe9", "HTTP/1.0")
+    assert request_line(b"GET / HTTP/1.7\r\n", 100) == ("GET", "/", "HTTP/1.1")
+
+
+def test_request_line_cut_by_eof_is_not_a_request():
+    assert request_line(b"GET / HT", 100) is None
+
+
+@pytest.mark.parametrize("line, status", [
+    (b"GET /" + b"a" * 50 + b" HTTP/1.1\r\n", 414),
+    (b"GET /" + b"a" * 100, 414),  # filled the read without reaching the line end
+    (b"GET / HTTP/1.1\n", 400),
+    (b"GET / HTTP/2.0\r\n", 505),
+    (b"GET / HTTP/1.10\r\n", 400),
+    (b"G T / HTTP/1.1\r\n", 400),
+    (b"GET /\x00 HTTP/1.1\r\n", 400),
+])
+def test_request_line_rejections_carry_their_status(line, status):
+    with pytest.raises(RequestError) as caught:
+        request_line(line, 50)
+    assert caught.value.status == status
+
+
+def test_header_field_strips_optional_whitespace_only_around_the_value():
+    assert header_field(b"X-A: \t a  b \t\r\n", 100) == ("X-A", "a  b")
+    assert header_field(b"X-A:\r\n", 100) == ("X-A", "")
+    assert header_field(b"X-A: \xe9\r\n", 100) == ("X-A", "\xe9")
+
+
+@pytest.mark.parametrize("version, te, cls, expected", [
+    ("HTTP/1.1", None, [], (False, 0)),
+    ("HTTP/1.1", None, ["0012"], (False, 12)),
+    ("HTTP/1.1", "chunked", [], (True, None)),
+    ("HTTP/1.1", "Chunked", [], (True, None)),
+    ("HTTP/1.1", " chunked ", [], (True, None)),
+])
+def test_body_framing_accepts_one_unambiguous_framing(version, te, cls, expected):
+    assert body_framing(version, te, cls, 100) == expected
+
+
+@pytest.mark.parametrize("version, te, cls, status", [
+    ("HTTP/1.1", "chunked", ["5"], 400),
+    ("HTTP/1.0", "chunked", [], 400),
+    ("HTTP/1.1", "gzip, chunked", [], 501),
+    ("HTTP/1.1", "chunked, gzip", [], 400),
+    ("HTTP/1.1", "chunked,chunked", [], 400),
+    ("HTTP/1.1", None, ["5", "5"], 400),
+    ("HTTP/1.1", None, ["\xb2"], 400),
+    ("HTTP/1.1", None, ["101"], 413),
+])
+def test_body_framing_refuses_ambiguity_and_oversize(version, te, cls, status):
+    with pytest.raises(RequestError) as caught:
+        body_framing(version, te, cls, 100)
+    assert caught.value.status == status
+
+
+def test_chunk_size_accepts_extensions_and_refuses_garbage():
+    assert chunk_size(b"1aF\r\n") == 0x1AF
+    assert chunk_size(b'5 ; a = b ;c="q \\" x"\r\n') == 5
+    assert chunk_size(b"5") is None  # EOF mid-line
+    for line in (b"5;\r\n", b"x\r\n", b"5 \r\n", b"1" * 17 + b"\r\n", b"5\n"):
+        with pytest.raises(RequestError):
+            chunk_size(line)
+
+
+def test_escape_leaves_only_printable_ascii():
+    assert escape("GET /plain HTTP/1.1") == "GET /plain HTTP/1.1"
+    assert escape('a"b\\c\nd\x1b\xe9\x7f') == "a\\x22b\\x5cc\\x0ad\\x1b\\xe9\\x7f"
+
+
+def test_limits_refuse_negative_values():
+    with pytest.raises(ValueError, match="keep_alive"):
+        Limits(keep_alive=-1)
+    assert Limits(limit_request_line=0).line_max == 65536
+
+
+# --- unit: wsgi.input --------------------------------------------------------
+
+
+def body(data, length=None, chunked_=False, **limits):
+    rfile = io.BufferedReader(io.BytesIO(data))
+    return Body(rfile, length, chunked_, Limits(**limits)), rfile
+
+
+def test_body_reads_exactly_content_length_then_eof():
+    b, rfile = body(b"line1\nline2GET /", length=11)
+    assert b.readline() == b"line1\n"
+    assert b.read() == b"line2"
+    assert b.read() == b"" and b.done
+    assert rfile.read() == b"GET /"  # the next request is untouched
+
+
+def test_body_reads_chunked_with_extensions_and_trailers():
+    b, rfile = body(b"5;x=1\r\nhel\nl\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\nNEXT", chunked_=True)
+    assert list(b) == [b"hel\n", b"labc"]
+    assert b.done and rfile.read() == b"NEXT"
+
+
+def test_chunked_body_over_limit_raises_413_and_stays_failed():
+    b, _ = body(b"400\r\n" + b"x" * 1024 + b"\r\n400\r\n", chunked_=True, limit_request_body=1500)
+    assert len(b.read(1024)) == 1024
+    with pytest.raises(RequestError) as caught:
+        b.read(10)
+    assert caught.value.status == 413
+    with pytest.raises(RequestError):
+        b.read(10)
+    assert not b.finish()
+
+
+def test_body_cut_short_raises_client_disconnected():
+    b, _ = body(b"abc", length=10)
+    with pytest.raises(ClientDisconnected):
+        b.read()
+
+
+def test_body_finish_skips_a_small_unread_body_but_not_a_large_one():
+    small, rfile = body(b"x" * 100 + b"NEXT", length=100)
+    assert small.finish() and rfile.read() == b"NEXT"
+    large, _ = body(b"", length=10**9)
+    assert not large.finish()
+
+
+# --- e2e -----------------------------------------------------------------------
+
+e2e = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    live = LiveServer(tmp_path_factory.mktemp("http"), **LIMITS)
+    yield live
+    live.stop()
+
+
+def refused(cls, status):
+    corpus_status, raws = REJECTED[cls]
+    assert corpus_status == status
+    return [pytest.param(raw, id=repr(raw[:60])[2:-1]) for raw in raws]
+
+
+def assert_refused(server, raw, status):
+    reply, closed = server.exchange(raw)
+    assert reply is not None, "closed without a response"
+    assert reply.status == status, reply
+    assert reply.headers.get("connection") == "close"
+    assert closed, "connection left open after the refusal"
+
+
+@e2e
+@pytest.mark.parametrize("raw", GOOD)
+def test_good_requests_get_200(server, raw):
+    with server.connect() as sock:
+        sock.sendall(raw)
+        reader = Reader(sock)
+        reply = read_response(sock, reader, head_request=raw.startswith(b"HEAD"))
+        assert reply.status == 200, reply
+        if raw.count(b" HTTP/1.") == 2:  # pipelined
+            assert read_response(sock, reader).status == 200
+
+
+@e2e
+def test_keep_alive_connection_serves_many_requests(server):
+    with server.connect() as sock:
+        reader = Reader(sock)
+        for i in range(20):
+            sock.sendall(post([f"Content-Length: {len(str(i))}"], str(i).encode()))
+            assert read_response(sock, reader).body == str(i).encode()
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("request_line_over_limit", 414))
+def test_request_line_over_limit_gets_414_and_close(server, raw):
+    assert_refused(server, raw, 414)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("too_many_header_fields", 431))
+def test_too_many_header_fields_get_431_and_close(server, raw):
+    assert_refused(server, raw, 431)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("header_field_over_size", 431))
+def test_header_field_over_size_limit_gets_431_and_close(server, raw):
+    assert_refused(server, raw, 431)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("content_length_over_body_limit", 413))
+def test_content_length_over_body_limit_gets_413_before_reading_and_close(server, raw):
+    assert_refused(server, raw, 413)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("chunked_body_over_body_limit", 413))
+def test_chunked_body_over_body_limit_gets_413_while_reading_and_close(server, raw):
+    assert_refused(server, raw, 413)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("content_length_with_transfer_encoding", 400))
+def test_content_length_with_transfer_encoding_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("duplicate_content_length", 400))
+def test_duplicate_content_length_even_equal_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("malformed_content_length", 400))
+def test_malformed_content_length_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("invalid_chunk_size", 400))
+def test_invalid_chunk_size_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("malformed_chunk_extension", 400))
+def test_malformed_chunk_extension_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("chunk_data_not_ending_in_crlf", 400))
+def test_chunk_data_not_ending_in_crlf_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("bare_lf_line_ending", 400))
+def test_bare_lf_line_ending_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("control_characters", 400))
+def test_control_characters_in_request_line_or_headers_get_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("obsolete_line_folding", 400))
+def test_obsolete_line_folding_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("transfer_encoding_not_ending_in_chunked", 400))
+def test_transfer_encoding_not_exactly_chunked_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("unsupported_transfer_coding", 501))
+def test_unsupported_transfer_coding_before_chunked_gets_501_and_close(server, raw):
+    assert_refused(server, raw, 501)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("transfer_encoding_in_http10", 400))
+def test_transfer_encoding_in_http10_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("malformed_http_version", 400))
+def test_malformed_http_version_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("unsupported_http_version", 505))
+def test_http_major_version_other_than_1_gets_505_and_close(server, raw):
+    assert_refused(server, raw, 505)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("request_line_without_version", 400))
+def test_request_line_without_version_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("invalid_method_token", 400))
+def test_invalid_method_token_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("whitespace_before_header_colon", 400))
+def test_whitespace_between_header_name_and_colon_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("invalid_header_name", 400))
+def test_header_name_with_invalid_token_characters_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("duplicate_host", 400))
+def test_duplicate_host_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("unsupported_request_target", 400))
+def test_request_target_not_a_path_or_http_url_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("misplaced_spaces_in_request_line", 400))
+def test_misplaced_whitespace_in_request_line_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+def test_each_refusal_logs_one_line_without_traceback(fresh_server):
+    live = fresh_server()
+    for cls in ("request_line_over_limit", "duplicate_content_length", "chunked_body_over_body_limit"):
+        status, raws = REJECTED[cls]
+        assert_refused(live, raws[0], status)
+    lines = live.errors().splitlines()
+    assert len(lines) == 3, lines
+    assert all(line.startswith("INFO refused request from 127.0.0.1: ") for line in lines)
+    assert "Traceback" not in live.errors() + live.stderr()
+
+
+@e2e
+def test_expect_100_continue_gets_continue_then_response(server):
+    with server.connect() as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        reader = Reader(sock)
+        assert read_response(sock, reader, head_request=True).status == 100
+        sock.sendall(b"hello")
+        assert read_response(sock, reader).body == b"hello"
+
+
+@e2e
+@pytest.mark.parametrize("raw", [
+    post(["Content-Length: 10"], b"abc"),
+    chunked(b"5\r\nhel", trailer=b""),
+    chunked(b"5\r\nhello\r\n", trailer=b""),
+])
+def test_request_body_cut_short_closes_quietly(fresh_server, raw):
+    live = fresh_server()
+    with live.connect() as sock:
+        sock.sendall(raw)
+        sock.shutdown(socket.SHUT_WR)
+        assert read_response(sock) is None
+    assert live.get("/").status == 200
+    assert "Traceback" not in live.stderr() + live.errors()
+
+
+# --- e2e: fuzzing --------------------------------------------------------------
+
+SEEDS = GOOD + [raw for _, raws in REJECTED.values() for raw in raws if len(raw) < 700]
+INTERESTING = [b"\r", b"\n", b"\r\n", b"\x00", b" ", b"\t", b":", b";", b",", b"0", b"f",
+               b"\x7f", b"\xff", b'"', b"chunked", b"Content-Length: 3\r\n",
+               b"Transfer-Encoding: chunked\r\n", b"HTTP/1.1", b"\r\n\r\n"]
+
+
+@st.composite
+def mutated_requests(draw):
+    raw = bytearray(draw(st.sampled_from(SEEDS)))
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(raw)))
+        op = draw(st.sampled_from(["insert", "delete", "replace", "repeat", "truncate"]))
+        if op == "insert":
+            raw[at:at] = draw(st.sampled_from(INTERESTING) | st.binary(min_size=1, max_size=8))
+        elif op == "delete":
+            del raw[at:at + draw(st.integers(1, 8))]
+        elif op == "replace" and at < len(raw):
+            raw[at] = draw(st.sampled_from(INTERESTING))[0]
+        elif op == "repeat":
+            raw[at:at] = raw[at:at + draw(st.integers(1, 40))]
+        elif op == "truncate":
+            del raw[at:]
+    return bytes(raw)
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory):
+    live = LiveServer(tmp_path_factory.mktemp("fuzz"), **LIMITS)
+    yield live
+    live.stop()
+    assert "Traceback" not in live.stderr() + live.errors()
+    assert "ResourceWarning" not in live.stderr()
+
+
+@e2e
+@settings(max_examples=200, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(raw=st.one_of(mutated_requests(), st.binary(max_size=300)))
+def test_fuzzed_requests_get_4xx_or_close_never_5xx_or_a_hang(fuzz_server, raw):
+    with fuzz_server.connect() as sock:
+        try:
+            sock.sendall(raw)
+            sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server refused and closed before reading it all
+        reader = Reader(sock)
+        deadline = time.monotonic() + 5
+        try:
+            while reader.fill():
+                assert time.monotonic() < deadline, "server kept the connection open"
+        except ConnectionResetError:
+            pass
+        except TimeoutError:
+            pytest.fail(f"server hung on {raw!r}")
+    statuses = [int(s) for s in re.findall(rb"(?:^|\r\n)HTTP/1\.1 (\d{3}) ", reader.buf)]
+    # 501 (unknown transfer coding) and 505 (HTTP/2+) are deliberate refusals.
+    assert all(s < 500 or s in (501, 505) for s in statuses), (raw, reader.buf[:300])
+    assert fuzz_server.get("/").status == 200
+
+
+# --- e2e: slow clients -----------------------------------------------------------
+
+
+@e2e
+def test_slow_header_senders_are_cut_after_header_timeout_while_others_are_served(fresh_server):
+    live = fresh_server(worker_connections=10, header_timeout=1.0)
+    started = time.monotonic()
+    slow = [live.connect() for _ in range(8)]
+    for sock in slow:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nX-Slow: ")
+        sock.setblocking(False)
+    cut = {}
+    served = 0
+    while len(cut) < len(slow) and time.monotonic() - started < 4:
+        for i, sock in enumerate(slow):
+            if i in cut:
+                continue
+            try:
+                sock.send(b"a")
+                data = sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                data = b""
+            assert data == b"" or data.startswith(b"HTTP/1.1 408 "), data
+            cut[i] = time.monotonic() - started
+        assert live.get("/").status == 200  # two slots are still free
+        served += 1
+        time.sleep(0.1)
+    for sock in slow:
+        sock.close()
+    assert len(cut) == len(slow), f"only {len(cut)} slow connections were cut"
+    assert all(0.8 < seconds < 2.5 for seconds in cut.values()), cut
+    assert served >= 5
+    # and their slots are free again
+    socks = [live.connect() for _ in range(10)]
+    for sock in socks:
+        sock.sendall(request())
+    assert all(read_response(sock).status == 200 for sock in socks)
+    for sock in socks:
+        sock.close()
+
+
+@e2e
+def test_silent_connection_is_closed_quietly_after_header_timeout(server):
+    with server.connect() as sock:
+        seconds = wait_closed(sock, 4)
+    assert seconds is not None and 0.8 < seconds < 2.5, seconds
+
+
+@e2e
+def test_partial_request_head_gets_408_after_header_timeout(server):
+    with server.connect() as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n")
+        sock.settimeout(4)
+        reply = read_response(sock)
+        assert reply.status == 408
+        assert is_closed(sock)
+
+
+@e2e
+def test_idle_keep_alive_connection_is_closed_after_keep_alive(server):
+    with server.connect() as sock:
+        sock.sendall(request())
+        assert read_response(sock).status == 200
+        seconds = wait_closed(sock, 4)
+    assert seconds is not None and 0.7 < seconds < 2.5, seconds
+
+
+@e2e
+def test_timers_restart_for_every_request_on_a_keep_alive_connection(server):
+    # Each gap is under the 1 s limits, their sums are over them.
+    with server.connect() as sock:
+        reader = Reader(sock)
+        for _ in range(4):
+            time.sleep(0.3)  # idle: keep_alive
+            sock.sendall(b"GET / HTTP/1.1\r\n")
+            time.sleep(0.3)  # mid-head: header_timeout
+            sock.sendall(b"Host: t\r\n\r\n")
+            assert read_response(sock, reader).status == 200
+
+
+# --- e2e: application errors and response framing ----------------------------------
+
+
+@e2e
+def test_app_exception_gets_500_with_logged_traceback_and_next_request_is_served(fresh_server):
+    live = fresh_server()
+    reply, closed = live.exchange(request("GET /boom HTTP/1.1"))
+    assert (reply.status, reply.body, closed) == (500, b"Internal Server Error", True)
+    assert "boom" not in reply.body.decode()
+    errors = live.errors()
+    assert "ERROR error handling GET /boom HTTP/1.1 from 127.0.0.1\nTraceback" in errors
+    assert "RuntimeError: boom from the test app" in errors
+    assert live.get("/").status == 200
+
+
+@e2e
+def test_app_exception_after_headers_closes_connection_and_logs_traceback(fresh_server):
+    live = fresh_server()
+    with live.connect() as sock:
+        sock.sendall(request("GET /boom-late HTTP/1.1"))
+        reply = read_response(sock)
+        assert reply.status == 200 and not reply.complete and reply.body == b"partial"
+    assert "RuntimeError: boom after the headers went out" in live.errors()
+    assert live.get("/").status == 200
+
+
+@e2e
+def test_head_response_carries_headers_but_no_body(server):
+    with server.connect() as sock:
+        sock.sendall(request("HEAD /generator HTTP/1.1") + request())
+        reader = Reader(sock)
+        head = read_response(sock, reader, head_request=True)
+        assert head.status == 200
+        assert read_response(sock, reader).body == b"ok"  # framing intact
+
+
+@e2e
+def test_unframed_http10_response_closes_the_connection(server):
+    reply, closed = server.exchange(request("GET /generator HTTP/1.0", ("Connection: keep-alive",)))
+    assert reply.body == b"generated" and reply.headers["connection"] == "close" and closed
+
+
+@e2e
+def test_response_shorter_than_its_content_length_closes_the_connection(server):
+    reply, closed = server.exchange(request("GET /short HTTP/1.1"))
+    assert not reply.complete and closed
+
+
+@e2e
+def test_unread_request_body_is_skipped_and_connection_kept(server):
+    with server.connect() as sock:
+        sock.sendall(post(["Content-Length: 5"], b"hello").replace(b"/echo", b"/") + request())
+        reader = Reader(sock)
+        assert read_response(sock, reader).body == b"ok"
+        assert read_response(sock, reader).body == b"ok"
+
+
+# --- e2e: access log ---------------------------------------------------------------
+
+
+@e2e
+def test_access_log_escapes_client_text_and_never_logs_credentials(fresh_server):
+    live = fresh_server()
+    headers = (
+        "Host: t",
+        'User-Agent: evil" 200 "x\t\\ \xff',
+        'Referer: http://r/"',
+        "Authorization: Bearer AUTH-SECRET",
+        "Cookie: session=COOKIE-SECRET",
+        "Proxy-Authorization: Basic PROXY-SECRET",
+        "Connection: close",
+    )
+    assert live.exchange(request('GET /a"b\\c\xe9?q=" HTTP/1.1', headers))[0].status == 200
+    assert live.exchange(request("GET /boom HTTP/1.1", headers))[0].status == 500
+    line = live.access().splitlines()[0]
+    assert re.fullmatch(
+        r'INFO 127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\] '
+        r'"GET /a\\x22b\\x5cc\\xe9\?q=\\x22 HTTP/1\.1" 200 2 '
+        r'"http://r/\\x22" "evil\\x22 200 \\x22x\\x09\\x5c \\xff" \d+', line), line
+    everything = live.access() + live.errors() + live.stderr()
+    for secret in ("AUTH-SECRET", "COOKIE-SECRET", "PROXY-SECRET"):
+        assert secret not in everything

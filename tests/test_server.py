@@ -1,0 +1,159 @@
+"""forkserve.server: the environ, TCP_NODELAY, the counters, drain() and close_now()."""
+
+import json
+import signal
+import socket
+import time
+from contextlib import ExitStack
+
+import pytest
+
+import forkserve
+from forkserve.server import needs_nodelay
+from httpclient import Reader, fresh_server, is_closed, read_response, wait_closed  # noqa: F401
+from httpcorpus import request
+
+e2e = pytest.mark.e2e
+
+
+def test_needs_nodelay_only_when_accepted_sockets_would_lack_it():
+    with socket.socket() as plain, socket.socket() as tuned, \
+            socket.socket(socket.AF_UNIX) as unix:
+        tuned.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        assert needs_nodelay(plain)
+        assert not needs_nodelay(tuned)  # Linux copies it to accepted sockets
+        assert not needs_nodelay(unix)
+
+
+def counters(live):
+    return json.loads(live.get("/counters").body)
+
+
+def wait_for_active(live, count, timeout=5):
+    """Poll until `count` requests besides the polling one are in flight."""
+    deadline = time.monotonic() + timeout
+    while counters(live)["active"] < count + 1:
+        assert time.monotonic() < deadline, "requests never became active"
+        time.sleep(0.02)
+
+
+@e2e
+def test_environ_names_the_bound_address_and_flags_concurrency(fresh_server):
+    live = fresh_server()
+    reply = live.get("/environ", "Cookie: a=1\r\nCookie: b=2\r\nX-A: 1\r\nX-A: 2\r\n"
+                                 "X_Forwarded_For: spoof\r\nContent-Type: text/x\r\n")
+    env = json.loads(reply.body)
+    assert env["SERVER_NAME"] == "127.0.0.1" and env["SERVER_PORT"] == str(live.port)
+    assert env["SERVER_SOFTWARE"] == f"forkserve/{forkserve.__version__}"
+    assert env["wsgi.multithread"] is True and env["wsgi.multiprocess"] is True
+    assert env["REMOTE_ADDR"] == "127.0.0.1"
+    assert env["HTTP_COOKIE"] == "a=1; b=2" and env["HTTP_X_A"] == "1,2"
+    assert env["CONTENT_TYPE"] == "text/x" and "HTTP_CONTENT_TYPE" not in env
+    assert "HTTP_X_FORWARDED_FOR" not in env  # underscored names are dropped
+
+
+@e2e
+def test_absolute_form_target_becomes_path_info(fresh_server):
+    env = json.loads(fresh_server().get("http://example.com/environ/a%20b?x=1").body)
+    assert env["PATH_INFO"] == "/environ/a b" and env["QUERY_STRING"] == "x=1"
+
+
+@e2e
+def test_accepted_tcp_connections_get_nodelay_when_the_listener_lacks_it(fresh_server):
+    assert fresh_server().get("/nodelay").body == b"1"
+
+
+@e2e
+def test_unix_socket_listener_serves_with_configured_server_name(fresh_server, tmp_path):
+    live = fresh_server(unix=tmp_path / "s.sock", server_name="example.test")
+    env = json.loads(live.get("/environ").body)
+    assert (env["SERVER_NAME"], env["SERVER_PORT"]) == ("example.test", "")
+    assert "REMOTE_ADDR" not in env
+
+
+@e2e
+def test_counters_report_active_requests_open_connections_and_completed_responses(fresh_server):
+    live = fresh_server(keep_alive=10)
+    with live.connect() as first, live.connect() as second:
+        for sock in (first, second):
+            sock.sendall(request())
+            assert read_response(sock).status == 200
+        assert counters(live) == {"active": 1, "open": 3, "completed": 2}
+        assert live.get("/boom").status == 500
+        assert counters(live)["completed"] == 2 + 1 + 1  # the first /counters and /boom too
+
+
+@e2e
+def test_drain_refuses_to_run_inside_a_connection_greenlet(fresh_server):
+    body = fresh_server().get("/drain-inside").body
+    assert b"gevent.spawn(server.drain, timeout)" in body
+
+
+@e2e
+def test_drain_finishes_in_flight_requests_and_closes_idle_connections_at_once(fresh_server):
+    live = fresh_server(keep_alive=10, header_timeout=10, drain_timeout=5)
+    with ExitStack() as stack:
+        idle, fresh, streaming, waiting = (stack.enter_context(live.connect()) for _ in range(4))
+        idle.sendall(request())
+        assert read_response(idle).status == 200
+        # fresh: connected but has not sent its request yet, so it is not idle
+        streaming.sendall(request("GET /slow?chunks=5&delay=0.2 HTTP/1.1"))  # body under way
+        waiting.sendall(request("GET /slow-start?delay=0.6 HTTP/1.1"))  # no response yet
+        wait_for_active(live, 2)
+
+        started = time.monotonic()
+        live.signal(signal.SIGTERM)
+        assert wait_closed(idle, 2) < 0.5
+        with pytest.raises(ConnectionRefusedError):
+            live.connect()
+
+        fresh.sendall(request())
+        reply = read_response(fresh)
+        assert (reply.status, reply.headers["connection"]) == (200, "close")
+        assert is_closed(fresh)
+        reply = read_response(streaming)
+        assert (reply.status, reply.body, reply.complete) == (200, b"chunk0chunk1chunk2chunk3chunk4", True)
+        assert is_closed(streaming)
+        reply = read_response(waiting)
+        assert (reply.status, reply.body, reply.headers["connection"]) == (200, b"done", "close")
+        assert is_closed(waiting)
+
+    drained = live.read_line("DRAINED", deadline=started + 6).split()
+    assert drained[1] == "True" and float(drained[2]) < 5
+    assert live.proc.wait(timeout=5) == 0
+
+
+@e2e
+def test_drain_closes_what_remains_when_its_timeout_expires(fresh_server):
+    live = fresh_server(drain_timeout=0.5)
+    with live.connect() as sock:
+        sock.sendall(request("GET /slow?chunks=50&delay=0.1 HTTP/1.1"))
+        wait_for_active(live, 1)
+        started = time.monotonic()
+        live.signal(signal.SIGTERM)
+        drained = live.read_line("DRAINED", deadline=started + 3).split()
+        assert drained[1] == "False" and float(drained[2]) < 1.0
+        reply = read_response(sock)
+        assert not reply.complete and is_closed(sock, 1)
+
+
+@e2e
+def test_close_now_closes_every_connection_at_once(fresh_server):
+    live = fresh_server(keep_alive=10)
+    with live.connect() as idle, live.connect() as busy:
+        idle.sendall(request())
+        assert read_response(idle).status == 200
+        busy.sendall(request("GET /slow?chunks=50&delay=0.1 HTTP/1.1"))
+        wait_for_active(live, 1)
+        started = time.monotonic()
+        live.signal(signal.SIGINT)
+        live.read_line("CLOSED", deadline=started + 2)
+        assert wait_closed(idle, 1) is not None
+        reader = Reader(busy)
+        try:
+            while reader.fill():
+                pass
+        except ConnectionResetError:
+            pass
+        assert time.monotonic() - started < 1.5
+        assert reader.buf.count(b"chunk") < 50
