@@ -57,18 +57,28 @@ def cpu_seconds(pid, proc="/proc"):
 
 
 def group_members(pgid, proc="/proc"):
-    """Pids of the live processes in process group ``pgid``, sorted."""
+    """Pids of the live processes in process group ``pgid``, sorted.
+
+    Zombies are left out: they are dead, and an orphaned one may wait a
+    while for a reaper (in a container, pid 1 may never reap it).
+    """
     members = []
     for entry in os.listdir(proc):
         if not entry.isdigit():
             continue
         try:
-            if os.getpgid(int(entry)) == pgid:
+            if os.getpgid(int(entry)) == pgid and not _is_zombie(entry, proc):
                 members.append(int(entry))
         except OSError as exc:
             if exc.errno not in _GONE_ERRNOS:
                 raise
     return sorted(members)
+
+
+def _is_zombie(pid, proc):
+    with open(f"{proc}/{pid}/stat") as f:
+        text = f.read()
+    return text[text.rindex(")") + 2:].startswith(("Z", "X"))
 
 
 @dataclasses.dataclass(frozen=True)

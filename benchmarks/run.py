@@ -42,7 +42,7 @@ from examples.persondb import generate  # noqa: E402
 
 #: Settings of the default run and of --quick (each overridable by its flag).
 DEFAULTS = {
-    "rows": 300_000, "phases": 4, "requests": 25_000, "phase_timeout": 45.0,
+    "rows": 300_000, "phases": 4, "requests": 20_000, "phase_timeout": 45.0,
     "workers": 4, "connections": 32, "budget": 570.0,
 }
 QUICK = {
