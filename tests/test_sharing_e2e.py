@@ -1,0 +1,148 @@
+"""The point of forkserve, measured: do workers keep the dataset shared?
+
+Each mode starts `forkserve -w 2` on the PersonDB example with 100,000
+records, requests every record once in random order (so each worker touches
+about half the records, on pages shared with the other half), then reads how much each worker's
+private memory (/proc/PID/smaps_rollup) grew under that load. The dataset's
+size is the plain-dict master's RSS minus that of the same app on ten rows.
+"""
+
+import csv
+import pathlib
+import random
+import sys
+
+import pytest
+
+from forkserve import procfs
+from forkserve_testing import poll
+from loadgen import blast
+
+pytestmark = [pytest.mark.e2e, pytest.mark.memory]
+
+ROWS = 100_000
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+IMMORTAL = sys.version_info >= (3, 12)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A PersonDB-style CSV: email plus eleven fields, about 1.5 KiB per record as dicts."""
+    path = tmp_path_factory.mktemp("persondb") / "people.csv"
+    rng = random.Random(42)
+    departments = ["Engineering", "Sales", "Legal", "Finance", "Support", "Security"]
+    emails = []
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["email", "first_name", "last_name", "title", "department", "domain",
+                         "manager", "groups", "phone", "location", "dn", "description"])
+        for number in range(ROWS):
+            email = f"person{number:06d}.{rng.randrange(10**6)}@corp.example"
+            emails.append(email)
+            writer.writerow([email, f"First{number}", f"Last{rng.randrange(10**5)}",
+                             f"Senior {rng.choice(departments)} Specialist",
+                             rng.choice(departments), "corp.example",
+                             f"manager{rng.randrange(ROWS)}@corp.example",
+                             ";".join(rng.sample(["vpn", "crm", "okta", "mail", "wiki",
+                                                  "payroll", "github"], 3)),
+                             f"+1-555-{rng.randrange(10**7):07d}", f"Office {number % 90}",
+                             f"CN=First{number},OU={rng.choice(departments)},OU=People,"
+                             f"DC=corp,DC=example",
+                             f"Senior specialist number {number} in {rng.choice(departments)}, "
+                             f"based in office {number % 90}; reports to manager "
+                             f"{rng.randrange(ROWS)}; member of {rng.randrange(3, 12)} groups."])
+    rng.shuffle(emails)
+    return path, emails
+
+
+def _uss(pid):
+    return procfs.read_process(pid).uss
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory, dataset):
+    """Run every mode once and keep the figures; the tests below judge them."""
+    import forkserve_testing
+    csv_path, emails = dataset
+    paths = [f"/person/{email}" for email in emails]
+    figures = {}
+    modes = ["dict", "store"] + (["share"] if IMMORTAL else [])
+    log_dir = tmp_path_factory.mktemp("servers")
+    for mode in modes:
+        server = forkserve_testing.ServerProcess(
+            ["-w", "2"], app="examples.persondb.app:app", cwd=ROOT,
+            env={"PERSONDB_CSV": str(csv_path), "PERSONDB_MODE": mode,
+                 "PERSONDB_STORE": str(log_dir / "people.store")}, log_dir=log_dir)
+        try:
+            server.wait_listening(timeout=120)
+            poll(lambda: len(server.children()) == 2, message="two workers")
+            poll(lambda: server.get("/health")[0] == 200, message="a healthy server")
+            workers = server.children()
+            before = {pid: _uss(pid) for pid in workers}
+            try:
+                # 32 connections so that both workers get a fair share of them
+                statuses = blast(server.port, paths, connections=32, depth=16)
+            except OSError as exc:
+                raise AssertionError(f"load failed ({exc!r}); server log:\n{server.log()}")
+            after = {pid: _uss(pid) for pid in workers}
+            figures[mode] = {"statuses": statuses,
+                             "master_rss": procfs.read_process(server.pid).rss,
+                             "total_pss": sum(procfs.read_process(pid).pss
+                                              for pid in [server.pid, *workers]),
+                             "growth": [after[pid] - before[pid] for pid in workers],
+                             "log": server.log()}
+        finally:
+            server.kill_group()
+    tiny = log_dir / "tiny.csv"
+    with open(csv_path) as source, open(tiny, "w") as target:
+        target.writelines(line for _, line in zip(range(11), source))
+    server = forkserve_testing.ServerProcess(
+        ["-w", "1"], app="examples.persondb.app:app", cwd=ROOT,
+        env={"PERSONDB_CSV": str(tiny), "PERSONDB_MODE": "dict"}, log_dir=log_dir)
+    try:
+        server.wait_listening(timeout=60)
+        poll(lambda: server.get("/health")[0] == 200, message="a healthy server")
+        figures["baseline_rss"] = procfs.read_process(server.pid).rss
+    finally:
+        server.kill_group()
+    figures["dataset"] = figures["dict"]["master_rss"] - figures["baseline_rss"]
+    return figures
+
+
+def _report(figures, mode):
+    dataset = figures["dataset"]
+    growth = ", ".join(f"{g / 2**20:.1f} MiB ({100 * g / dataset:.1f}%)"
+                       for g in figures[mode]["growth"])
+    return f"{mode}: dataset {dataset / 2**20:.1f} MiB, worker private growth {growth}"
+
+
+def test_every_lookup_was_answered(measured):
+    for mode in ("dict", "store", "share"):
+        if mode in measured:
+            assert measured[mode]["statuses"] == {200: ROWS}, mode
+            print(f"\n{_report(measured, mode)}; master RSS "
+                  f"{measured[mode]['master_rss'] / 2**20:.1f} MiB, total PSS "
+                  f"{measured[mode]['total_pss'] / 2**20:.1f} MiB", end="")
+
+
+def test_plain_dicts_with_the_gc_recipe_are_copied_into_each_worker(measured):
+    """The control: shows the measurement can fail. Refcounts copy the pages."""
+    for growth in measured["dict"]["growth"]:
+        assert growth > 0.40 * measured["dataset"], _report(measured, "dict")
+
+
+@pytest.mark.skipif(not IMMORTAL, reason="immortal objects need Python 3.12+")
+def test_shared_dicts_stay_shared_under_random_reads(measured):
+    for growth in measured["share"]["growth"]:
+        assert growth < 0.05 * measured["dataset"], _report(measured, "share")
+
+
+def test_the_compact_store_stays_shared_and_halves_the_master(measured):
+    for growth in measured["store"]["growth"]:
+        assert growth < 0.05 * measured["dataset"], _report(measured, "store")
+    assert measured["store"]["master_rss"] < 0.5 * measured["dict"]["master_rss"], (
+        measured["store"]["master_rss"], measured["dict"]["master_rss"])
+    # The store's pages are page cache mapped by the workers: count the whole
+    # server (PSS splits each shared page among the processes mapping it).
+    assert measured["store"]["total_pss"] < 0.5 * measured["dict"]["total_pss"], (
+        measured["store"]["total_pss"], measured["dict"]["total_pss"])
