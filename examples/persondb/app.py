@@ -151,18 +151,26 @@ def load_store(path, store_path=None):
         fresh = os.stat(store_path).st_mtime >= os.stat(path).st_mtime
     except FileNotFoundError:
         fresh = False
-    if fresh:
-        return Store.open(store_path)
+    if not fresh:
+        _build_store(path, store_path)
+    # The file's pages live in the page cache, once, shared by every process
+    # that maps them. (populate=True would also map them all into the master
+    # now: no first-touch faults, at the cost of reading the whole file here.)
+    return Store.open(store_path)
+
+
+def _build_store(path, store_path):
+    from forkserve.store import Store
+
     # Build beside the target and rename: a concurrent loader never opens a
     # half-written store, and the Store we return stays valid after the rename.
     tmp = f"{store_path}.{os.getpid()}.tmp"
     try:
-        store = Store.from_csv(path, key="email", path=tmp)
+        Store.from_csv(path, key="email", path=tmp).close()
         os.replace(tmp, store_path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return store
 
 
 def load(path, mode, store_path=None):
@@ -206,12 +214,15 @@ def make_app(people, mode):
             row = people.get(email)
             if row is None:
                 return _not_found(email)
-            # Bottle's JSON plugin encodes the dict (json.dumps), as in most
-            # Bottle apps. The encoder takes a reference to every value it
-            # writes, so each lookup writes the refcounts of the row's
-            # objects: the pages that hold them are copied into this worker
-            # unless the objects are immortal (forkserve.share on 3.12+).
-            return row
+            # Hand Bottle a copy, as services do so that plugins and hooks
+            # can never change the shared dataset. Copying takes a reference
+            # to every field, so each lookup writes the refcounts of the
+            # row's objects and the pages holding them are copied into this
+            # worker, unless they are immortal (forkserve.share, 3.12+).
+            # (Returning `row` itself touches less on 3.12+: its C JSON
+            # encoder borrows a dict's values instead of referencing them,
+            # while 3.11's takes a reference to each.)
+            return dict(row)
 
     @app.get("/health")
     def health():
