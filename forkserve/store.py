@@ -119,17 +119,24 @@ class Store(collections.abc.Mapping):
         return cls.open(path)
 
     @classmethod
-    def open(cls, path):
+    def open(cls, path, *, populate=False):
         """Map the store file at path, checking only its header and trailer.
 
         Takes microseconds whatever the size; pages are read on first use.
+        With populate=True every page is read and mapped now (MAP_POPULATE):
+        do that in a pre-fork master, so that the pages a worker touches are
+        mapped by the master too — shared, and counted as shared in
+        /proc/PID/smaps — and no request waits for a page fault. It costs the
+        time to read the file (from the page cache, usually) and the master's
+        RSS grows by the file's size: the one copy every worker uses.
         Raises StoreFormatError for a file that is not a complete store.
         """
         path = os.fspath(path)
+        flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
         with open(path, "rb") as file:
             if os.fstat(file.fileno()).st_size < HEADER.size:
                 read_layout(path, file.read())  # raises, saying how short it is
-            buffer = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            buffer = mmap.mmap(file.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
         return cls._wrap(buffer, path)
 
     @classmethod
