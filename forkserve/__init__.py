@@ -2,14 +2,24 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "share"]
+__all__ = ["__version__", "share", "ShareReport", "SharingWarning"]
 
 
 def share(obj):
     """Keep everything reachable from ``obj`` shared between forked workers.
 
-    See forkserve.share for the full contract.
+    Call it in the master after loading the dataset. See forkserve.sharing
+    for the full contract (immortal objects on 3.12+, hash caching and
+    gc.freeze everywhere, a report of what was shared).
     """
-    from forkserve.share import share as _share
+    from forkserve.sharing import share as _share
 
     return _share(obj)
+
+
+def __getattr__(name):
+    # Lazily, so `import forkserve` stays light for the server's own use.
+    if name in ("ShareReport", "SharingWarning"):
+        from forkserve import sharing
+        return getattr(sharing, name)
+    raise AttributeError(f"module 'forkserve' has no attribute {name!r}")

@@ -404,19 +404,3 @@ def _walk_python(root, backend, value):
             objects += 1
         pending = []
     return objects, size
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as share().
-
-    Importing forkserve.share (which forkserve.share(obj) does on first use)
-    rebinds the package attribute `share` from the function in
-    forkserve/__init__.py to this module, so the module must answer
-    forkserve.share(obj) too.
-    """
-
-    def __call__(self, obj):
-        return share(obj)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 import forkserve
-import forkserve.share as sharing
-from forkserve.share import ShareReport, SharingWarning, immortal_supported, share
+import forkserve.sharing as sharing
+from forkserve.sharing import ShareReport, SharingWarning, immortal_supported, share
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -318,11 +318,11 @@ def test_report_reads_as_a_sentence():
         "cached hashes of 3 objects (0.0 MB) in 0.00 s: not immortal on this interpreter")
 
 
-def test_forkserve_share_stays_callable_after_its_module_is_imported():
+def test_forkserve_share_stays_callable_after_the_sharing_module_is_imported():
     first = forkserve.share([fresh("one")])
     second = forkserve.share([fresh("two")])
     assert first.objects == second.objects == 2
-    assert forkserve.share.immortal_supported() is IMMORTAL
+    assert sharing.immortal_supported() is IMMORTAL
 
 
 # ---- the probe and the fallback --------------------------------------------------
@@ -431,7 +431,7 @@ def write_csv(path, n):
     out.close()
 
 write_csv(csv_path, count)
-import forkserve.share
+import forkserve
 rss_before = rollup()["Rss"]
 cpu = time.process_time()
 with open(csv_path, newline="", encoding="utf-8") as f:
