@@ -20,7 +20,6 @@ import logging
 import os
 import signal
 import sys
-import time
 
 from forkserve import cow, exits, logs, memory, procfs, procname, reload, signals, systemd
 from forkserve.master import _original

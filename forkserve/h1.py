@@ -1,0 +1,390 @@
+"""The HTTP/1.x wire format, strictly: what forkserve.http accepts as a request.
+
+Pure functions of bytes decide the request line, each header field and the
+body framing (RFC 9112); `Body` is the WSGI input stream that reads exactly
+the framed body (Content-Length or chunked) and refuses anything ambiguous.
+Nothing here touches a socket except through the buffered file `Body` reads.
+
+Invariants:
+- A request reaches the application only when its request line and every
+  header field match the grammar and its body framing is unambiguous
+  (Content-Length xor chunked, exactly once).
+- Limits are counted in bytes as received; a limit of 0 means the built-in
+  ceiling, never "unbounded".
+"""
+
+import errno
+import re
+from dataclasses import dataclass
+
+
+__all__ = ["Limits", "Body", "RequestError", "ClientDisconnected", "escape",
+           "request_line", "header_field", "body_framing", "chunk_size"]
+
+#: What a limit of 0 means for the head limits: gunicorn calls 0 "unlimited";
+#: we keep a ceiling so one connection's head can't hold unbounded memory.
+LINE_CEILING = 65536
+FIELDS_CEILING = 32768
+
+#: Longest chunk-size line (size plus extensions) accepted in a chunked body.
+CHUNK_LINE_MAX = 4096
+
+#: After a refusal or an unread body, keep reading (and discarding) for this
+#: long / this much before closing, so the client gets our response, not a
+#: TCP reset triggered by its unread data (the "lingering close" of nginx).
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 1 << 20
+
+#: An unread request body smaller than this is skipped to keep the connection;
+#: a larger one closes it, which is cheaper than reading it.
+DISCARD_BYTES = 64 * 1024
+
+#: Stray CRLFs tolerated before a request line (RFC 9112 section 2.2).
+BLANK_LINES = 2
+
+# errnos that only mean "the client went away"; anything else is a real error.
+GONE_ERRNOS = frozenset({
+    errno.EPIPE, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT,
+    errno.ENOTCONN, errno.ESHUTDOWN, errno.EBADF,
+})
+
+REASONS = {
+    400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
+    414: "URI Too Long", 431: "Request Header Fields Too Large",
+    500: "Internal Server Error", 501: "Not Implemented",
+    505: "HTTP Version Not Supported",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits and connection timeouts (gunicorn's names and defaults).
+
+    A head limit of 0 means the ceiling (LINE_CEILING, FIELDS_CEILING);
+    limit_request_body=0 means no limit; a timeout of 0 disables it
+    (keep_alive=0 also answers every request with Connection: close).
+    """
+
+    limit_request_line: int = 4094
+    limit_request_fields: int = 100
+    limit_request_field_size: int = 8190
+    limit_request_body: int = 0
+    header_timeout: float = 10.0
+    keep_alive: float = 5.0
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+    @property
+    def line_max(self):
+        return min(self.limit_request_line or LINE_CEILING, LINE_CEILING)
+
+    @property
+    def field_size_max(self):
+        return min(self.limit_request_field_size or LINE_CEILING, LINE_CEILING)
+
+    @property
+    def fields_max(self):
+        return min(self.limit_request_fields or FIELDS_CEILING, FIELDS_CEILING)
+
+
+class RequestError(Exception):
+    """The client sent something we refuse; answer `status` and close."""
+
+    def __init__(self, status, reason):
+        super().__init__(status, reason)
+        self.status = status
+        self.reason = reason
+
+
+class ClientDisconnected(OSError):
+    """The client closed or reset the connection mid-request or mid-response."""
+
+
+class _Expired(BaseException):
+    """Thrown into a connection's greenlet by its header or idle timer."""
+
+
+# --- The grammar (RFC 9110/9112), as pure functions --------------------------
+
+TCHAR = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
+_TOKEN = re.compile(f"[{TCHAR}]+")
+# Request target: visible ASCII or obs-text, no whitespace or controls.
+_REQUEST_LINE = re.compile(
+    f"([{TCHAR}]+) ([\x21-\x7e\x80-\xff]+) HTTP/([0-9])\\.([0-9])\r\n")
+_TARGET = re.compile("[\x21-\x7e\x80-\xff]+")
+# Field value: VCHAR, obs-text, SP and HTAB; OWS is stripped afterwards.
+_FIELD = re.compile(f"([{TCHAR}]+):([\t\x20-\x7e\x80-\xff]*)\r\n")
+_ABSOLUTE = re.compile(r"https?://[^/?]*", re.IGNORECASE)
+_QUOTED = rb'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
+_BTOKEN = f"[{TCHAR}]+".encode()
+_CHUNK_LINE = re.compile(
+    rb"([0-9A-Fa-f]{1,16})"
+    rb"(?:[ \t]*;[ \t]*" + _BTOKEN + rb"(?:[ \t]*=[ \t]*(?:" + _BTOKEN + rb"|" + _QUOTED + rb"))?)*"
+    rb"\r\n")
+_DIGITS = re.compile("[0-9]{1,18}")
+
+
+def request_line(line, line_max):
+    """Parse a request line read with readline(line_max + 2).
+
+    Returns (method, target, version) or None if the client closed the
+    connection mid-line; raises RequestError for anything else invalid.
+    """
+    text = line.decode("latin-1")
+    match = _REQUEST_LINE.fullmatch(text)
+    if match is not None and len(line) <= line_max + 2:
+        method, target, major, minor = match.groups()
+        if major != "1":
+            raise RequestError(505, f"unsupported version HTTP/{major}.{minor}")
+        # RFC 9110 6.2: a higher minor version is processed as the highest we know.
+        return method, target, "HTTP/1.0" if minor == "0" else "HTTP/1.1"
+    if len(line) > line_max + 2 or (len(line) == line_max + 2 and not text.endswith("\n")):
+        raise RequestError(414, f"request line longer than {line_max} bytes")
+    if not text.endswith("\n"):
+        return None
+    if not text.endswith("\r\n"):
+        raise RequestError(400, "request line not terminated by CRLF")
+    words = text[:-2].split(" ")
+    if len(words) != 3:
+        raise RequestError(400, "request line is not 'METHOD target HTTP/1.x'")
+    method, target, version = words
+    if not _TOKEN.fullmatch(method):
+        raise RequestError(400, f"invalid method {escape(method[:40])}")
+    if not _TARGET.fullmatch(target):
+        raise RequestError(400, "invalid character in request target")
+    raise RequestError(400, f"invalid HTTP version {escape(version[:20])}")
+
+
+def header_field(line, size_max):
+    """Parse one header (or trailer) line read with readline(size_max + 2).
+
+    Returns (name, value), or None if the client closed mid-line.
+    """
+    text = line.decode("latin-1")
+    match = _FIELD.fullmatch(text)
+    if match is not None:
+        return match.group(1), match.group(2).strip(" \t")
+    if not text.endswith("\n"):
+        if len(line) >= size_max + 2:
+            raise RequestError(431, f"header field longer than {size_max} bytes")
+        return None
+    if not text.endswith("\r\n"):
+        raise RequestError(400, "header line not terminated by CRLF")
+    if text[0] in " \t":
+        raise RequestError(400, "obsolete line folding in header")
+    name, colon, value = text[:-2].partition(":")
+    if not colon:
+        raise RequestError(400, "header line without a colon")
+    if name != name.rstrip(" \t"):
+        raise RequestError(400, "whitespace between header name and colon")
+    if not _TOKEN.fullmatch(name):
+        raise RequestError(400, f"invalid header name {escape(name[:40])}")
+    raise RequestError(400, f"control character in header {escape(name)}")
+
+
+def body_framing(version, transfer_encoding, content_lengths, body_max):
+    """Decide how the request body is framed: returns (chunked, length).
+
+    `transfer_encoding` is the comma-joined value of every Transfer-Encoding
+    line (or None), `content_lengths` the list of Content-Length values.
+    Unsupported codings before a final "chunked" get 501; everything else
+    ambiguous gets 400, as RFC 9112 section 6 asks of a server.
+    """
+    if transfer_encoding is not None:
+        if content_lengths:
+            raise RequestError(400, "both Content-Length and Transfer-Encoding")
+        if version == "HTTP/1.0":
+            raise RequestError(400, "Transfer-Encoding in an HTTP/1.0 request")
+        codings = [c.strip(" \t").lower() for c in transfer_encoding.split(",")]
+        if not all(_TOKEN.fullmatch(c) for c in codings) or codings[-1] != "chunked":
+            raise RequestError(400, f"Transfer-Encoding {escape(transfer_encoding[:60])}"
+                                    " does not end in chunked")
+        if codings.count("chunked") > 1:
+            raise RequestError(400, "chunked applied more than once")
+        if len(codings) > 1:
+            raise RequestError(501, f"unsupported Transfer-Encoding {escape(transfer_encoding[:60])}")
+        return True, None
+    if not content_lengths:
+        return False, 0
+    if len(content_lengths) > 1:
+        raise RequestError(400, "more than one Content-Length")
+    if not _DIGITS.fullmatch(content_lengths[0]):
+        raise RequestError(400, f"invalid Content-Length {escape(content_lengths[0][:30])}")
+    length = int(content_lengths[0])
+    if body_max and length > body_max:
+        raise RequestError(413, f"Content-Length {length} over the {body_max}-byte limit")
+    return False, length
+
+
+def chunk_size(line):
+    """Parse a chunk-size line (extensions are checked and ignored).
+
+    Returns the size, or None if the client closed mid-line.
+    """
+    match = _CHUNK_LINE.fullmatch(line)
+    if match is not None:
+        return int(match.group(1), 16)
+    if not line.endswith(b"\n") and len(line) < CHUNK_LINE_MAX + 2:
+        return None
+    raise RequestError(400, "invalid chunk-size line")
+
+
+_LOG_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x22, 0x5C, 0x7F)}
+
+
+def escape(text):
+    """Make client-supplied text safe for a log line: only printable ASCII
+    remains, and quotes, backslashes and everything else become \\xNN escapes."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return text
+    return text.translate(_LOG_ESCAPES).encode("ascii", "backslashreplace").decode("ascii")
+
+
+# --- wsgi.input ---------------------------------------------------------------
+
+class Body:
+    """wsgi.input: reads exactly the request body, then returns b"".
+
+    Raises RequestError (400, or 413 past limit_request_body for chunked
+    bodies) or ClientDisconnected; the first error is kept in `error` and
+    re-raised by later reads, so the handler closes the connection even if
+    the application swallowed it.
+    """
+
+    __slots__ = ("_rfile", "_left", "_chunked", "_done", "_total", "_limits",
+                 "_continue", "error")
+
+    def __init__(self, rfile, length, chunked, limits, continue_socket=None):
+        self._rfile = rfile
+        self._left = length or 0  # bytes left (in the current chunk if chunked)
+        self._chunked = chunked
+        self._done = not chunked and not length
+        self._total = 0
+        self._limits = limits
+        self._continue = continue_socket if not self._done else None
+        self.error = None
+
+    def read(self, size=-1):
+        return self._read(size, False)
+
+    def readline(self, size=-1):
+        return self._read(size, True)
+
+    def readlines(self, hint=-1):
+        lines, total = [], 0
+        for line in self:
+            lines.append(line)
+            total += len(line)
+            if 0 < hint <= total:
+                break
+        return lines
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        line = self._read(-1, True)
+        if not line:
+            raise StopIteration
+        return line
+
+    def _read(self, size, line):
+        if self._done:
+            return b""
+        if self.error is not None:
+            raise self.error
+        try:
+            if self._continue is not None:
+                sock, self._continue = self._continue, None
+                sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if size is None or size < 0:
+                size = None
+            return self._read_chunked(size, line) if self._chunked else self._read_fixed(size, line)
+        except RequestError as ex:
+            self.error = ex
+            raise
+        except OSError as ex:
+            if ex.errno not in GONE_ERRNOS and not isinstance(ex, ClientDisconnected):
+                raise
+            self.error = ClientDisconnected("client went away while sending the body")
+            raise self.error from ex
+
+    def _read_fixed(self, size, line):
+        want = self._left if size is None else min(size, self._left)
+        data = (self._rfile.readline if line else self._rfile.read)(want)
+        self._left -= len(data)
+        self._done = not self._left
+        if len(data) < want and not (line and data.endswith(b"\n")):
+            raise ClientDisconnected("client closed the connection mid-body")
+        return data
+
+    def _read_chunked(self, size, line):
+        rfile, parts = self._rfile, []
+        while not self._done and (size is None or size > 0):
+            if not self._left:
+                self._next_chunk()
+                continue
+            want = self._left if size is None else min(size, self._left)
+            data = rfile.readline(want) if line else rfile.read(want)
+            if not data or (len(data) < want and not data.endswith(b"\n")):
+                raise ClientDisconnected("client closed the connection mid-chunk")
+            parts.append(data)
+            self._left -= len(data)
+            if size is not None:
+                size -= len(data)
+            if not self._left and rfile.read(2) != b"\r\n":
+                raise RequestError(400, "chunk data not followed by CRLF")
+            if line and data.endswith(b"\n"):
+                break
+        return b"".join(parts)
+
+    def _next_chunk(self):
+        size = chunk_size(self._rfile.readline(CHUNK_LINE_MAX + 2))
+        if size is None:
+            raise ClientDisconnected("client closed the connection mid-chunk")
+        if size == 0:
+            self._read_trailers()
+            self._done = True
+            return
+        self._total += size
+        body_max = self._limits.limit_request_body
+        if body_max and self._total > body_max:
+            raise RequestError(413, f"chunked body over the {body_max}-byte limit")
+        self._left = size
+
+    def _read_trailers(self):
+        limits = self._limits
+        size_max = limits.field_size_max
+        for _ in range(limits.fields_max + 1):
+            line = self._rfile.readline(size_max + 2)
+            if line == b"\r\n":
+                return
+            if header_field(line, size_max) is None:
+                raise ClientDisconnected("client closed the connection in the trailers")
+        raise RequestError(431, "too many trailer fields")
+
+    @property
+    def done(self):
+        """True once the body was read to its end."""
+        return self._done
+
+    def finish(self):
+        """Skip what the application left unread; True if the connection can
+        carry another request (body consumed exactly, no error, no pending
+        100-continue the client may still be waiting for)."""
+        if self.done:
+            return True
+        if self.error is not None or self._continue is not None:
+            return False
+        if not self._chunked and self._left > DISCARD_BYTES:
+            return False
+        skipped = 0
+        try:
+            while not self._done and skipped <= DISCARD_BYTES:
+                skipped += len(self._read(16384, False))
+        except (RequestError, ClientDisconnected):
+            return False
+        return self._done
