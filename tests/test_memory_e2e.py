@@ -160,3 +160,16 @@ def test_worker_over_max_worker_memory_is_replaced_without_errors(run_server):
     assert errors == []
     assert statuses and set(statuses) == {200}
     assert "over --max-worker-memory 40 MiB" in server.log()
+
+
+def test_worker_titles_show_requests_and_private_memory(run_server):
+    server = run_server("-w", "1", "-n", "persondb", app="hog:app")
+    [worker] = server.wait_workers(1)
+
+    def title(pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode().strip()
+
+    assert title(server.pid) == "persondb: master [hog:app]"
+    poll(lambda: re.fullmatch(r"persondb: worker 1 \[hog:app\] \d+ req, [\d.]+ MiB private",
+                              title(worker)), message=f"the worker title, now {title(worker)!r}")

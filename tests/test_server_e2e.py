@@ -32,8 +32,8 @@ def test_worker_killed_with_sigkill_is_replaced_and_serving_continues(run_server
     assert set(after) != set(before)
 
 
-def test_term_lets_a_slow_in_flight_request_finish(run_server):
-    server = run_server("-w", "1", "--graceful-timeout", "10")
+def test_term_lets_a_slow_in_flight_request_finish(run_server, tmp_path):
+    server = run_server("-w", "1", "--graceful-timeout", "10", env={"MARK_DIR": str(tmp_path)})
     server.wait_workers(1)
     result = {}
 
@@ -42,17 +42,15 @@ def test_term_lets_a_slow_in_flight_request_finish(run_server):
 
     client = threading.Thread(target=slow)
     client.start()
-    poll(lambda: _in_flight(server), message="the slow request to start")
+    poll(lambda: _in_flight(tmp_path), message="the slow request to start")
     server.signal(signal.SIGTERM)
     client.join(15)
     assert result["response"] == (200, "slow done")
     assert server.wait_exit(15) == 0
 
 
-def _in_flight(server):
-    # the worker is busy once a new connection's request is not answered at once
-    time.sleep(0.2)
-    return True
+def _in_flight(mark_dir):
+    return any(name.startswith("slow-") for name in os.listdir(mark_dir))
 
 
 def test_int_stops_at_once_with_status_zero(run_server):
@@ -111,12 +109,12 @@ def test_single_process_mode_serves_with_no_child_processes(run_server):
     assert server.wait_exit(10) == 0
 
 
-def test_single_process_mode_term_lets_slow_request_finish(run_server):
-    server = run_server("-w", "0")
+def test_single_process_mode_term_lets_slow_request_finish(run_server, tmp_path):
+    server = run_server("-w", "0", env={"MARK_DIR": str(tmp_path)})
     result = {}
     client = threading.Thread(target=lambda: result.update(r=server.get("/slow?1", timeout=10)))
     client.start()
-    time.sleep(0.3)
+    poll(lambda: _in_flight(tmp_path), message="the slow request to start")
     server.signal(signal.SIGTERM)
     client.join(10)
     assert result["r"] == (200, "slow done")

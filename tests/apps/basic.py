@@ -18,6 +18,8 @@ def _app(environ, start_response):
         body = str(os.getpid()).encode()
     elif path == "/slow":
         seconds = float(environ.get("QUERY_STRING") or "1")
+        if os.environ.get("MARK_DIR"):  # tells a test this request is in flight
+            open(os.path.join(os.environ["MARK_DIR"], f"slow-{os.getpid()}"), "w").close()
         time.sleep(seconds)  # cooperative: monkey-patched
         body = b"slow done"
     elif path == "/block":
