@@ -5,9 +5,7 @@ learns the port from the server's "Listening at:" log line, polls until a
 deadline instead of sleeping, and kills the whole group in teardown.
 """
 
-import os
 import pathlib
-import signal
 
 import pytest
 

@@ -4,7 +4,6 @@ import http.client
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time

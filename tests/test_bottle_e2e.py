@@ -1,6 +1,5 @@
 """bottle.run(app, server="forkserve"): the caller's process is the master."""
 
-import json
 import os
 import signal
 import subprocess

@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from forkserve_testing import poll
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,6 @@ import os
 import signal
 import socket
 import threading
-import time
 
 import pytest
 
