@@ -67,8 +67,9 @@ def test_workers_killed_at_random_under_load_only_fail_their_in_flight_requests(
     assert server.log().count("was killed by SIGKILL") == kills
 
 
-def test_worker_stuck_in_a_request_past_timeout_is_killed_and_others_serve_on(run_server):
-    server = run_server("-w", "2", "--timeout", "1")
+def test_worker_stuck_in_a_request_past_timeout_is_killed_and_others_serve_on(run_server,
+                                                                            tmp_path):
+    server = run_server("-w", "2", "--timeout", "1", env={"MARK_DIR": str(tmp_path)})
     workers = server.wait_workers(2)
     stuck = {}
 
@@ -80,6 +81,10 @@ def test_worker_stuck_in_a_request_past_timeout_is_killed_and_others_serve_on(ru
 
     blocker = threading.Thread(target=block)
     blocker.start()
+    # Only once the stuck worker is blocked can it take no more connections;
+    # a request it accepted before that would be in flight on it, and lost.
+    poll(lambda: any(name.startswith("block-") for name in os.listdir(tmp_path)),
+         message="the blocking request to start")
     statuses = []
     deadline = time.monotonic() + 20
     while blocker.is_alive() and time.monotonic() < deadline:

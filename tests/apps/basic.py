@@ -23,6 +23,8 @@ def _app(environ, start_response):
         time.sleep(seconds)  # cooperative: monkey-patched
         body = b"slow done"
     elif path == "/block":
+        if os.environ.get("MARK_DIR"):
+            open(os.path.join(os.environ["MARK_DIR"], f"block-{os.getpid()}"), "w").close()
         _original_sleep(float(environ.get("QUERY_STRING") or "30"))  # blocks the event loop
         body = b"unblocked"
     elif path == "/gc":
