@@ -105,7 +105,7 @@ def _check_prometheus(text):
             typed.add(line.split()[2])
         elif line and not line.startswith("#"):
             assert sample.match(line), line
-            name = re.split(r"[{ ]", line, 1)[0]
+            name = re.split(r"[{ ]", line, maxsplit=1)[0]
             assert name in typed or name.rsplit("_", 1)[0] in typed, line
             series = line.rsplit(" ", 1)[0]
             assert series not in seen, f"duplicate series {series}"
