@@ -66,7 +66,7 @@ class Server(WSGIServer):
 
     def __init__(self, listener, app, *, worker_connections=1000, limits=None,
                  access_log=None, error_log=None, multiprocess=True,
-                 on_request=None, server_name=None):
+                 on_request=None, server_name=None, pool=None):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.sockets first")
@@ -80,7 +80,10 @@ class Server(WSGIServer):
         self._handlers = set()
         self._nodelay = False
         self._date = (0, b"")
-        super().__init__(listener, app, spawn=Pool(worker_connections), log=None,
+        # Servers of one worker share `pool`, so --worker-connections caps the
+        # worker, not each listening address.
+        pool = pool if pool is not None else Pool(worker_connections)
+        super().__init__(listener, app, spawn=pool, log=None,
                          error_log=self.logger, environ={"wsgi.multiprocess": bool(multiprocess)})
 
     @property

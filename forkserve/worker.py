@@ -179,6 +179,8 @@ def preload():
 
 def make_servers(cfg, app, listeners, *, multiprocess, on_request):
     """One gevent WSGI server per listening socket, configured from settings."""
+    from gevent.pool import Pool
+
     from forkserve.http import Limits
     from forkserve.server import Server
 
@@ -189,9 +191,10 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
                     header_timeout=cfg.header_timeout,
                     keep_alive=cfg.keep_alive)
     access = logs.access_log if cfg.access_logfile else None
-    return [Server(gevent_socket(listener), app, worker_connections=cfg.worker_connections,
-                   limits=limits, access_log=access, error_log=logs.error_log,
-                   multiprocess=multiprocess, on_request=on_request)
+    pool = Pool(cfg.worker_connections)  # one cap for the worker, across its listeners
+    return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
+                   error_log=logs.error_log, multiprocess=multiprocess,
+                   on_request=on_request, pool=pool)
             for listener in listeners]
 
 
