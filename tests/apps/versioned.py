@@ -10,6 +10,11 @@ with open(os.environ["VERSION_FILE"]) as handle:
 if VERSION == "broken":
     raise ValueError("the dataset does not parse (raised on purpose by a test)")
 
+# A stand-in for a big dataset: BALLAST_MB of touched, resident memory.
+BALLAST = bytearray(int(os.environ.get("BALLAST_MB", "0")) * 1024 * 1024)
+for offset in range(0, len(BALLAST), 4096):
+    BALLAST[offset] = 1
+
 
 def app(environ, start_response):
     body = f"{VERSION} {os.getpid()}".encode()
