@@ -55,9 +55,13 @@ def test_memory_json_agrees_with_an_independent_reading_of_proc(run_server, tmp_
         # PSS divides each page among the processes mapping it at that moment
         # (the `forkserve memory` process maps libpython too), so it cannot
         # be reread later; the other figures belong to the process alone.
-        for key in ("rss", "private_clean", "private_dirty", "shared_clean"):
+        # A few library pages also move between "shared" and "private" when
+        # another process maps or unmaps them: allow 256 KiB for those.
+        truth["uss"] = truth["private_clean"] + truth["private_dirty"]
+        for key in ("rss", "uss", "shared_clean"):
             value = truth[key]
-            assert abs(row[key] - value) <= 0.02 * value + 64 * 1024, (pid, key, row[key], value)
+            assert abs(row[key] - value) <= 0.02 * value + 256 * 1024, (pid, key, row[key],
+                                                                        value)
         assert row["uss"] <= row["pss"] <= row["rss"]
     totals = report["totals"]
     assert totals["pss"] == sum(row["pss"] for row in report["processes"])
