@@ -30,6 +30,7 @@ import csv
 import dataclasses
 import io
 import statistics
+import textwrap
 
 __all__ = [
     "BASELINE",
@@ -300,23 +301,32 @@ def plot(runs, path, title):
     import matplotlib.pyplot as plt
 
     done = [run for run in runs if run.status == "ok"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
-    for run in done:
-        for axis, points in ((left, total_pss_by_phase(run)), (right, mean_worker_uss_by_phase(run))):
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.6))
+    for index, run in enumerate(done):
+        color = colors[index % len(colors)]  # the same in both panels
+        single = any(r["role"] == "single" for r in run.samples)
+        panels = [(left, total_pss_by_phase(run))]
+        if not single:
+            # A one-process server's "worker" is the whole process: leave it
+            # out, so the panel shows what forking costs per worker.
+            panels.append((right, mean_worker_uss_by_phase(run)))
+        for axis, points in panels:
             if points:
                 xs = [x / 1000 for x, _ in points]
                 ys = [y / MIB for _, y in points]
                 style = "--" if run.name.startswith(("gunicorn", "uwsgi", "gevent")) else "-"
-                axis.plot(xs, ys, style, marker="o", markersize=4, label=run.name)
+                axis.plot(xs, ys, style, marker="o", markersize=4, label=run.name, color=color)
     left.set_title("Total PSS of the server (what it costs the machine)")
-    right.set_title("Mean private memory (USS) per worker")
+    right.set_title("Mean private memory (USS) per worker, pre-fork servers")
     for axis in (left, right):
         axis.set_xlabel("responses served (thousands)")
         axis.set_ylabel("MiB")
         axis.grid(True, alpha=0.3)
         axis.set_ylim(bottom=0)
     left.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    right.legend(fontsize=8)
+    fig.suptitle(textwrap.fill(title, 140), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

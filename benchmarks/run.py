@@ -243,11 +243,17 @@ class Budget:
         self.servers_left = servers
 
     def phase_cap(self, phase_cap, phases_left_here):
-        """Seconds the next phase may take."""
+        """Seconds the next phase may take.
+
+        Up to twice its fair share of the time left, so one slow phase
+        (another process stole the CPU for a while) still completes, but
+        never so much that the phases after it get less than MIN_PHASE_S.
+        """
         later = self.servers_left - 1
-        phases_left = phases_left_here + later * self.phases_per_server
+        phases_left = max(phases_left_here + later * self.phases_per_server, 1)
         spare = self.deadline - time.monotonic() - later * OVERHEAD_PER_SERVER
-        return max(MIN_PHASE_S, min(phase_cap, spare / max(phases_left, 1)))
+        cap = min(phase_cap, 2 * spare / phases_left, spare - (phases_left - 1) * MIN_PHASE_S)
+        return max(MIN_PHASE_S, cap)
 
     def server_done(self):
         self.servers_left -= 1

@@ -44,7 +44,7 @@ class ServerSpec:
     mode: str
     #: Builds argv from (python, workers, listener fd or None).
     command: object
-    #: Modules that must import in the server's Python.
+    #: Python statements (imports) that must succeed in the server's Python.
     requires: tuple
     #: True for servers that never fork (one process serves everything).
     single: bool = False
@@ -58,10 +58,10 @@ class ServerSpec:
         """Why this server cannot run with ``python`` here, or None."""
         if version < self.min_python:
             return self._too_old(version)
-        for module in self.requires:
-            problem = _import_problem(python, module)
+        for statement in self.requires:
+            problem = _import_problem(python, statement)
             if problem:
-                return f"cannot import {module} in {python}: {problem}"
+                return f"'{statement}' fails in {python}: {problem}"
         return None
 
     def _too_old(self, version):
@@ -93,9 +93,9 @@ def bind_listener(backlog=2048):
     return sock
 
 
-def _import_problem(python, module):
+def _import_problem(python, statement):
     proc = subprocess.run(
-        [python, "-c", f"import {module}"], cwd=REPO, capture_output=True, text=True,
+        [python, "-c", statement], cwd=REPO, capture_output=True, text=True,
         env=dict(os.environ, PYTHONPATH=REPO), timeout=60,
     )
     if proc.returncode == 0:
@@ -150,40 +150,43 @@ def all_servers():
     return [
         ServerSpec(
             "gunicorn", "Gunicorn --preload -k gevent", "dict", _gunicorn(),
-            requires=("gunicorn", "gevent"),
+            requires=("import gunicorn", "import gevent"),
         ),
         ServerSpec(
             "gunicorn-gc", "Gunicorn --preload -k gevent + gc recipe in hooks", "dict",
             _gunicorn(os.path.join(HERE, "gunicorn.conf.py")),
-            requires=("gunicorn", "gevent"),
+            requires=("import gunicorn", "import gevent"),
         ),
         ServerSpec(
             "uwsgi", "uWSGI (pyuwsgi) master + processes, gevent loop", "dict", _uwsgi,
-            requires=("pyuwsgi", "gevent"),
+            requires=("import pyuwsgi", "import gevent"),
             note=("gevent loop (--gevent 1000), app loaded in the master (no lazy-apps). "
-                  "One request per connection: pyuwsgi 2.0.30's gevent loop crashes with "
-                  "HTTP/1.1 keep-alive (--http11-socket: AttributeError: 'io' object has no "
-                  "attribute 'stop') on gevent 26, so it runs --protocol http."),
+                  "One request per connection: with gevent 26, pyuwsgi 2.0.30's gevent loop "
+                  "fails every HTTP/1.1 keep-alive request (--protocol http11: AttributeError: "
+                  "'gevent.libev.corecext.io' object has no attribute 'stop'), so it runs "
+                  "--protocol http and wrk reconnects for each request."),
         ),
         ServerSpec(
             "gevent-single", "gevent WSGIServer, one process", "dict", _gevent_single,
-            requires=("gevent",), single=True,
+            requires=("import gevent",), single=True,
         ),
         ServerSpec(
             "forkserve-dict", "forkserve, plain dicts", "dict", _forkserve(),
-            requires=("forkserve.cli",), needs_fd=False,
+            requires=("import forkserve.cli",), needs_fd=False,
         ),
         ServerSpec(
             "forkserve-share", "forkserve, dicts + forkserve.share()", "share", _forkserve(),
-            requires=("forkserve.cli", "forkserve.share"), needs_fd=False, min_python=(3, 12),
+            # The public names, whichever module implements them.
+            requires=("import forkserve.cli", "from forkserve import share, SharingWarning"),
+            needs_fd=False, min_python=(3, 12),
         ),
         ServerSpec(
             "forkserve-store", "forkserve, forkserve.store.Store", "store", _forkserve(),
-            requires=("forkserve.cli", "forkserve.store"), needs_fd=False,
+            requires=("import forkserve.cli", "from forkserve.store import Store"), needs_fd=False,
         ),
         ServerSpec(
             "forkserve-single", "forkserve -w 0 (one process), plain dicts", "dict",
-            _forkserve(0), requires=("forkserve.cli",), single=True, needs_fd=False,
+            _forkserve(0), requires=("import forkserve.cli",), single=True, needs_fd=False,
         ),
     ]
 

@@ -159,11 +159,16 @@ def test_cpu_seconds_are_read_after_the_last_parenthesis():
 def test_budget_shares_time_among_remaining_phases(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(run.time, "monotonic", lambda: now[0])
-    budget = run.Budget(200.0, phases_per_server=2, servers=2)
-    # 200 s, minus 20 s overhead for the server after this one, over 4 phases.
-    assert budget.phase_cap(60.0, 2) == pytest.approx(45.0)
-    assert budget.phase_cap(30.0, 2) == 30.0
-    now[0] += 190
+    budget = run.Budget(200.0, phases_per_server=4, servers=2)
+    # 200 s, minus 20 s overhead for the server after this one, over 8
+    # phases: a fair share is 22.5 s, and a phase may take twice that.
+    assert budget.phase_cap(60.0, 4) == pytest.approx(45.0)
+    assert budget.phase_cap(30.0, 4) == 30.0
+    budget.server_done()
+    now[0] += 160  # slow phases: 40 s left for 7 phases
+    # Twice the fair share would be 11.4 s; keep 5 s for each of the other 6.
+    assert budget.phase_cap(60.0, 7) == pytest.approx(40.0 - 6 * run.MIN_PHASE_S)
+    now[0] += 40
     assert budget.phase_cap(60.0, 1) == run.MIN_PHASE_S
 
 
