@@ -31,7 +31,7 @@ import os
 import socket
 import sys
 
-from forkserve import signals
+from forkserve import signals, systemd
 
 __all__ = ["role", "generation_number", "adopted_listeners", "signal_ready",
            "spawn_generation", "exec_supervisor", "PendingGeneration"]
@@ -154,6 +154,7 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
         environ.pop(name, None)
     log.info("Generation %d serves; the master continues as its supervisor (pid %d)",
              number, os.getpid())
+    systemd.notify("READY=1")  # the reload is done: the new generation serves
     for handler in logging.getLogger("forkserve.error").handlers:
         handler.flush()
     signals.hold()  # the mask survives exec; the supervisor releases it
