@@ -202,7 +202,7 @@ class Master:
             pending.close()
             reload.exec_supervisor(self.cfg, self.app_name, pending.pid, pending.number,
                                    self.listeners, self.stats.listener if self.stats else None,
-                                   reload_again=self.reload_again)
+                                   reload_again=self.reload_again, queue=self.queue)
 
     def reload_failed(self, outcome):
         log.error("Reload failed: generation %d (pid %d) %s before it was ready; the old "
@@ -210,8 +210,9 @@ class Master:
                   outcome.description)
         self.pending.close()
         self.pending = None
-        if self.handing_over:  # it died after saying it was ready: serve again ourselves
-            self.handing_over = False
+        # If it died after saying it was ready, our workers are draining:
+        # manage() starts fresh ones from the data this master still holds.
+        self.handing_over = False
 
     def handle_ttin(self):
         if self.target >= self.scoreboard.capacity // 2:

@@ -134,8 +134,15 @@ def spawn_generation(listeners, number, argv=None, fork=os.fork) -> PendingGener
 
 
 def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=None, *,
-                    reload_again=False):
-    """Replace this process with the supervisor of generation `number`. Never returns."""
+                    reload_again=False, queue=None):
+    """Replace this process with the supervisor of generation `number`. Never returns.
+
+    From here on signals stay blocked (the mask and pending signals survive
+    exec; the supervisor unblocks them once its handlers are in), and the
+    ones already in `queue` (a SignalQueue) are handed over in the state.
+    """
+    signals.hold()
+    handed_over = queue.pop_all() if queue is not None else []
     fds = [sock.fileno() for sock in listeners]
     for sock in listeners:
         sock.set_inheritable(True)
@@ -146,7 +153,7 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
     state = {"values": cfg.values, "app": cfg.app, "app_name": app_name, "child": child_pid,
              "generation": number, "fds": fds, "stats_fd": stats_fd,
              "argv": list(sys.orig_argv), "start_directory": START_DIRECTORY,
-             "reload_again": reload_again}
+             "reload_again": reload_again, "signals": [int(signum) for signum in handed_over]}
     environ = dict(os.environ)
     environ[STATE] = json.dumps(state)
     environ[ROLE] = "supervisor"
@@ -157,5 +164,4 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
     systemd.notify("READY=1")  # the reload is done: the new generation serves
     for handler in logging.getLogger("forkserve.error").handlers:
         handler.flush()
-    signals.hold()  # the mask survives exec; the supervisor releases it
     os.execve(sys.executable, [sys.executable, "-m", "forkserve.supervisor"], environ)

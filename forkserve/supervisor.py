@@ -57,6 +57,8 @@ class Supervisor:
         self.failures = 0
         self.stopping = False
         self.queue = SignalQueue()
+        for signum in state.get("signals", ()):
+            self.queue.push(signum)  # arrived while the master was handing over
         self._select = _original("select", "select")
 
     def run(self) -> int:
