@@ -21,8 +21,6 @@ import time
 __all__ = ["Scoreboard", "Slot", "BOOTING", "READY", "RETIRE", "STOPPING"]
 
 FREE, BOOTING, READY, RETIRE, STOPPING = 0, 1, 2, 3, 4
-STATE_NAMES = {FREE: "free", BOOTING: "booting", READY: "ready", RETIRE: "retire",
-               STOPPING: "stopping"}
 
 #: pid, state, beat (monotonic), started (wall clock), requests, generation
 _LAYOUT = struct.Struct("=qqddQq")
