@@ -8,8 +8,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "forkserve._immortal",
-            sources=["forkserve/_immortal.c"],
+            "forkserve.memory._immortal",
+            sources=["forkserve/memory/_immortal.c"],
             optional=True,
         )
     ]

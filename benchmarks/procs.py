@@ -23,7 +23,7 @@ import signal
 import subprocess
 import time
 
-from forkserve.memory import read_process
+from forkserve.memory.reporter import read_process
 
 __all__ = ["Group", "Sample", "cpu_seconds", "group_members", "parse_cpu_seconds", "sample_group"]
 
@@ -36,7 +36,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 def parse_cpu_seconds(stat_text, clock_ticks=_CLOCK_TICKS):
     """utime + stime, in seconds, from one /proc/PID/stat line.
 
-    (forkserve.procfs parses the fields its reporter needs; CPU time is
+    (forkserve.memory.procfs parses the fields its reporter needs; CPU time is
     not among them.) The command name may contain spaces and parentheses,
     so fields are counted from the last ")": utime and stime are fields 14
     and 15 of proc(5), the 12th and 13th after it.

@@ -6,7 +6,7 @@ Against any server already running the app (forkserve, Gunicorn, uWSGI...):
         --host http://127.0.0.1:8000
 
 Or let the run start forkserve itself and record its memory next to Locust's
-stats (copy-on-write under load, in one command; see locust_memory.py):
+stats (copy-on-write under load, in one command; see forkserve.integrations.locust):
 
     PERSONDB_CSV=people.csv locust -f examples/locustfile.py --headless \\
         -u 50 -r 50 -t 60s --csv out/cow --forkserve-app examples.persondb.app:app
@@ -44,10 +44,7 @@ except ImportError:
     from persondb import generate
 
 # Registers --forkserve-app / --forkserve-stats and the memory sampler.
-try:
-    from examples import locust_memory  # noqa: F401
-except ImportError:
-    import locust_memory  # noqa: F401
+import forkserve.integrations.locust  # noqa: F401,E402
 
 
 def load_emails(environ=os.environ):

@@ -8,11 +8,11 @@ __all__ = ["__version__", "share", "ShareReport", "SharingWarning"]
 def share(obj):
     """Keep everything reachable from ``obj`` shared between forked workers.
 
-    Call it in the master after loading the dataset. See forkserve.sharing
+    Call it in the master after loading the dataset. See forkserve.memory.sharing
     for the full contract (immortal objects on 3.12+, hash caching and
     gc.freeze everywhere, a report of what was shared).
     """
-    from forkserve.sharing import share as _share
+    from forkserve.memory.sharing import share as _share
 
     return _share(obj)
 
@@ -20,6 +20,6 @@ def share(obj):
 def __getattr__(name):
     # Lazily, so `import forkserve` stays light for the server's own use.
     if name in ("ShareReport", "SharingWarning"):
-        from forkserve import sharing
+        from forkserve.memory import sharing
         return getattr(sharing, name)
     raise AttributeError(f"module 'forkserve' has no attribute {name!r}")

@@ -6,7 +6,9 @@
 
 import sys
 
-from forkserve import cow, exits, settings
+from forkserve.memory import cow
+from forkserve import exits
+from forkserve.config import settings
 
 __all__ = ["main"]
 
@@ -14,8 +16,8 @@ __all__ = ["main"]
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "memory":
-        from forkserve import memory
-        return memory.main(argv[1:])
+        from forkserve.memory import command
+        return command.main(argv[1:])
     try:
         cfg = settings.parse(argv)
     except settings.ConfigError as exc:
@@ -26,7 +28,7 @@ def main(argv=None) -> int:
               "e.g. forkserve -w 4 myproject.wsgi:application (see forkserve --help)",
               file=sys.stderr)
         return exits.CONFIG_ERROR
-    from forkserve import runner
-    status = runner.run(cfg)
+    from forkserve.process import boot
+    status = boot.run(cfg)
     # The application may be loaded: end without interpreter finalization.
     cow.exit_process(status)

@@ -25,8 +25,8 @@ from wsgiref.validate import WSGIWarning, validator  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from forkserve.http import Handler, Limits  # noqa: E402
-from forkserve.server import Server  # noqa: E402
+from forkserve.http.handler import Handler, Limits  # noqa: E402
+from forkserve.http.server import Server  # noqa: E402
 
 ENVIRON_KEYS = ("SERVER_NAME", "SERVER_PORT", "SERVER_SOFTWARE", "SERVER_PROTOCOL",
                 "REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "REMOTE_ADDR",

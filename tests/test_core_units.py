@@ -6,11 +6,13 @@ import socket
 
 import pytest
 
-from forkserve import exits, loader, sockets
-from forkserve.master import Master
-from forkserve.settings import parse
-from forkserve.signals import MASTER_SIGNALS, SignalQueue, handler_name
-from forkserve.worker import heartbeat_interval
+from forkserve import exits
+from forkserve.config import loader
+from forkserve.process import sockets
+from forkserve.process.master import Master
+from forkserve.config.settings import parse
+from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
+from forkserve.process.worker import heartbeat_interval
 
 
 @pytest.mark.parametrize("spec, module, attribute, call, args, kwargs", [

@@ -1,4 +1,4 @@
-"""forkserve.http: limits, strict parsing, timeouts, errors and the access log.
+"""forkserve.http.handler: limits, strict parsing, timeouts, errors and the access log.
 
 Unit tests drive the pure parsing functions and wsgi.input over in-memory
 streams; e2e tests run tests/httpserve.py in a subprocess and talk raw HTTP.
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from forkserve.http import (Body, ClientDisconnected, Limits, RequestError, body_framing,
+from forkserve.http.handler import (Body, ClientDisconnected, Limits, RequestError, body_framing,
                             chunk_size, escape, header_field, request_line)
 from httpclient import LiveServer, Reader, fresh_server, is_closed, read_response, wait_closed  # noqa: F401
 from httpcorpus import GOOD, LIMITS, REJECTED, chunked, post, request

@@ -28,8 +28,8 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from forkserve import memory, memory_command, procfs
-from forkserve.memory import ProcessInfo, ProcessMemory, ProcessRow, Report
+from forkserve.memory import reporter, command, procfs
+from forkserve.memory.reporter import ProcessInfo, ProcessMemory, ProcessRow, Report
 
 DATA = Path(__file__).parent / "data" / "proc"
 KIB = 1024
@@ -83,7 +83,7 @@ def make_report():
 
 
 def test_smaps_rollup_fields_are_converted_from_kb_to_bytes():
-    fields = memory.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
+    fields = reporter.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
     assert fields["Rss"] == 1828 * KIB
     assert fields["Pss"] == 349 * KIB
     assert fields["Shared_Clean"] == 1676 * KIB
@@ -95,7 +95,7 @@ def test_smaps_rollup_fields_are_converted_from_kb_to_bytes():
 
 
 def test_smaps_rollup_header_line_is_not_a_field():
-    fields = memory.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
+    fields = reporter.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
     assert all(re.fullmatch(r"[A-Za-z_]+", name) for name in fields)
 
 
@@ -106,16 +106,16 @@ def test_smaps_rollup_missing_fields_are_absent_and_read_as_zero():
         Pss:                   6 kB
         Private_Dirty:         4 kB
         """)
-    fields = memory.parse_smaps_rollup(text)
+    fields = reporter.parse_smaps_rollup(text)
     assert fields == {"Rss": 8 * KIB, "Pss": 6 * KIB, "Private_Dirty": 4 * KIB}
-    stat = memory.parse_stat(fixture_text(SLEEP_PID, "stat"))
+    stat = reporter.parse_stat(fixture_text(SLEEP_PID, "stat"))
     mem = ProcessMemory.from_proc(stat, fields, boot_time=BOOT_TIME, clock_ticks=100)
     assert (mem.swap, mem.shared_clean, mem.private_clean) == (0, 0, 0)
     assert mem.uss == 4 * KIB
 
 
 def test_smaps_without_rollup_is_summed_over_mappings():
-    fields = memory.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
+    fields = reporter.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
     assert fields["Rss"] == 22740 * KIB
     assert fields["Pss"] == 20084 * KIB
     assert fields["Shared_Clean"] == 2944 * KIB
@@ -126,7 +126,7 @@ def test_smaps_without_rollup_is_summed_over_mappings():
 
 
 def test_smaps_per_mapping_attributes_are_not_summed():
-    fields = memory.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
+    fields = reporter.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
     assert not {"Size", "KernelPageSize", "MMUPageSize", "VmFlags", "THPeligible"} & set(fields)
 
 
@@ -137,12 +137,12 @@ def test_smaps_mapping_path_that_looks_like_a_field_is_not_counted():
         Private_Dirty:         4 kB
         VmFlags: rd wr sh
         """)
-    assert memory.parse_smaps(text) == {"Rss": 4 * KIB, "Private_Dirty": 4 * KIB}
+    assert reporter.parse_smaps(text) == {"Rss": 4 * KIB, "Private_Dirty": 4 * KIB}
 
 
 def test_smaps_sum_agrees_with_rollup_of_the_same_process():
-    rollup = memory.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
-    summed = memory.parse_smaps(fixture_text(SLEEP_PID, "smaps"))
+    rollup = reporter.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
+    summed = reporter.parse_smaps(fixture_text(SLEEP_PID, "smaps"))
     assert summed["Rss"] == rollup["Rss"]
     # smaps rounds each mapping's Pss down, and a page changed hands between reads.
     assert summed["Pss"] == pytest.approx(rollup["Pss"], rel=0.05)
@@ -151,13 +151,13 @@ def test_smaps_sum_agrees_with_rollup_of_the_same_process():
 
 def test_parsers_accept_bytes_as_well_as_text():
     text = fixture_text(SLEEP_PID, "smaps_rollup")
-    assert memory.parse_smaps_rollup(text.encode()) == memory.parse_smaps_rollup(text)
+    assert reporter.parse_smaps_rollup(text.encode()) == reporter.parse_smaps_rollup(text)
     stat = fixture_text(SLEEP_PID, "stat")
-    assert memory.parse_stat(stat.encode()) == memory.parse_stat(stat)
+    assert reporter.parse_stat(stat.encode()) == reporter.parse_stat(stat)
 
 
 def test_stat_comm_with_spaces_and_parens_is_read_whole():
-    stat = memory.parse_stat(fixture_text(SLEEP_PID, "stat"))
+    stat = reporter.parse_stat(fixture_text(SLEEP_PID, "stat"))
     assert stat == procfs.ProcStat(
         pid=SLEEP_PID, comm="my (odd) proc)", state="S", ppid=5385,
         minflt=104, majflt=0, starttime_ticks=67347,
@@ -165,14 +165,14 @@ def test_stat_comm_with_spaces_and_parens_is_read_whole():
 
 
 def test_stat_fault_counts_and_start_ticks_come_from_their_fields():
-    stat = memory.parse_stat(fixture_text(OLD_KERNEL_PID, "stat"))
+    stat = reporter.parse_stat(fixture_text(OLD_KERNEL_PID, "stat"))
     assert (stat.pid, stat.comm, stat.ppid) == (OLD_KERNEL_PID, "python3", 1)
     assert (stat.minflt, stat.majflt, stat.starttime_ticks) == (51234, 12, 123456)
 
 
 def test_stat_comm_with_newline_and_closing_paren_is_read_whole():
     rest = " ".join(["S", "7"] + [str(n) for n in range(5, 53)])
-    stat = memory.parse_stat(f"42 (a)\n) b) {rest}\n")
+    stat = reporter.parse_stat(f"42 (a)\n) b) {rest}\n")
     assert (stat.pid, stat.comm, stat.state, stat.ppid) == (42, "a)\n) b", "S", 7)
     assert (stat.minflt, stat.majflt, stat.starttime_ticks) == (10, 12, 22)
 
@@ -182,14 +182,14 @@ def test_stat_comm_with_newline_and_closing_paren_is_read_whole():
 )
 def test_stat_any_comm_round_trips(comm):
     line = f"123 ({comm}) R 1 " + " ".join(str(n) for n in range(5, 53)) + "\n"
-    stat = memory.parse_stat(line)
+    stat = reporter.parse_stat(line)
     assert (stat.pid, stat.comm, stat.ppid, stat.starttime_ticks) == (123, comm, 1, 22)
 
 
 @pytest.mark.parametrize("text", ["", "garbage", "12 (x) S 1 2 3\n", "(x) S " + "1 " * 50])
 def test_stat_rejects_text_that_is_not_a_stat_line(text):
     with pytest.raises(ValueError):
-        memory.parse_stat(text)
+        reporter.parse_stat(text)
 
 
 def test_boot_time_is_btime_from_proc_stat():
@@ -207,7 +207,7 @@ def test_children_file_is_space_separated_pids():
 
 
 def test_read_process_uses_smaps_rollup_and_stat():
-    mem = memory.read_process(SLEEP_PID, proc=DATA)
+    mem = reporter.read_process(SLEEP_PID, proc=DATA)
     assert mem == ProcessMemory(
         pid=SLEEP_PID, rss=1828 * KIB, pss=349 * KIB, shared_clean=1676 * KIB, shared_dirty=0,
         private_clean=40 * KIB, private_dirty=112 * KIB, swap=0, minor_faults=104, major_faults=0,
@@ -217,14 +217,14 @@ def test_read_process_uses_smaps_rollup_and_stat():
 
 def test_read_process_falls_back_to_smaps_on_kernels_without_rollup():
     assert not (DATA / str(OLD_KERNEL_PID) / "smaps_rollup").exists()
-    mem = memory.read_process(OLD_KERNEL_PID, proc=DATA)
+    mem = reporter.read_process(OLD_KERNEL_PID, proc=DATA)
     assert (mem.rss, mem.pss, mem.swap) == (22740 * KIB, 20084 * KIB, 1036 * KIB)
     assert mem.uss == 18532 * KIB
     assert (mem.minor_faults, mem.major_faults) == (51234, 12)
 
 
 def test_read_process_of_missing_pid_is_none():
-    assert memory.read_process(999999999, proc=DATA) is None
+    assert reporter.read_process(999999999, proc=DATA) is None
 
 
 def test_read_process_lets_permission_errors_through(monkeypatch):
@@ -237,7 +237,7 @@ def test_read_process_lets_permission_errors_through(monkeypatch):
 
     monkeypatch.setattr(procfs, "_read", read)
     with pytest.raises(PermissionError):
-        memory.read_process(SLEEP_PID, proc=DATA)
+        reporter.read_process(SLEEP_PID, proc=DATA)
 
 
 def write_stat(proc, pid, ppid, state="S"):
@@ -253,7 +253,7 @@ def test_discover_reads_children_files_of_every_thread(tmp_path):
     (tmp_path / "100/task/100/children").write_text("102 101 ")
     (tmp_path / "100/task/105").mkdir(parents=True)
     (tmp_path / "100/task/105/children").write_text("103 ")
-    infos = memory.discover(100, proc=tmp_path)
+    infos = reporter.discover(100, proc=tmp_path)
     assert infos == [
         ProcessInfo(100, "master"),
         ProcessInfo(101, "worker"),
@@ -269,7 +269,7 @@ def test_discover_scans_proc_when_kernel_has_no_children_files(tmp_path):
     write_stat(tmp_path, 102, 1)
     write_stat(tmp_path, 103, 100)
     (tmp_path / "self").mkdir()
-    infos = memory.discover(100, proc=tmp_path)
+    infos = reporter.discover(100, proc=tmp_path)
     assert [(i.pid, i.role, i.worker_id) for i in infos] == [
         (100, "master", None), (101, "worker", None), (103, "worker", None)
     ]
@@ -279,15 +279,15 @@ def test_discover_without_children_is_a_single_process(tmp_path):
     write_stat(tmp_path, 100, 1)
     (tmp_path / "100/task/100").mkdir(parents=True)
     (tmp_path / "100/task/100/children").write_text("")
-    assert memory.discover(100, proc=tmp_path) == [ProcessInfo(100, "single")]
+    assert reporter.discover(100, proc=tmp_path) == [ProcessInfo(100, "single")]
 
 
 def test_discover_of_exited_master_raises_process_lookup_error(tmp_path):
     with pytest.raises(ProcessLookupError):
-        memory.discover(100, proc=tmp_path)
+        reporter.discover(100, proc=tmp_path)
     write_stat(tmp_path, 100, 1, state="Z")
     with pytest.raises(ProcessLookupError):
-        memory.discover(100, proc=tmp_path)
+        reporter.discover(100, proc=tmp_path)
 
 
 def test_collect_drops_vanished_and_repeated_processes_and_derives_uptime():
@@ -298,7 +298,7 @@ def test_collect_drops_vanished_and_repeated_processes_and_derives_uptime():
         ProcessInfo(OLD_KERNEL_PID, "worker", worker_id=3),
     ]
     start = BOOT_TIME + 67347 / os.sysconf("SC_CLK_TCK")
-    report = memory.collect(infos, now=start + 90.0, proc=DATA)
+    report = reporter.collect(infos, now=start + 90.0, proc=DATA)
     assert [row.info.pid for row in report.processes] == [SLEEP_PID, OLD_KERNEL_PID]
     assert report.processes[0].uptime == pytest.approx(90.0)
     assert report.processes[1].info.requests == 7
@@ -363,7 +363,7 @@ def test_process_info_rejects_an_unknown_role():
      (260 * MIB + MIB // 10, "260.1 MiB"), (3 * 1024 * MIB, "3.0 GiB"), (-2 * MIB, "-2.0 MiB")],
 )
 def test_sizes_are_shown_in_binary_units(size, text):
-    assert memory.format_size(size) == text
+    assert reporter.format_size(size) == text
 
 
 @pytest.mark.parametrize(
@@ -371,11 +371,11 @@ def test_sizes_are_shown_in_binary_units(size, text):
     [(0, "0s"), (42.9, "42s"), (303, "5m03s"), (7500, "2h05m"), (4 * 86400 + 3 * 3600, "4d03h")],
 )
 def test_uptime_is_shown_in_its_two_largest_units(seconds, text):
-    assert memory.format_duration(seconds) == text
+    assert reporter.format_duration(seconds) == text
 
 
 def test_table_has_a_row_per_process_a_total_row_and_a_summary():
-    lines = memory.format_table(make_report()).splitlines()
+    lines = reporter.format_table(make_report()).splitlines()
     assert lines[0].split() == [
         "PID", "ROLE", "RSS", "PSS", "SHARED", "PRIVATE(USS)", "SWAP", "MINFLT", "MAJFLT", "REQS",
         "UPTIME",
@@ -396,7 +396,7 @@ def test_table_has_a_row_per_process_a_total_row_and_a_summary():
 
 
 def test_table_columns_line_up():
-    lines = memory.format_table(make_report()).splitlines()[:-1]
+    lines = reporter.format_table(make_report()).splitlines()[:-1]
     header = lines[0]
     for column in ("RSS", "PSS", "SWAP", "MINFLT"):
         right_edge = header.index(column) + len(column)
@@ -408,24 +408,24 @@ def test_table_columns_line_up():
 def test_table_summary_of_a_single_process_mentions_no_workers():
     row = make_report().processes[0]
     single = Report((ProcessRow(ProcessInfo(100, "single"), row.memory, row.uptime),), 0.0)
-    summary = memory.format_table(single).splitlines()[-1]
+    summary = reporter.format_table(single).splitlines()[-1]
     assert summary == "total PSS 40.0 MiB: a single process, no workers"
 
 
 def test_table_of_an_empty_report_says_the_server_has_exited():
-    assert "exited" in memory.format_table(Report((), 0.0))
+    assert "exited" in reporter.format_table(Report((), 0.0))
 
 
 def test_log_report_logs_each_process_then_the_summary(caplog):
     caplog.set_level("INFO", logger="test.memory")
-    memory.log_report(logging.getLogger("test.memory"), make_report())
+    reporter.log_report(logging.getLogger("test.memory"), make_report())
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0] == (
         "Memory of master (pid 100): RSS 100.0 MiB, PSS 40.0 MiB, shared 90.0 MiB (90%), "
         "private 10.0 MiB, swap 0 B"
     )
     assert messages[1].startswith("Memory of worker 1 (pid 101): ")
-    assert messages[3] == "Memory: " + memory.format_table(make_report()).splitlines()[-1]
+    assert messages[3] == "Memory: " + reporter.format_table(make_report()).splitlines()[-1]
     assert len(messages) == 4
 
 
@@ -434,12 +434,12 @@ def test_log_report_logs_each_process_then_the_summary(caplog):
 
 def test_json_round_trip_gives_back_the_same_report():
     report = make_report()
-    served = json.loads(json.dumps(memory.to_json(report)))
-    assert memory.from_json(served) == report
+    served = json.loads(json.dumps(reporter.to_json(report)))
+    assert reporter.from_json(served) == report
 
 
 def test_json_keys_are_the_documented_ones():
-    data = memory.to_json(make_report())
+    data = reporter.to_json(make_report())
     assert list(data) == ["schema", "time", "processes", "totals"]
     assert list(data["processes"][0]) == [
         "pid", "role", "worker_id", "generation", "requests", "start_time", "uptime",
@@ -459,7 +459,7 @@ def test_json_keys_are_the_documented_ones():
 
 def test_json_of_a_report_without_master_has_null_cost():
     report = make_report()
-    totals = memory.to_json(Report(report.processes[1:], report.time))["totals"]
+    totals = reporter.to_json(Report(report.processes[1:], report.time))["totals"]
     assert totals["master_rss"] is None
     assert totals["workers_cost"] is None
     assert totals["cost_ratio"] is None
@@ -477,14 +477,14 @@ def test_json_of_a_report_without_master_has_null_cost():
 )
 def test_from_json_rejects_what_is_not_a_report(obj, message):
     with pytest.raises(ValueError, match=message):
-        memory.from_json(obj)
+        reporter.from_json(obj)
 
 
 def test_from_json_rejects_a_null_size():
-    data = memory.to_json(make_report())
+    data = reporter.to_json(make_report())
     data["processes"][0]["pss"] = None
     with pytest.raises(ValueError, match="not a forkserve memory report"):
-        memory.from_json(data)
+        reporter.from_json(data)
 
 
 # -- Prometheus ---------------------------------------------------------------------------
@@ -535,7 +535,7 @@ def check_exposition(text):
 
 
 def test_prometheus_text_is_valid_exposition_format():
-    types = check_exposition(memory.to_prometheus(make_report()))
+    types = check_exposition(reporter.to_prometheus(make_report()))
     assert types["forkserve_process_pss_bytes"] == "gauge"
     assert types["forkserve_process_minor_faults_total"] == "counter"
     assert types["forkserve_process_requests_total"] == "counter"
@@ -543,7 +543,7 @@ def test_prometheus_text_is_valid_exposition_format():
 
 
 def test_prometheus_sizes_are_in_bytes_with_pid_role_and_worker_labels():
-    text = memory.to_prometheus(make_report(), prefix="app")
+    text = reporter.to_prometheus(make_report(), prefix="app")
     assert 'app_process_pss_bytes{pid="100",role="master"} 41943040\n' in text
     assert 'app_process_uss_bytes{pid="101",role="worker",worker="1"} 5242880\n' in text
     assert 'app_process_major_faults_total{pid="100",role="master"} 3\n' in text
@@ -555,7 +555,7 @@ def test_prometheus_sizes_are_in_bytes_with_pid_role_and_worker_labels():
 
 def test_prometheus_leaves_out_unknown_values():
     report = make_report()
-    text = memory.to_prometheus(Report(report.processes[1:], report.time))
+    text = reporter.to_prometheus(Report(report.processes[1:], report.time))
     check_exposition(text)
     assert 'requests_total{pid="102"' not in text
     assert 'requests_total{pid="101",role="worker",worker="1"} 1200' in text
@@ -563,12 +563,12 @@ def test_prometheus_leaves_out_unknown_values():
 
 
 def test_prometheus_of_an_empty_report_is_valid():
-    check_exposition(memory.to_prometheus(Report((), 0.0)))
+    check_exposition(reporter.to_prometheus(Report((), 0.0)))
 
 
 def test_prometheus_rejects_a_prefix_that_is_not_a_metric_name():
     with pytest.raises(ValueError, match="not a valid Prometheus metric name"):
-        memory.to_prometheus(make_report(), prefix="fork-serve")
+        reporter.to_prometheus(make_report(), prefix="fork-serve")
 
 
 # -- Live processes ---------------------------------------------------------------------
@@ -661,14 +661,14 @@ def assert_agrees_with_proc(mem, before):
 def test_read_process_agrees_with_smaps_rollup_of_live_processes(server):
     for pid in [server.pid] + server.worker_pids:
         before = independent_rollup(pid)
-        mem = memory.read_process(pid)
+        mem = reporter.read_process(pid)
         assert mem.pid == pid
         assert_agrees_with_proc(mem, before)
 
 
 @linux_only
 def test_read_process_fault_counts_and_start_time_match_stat(server):
-    mem = memory.read_process(server.pid)
+    mem = reporter.read_process(server.pid)
     with open(f"/proc/{server.pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     assert mem.minor_faults == int(fields[7])
@@ -685,15 +685,15 @@ def test_read_process_of_a_zombie_is_none():
         while procfs.parse_stat(Path(f"/proc/{child.pid}/stat").read_bytes()).state != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert memory.read_process(child.pid) is None
+        assert reporter.read_process(child.pid) is None
     finally:
         child.wait()
-    assert memory.read_process(child.pid) is None
+    assert reporter.read_process(child.pid) is None
 
 
 @linux_only
 def test_discover_finds_the_forked_children(server):
-    infos = memory.discover(server.pid)
+    infos = reporter.discover(server.pid)
     assert infos[0] == ProcessInfo(server.pid, "master")
     assert [(i.pid, i.role, i.worker_id) for i in infos[1:]] == [
         (pid, "worker", None) for pid in server.worker_pids
@@ -702,14 +702,14 @@ def test_discover_finds_the_forked_children(server):
 
 @linux_only
 def test_discover_of_a_process_without_children_is_single(server):
-    assert memory.discover(server.worker_pids[0]) == [ProcessInfo(server.worker_pids[0], "single")]
+    assert reporter.discover(server.worker_pids[0]) == [ProcessInfo(server.worker_pids[0], "single")]
 
 
 @pytest.mark.memory
 @linux_only
 def test_collect_of_live_server_shows_workers_sharing_the_master_memory(server):
     befores = {pid: independent_rollup(pid) for pid in [server.pid] + server.worker_pids}
-    report = memory.collect(memory.discover(server.pid))
+    report = reporter.collect(reporter.discover(server.pid))
     assert [row.info.pid for row in report.processes] == [server.pid] + server.worker_pids
     for row in report.processes:
         assert_agrees_with_proc(row.memory, befores[row.info.pid])
@@ -725,7 +725,7 @@ def test_collect_of_live_server_shows_workers_sharing_the_master_memory(server):
 def test_reading_seventeen_processes_is_fast(tmp_path):
     with forked_server(tmp_path, workers=16, megabytes=16) as server:
         started = time.perf_counter()
-        report = memory.collect(memory.discover(server.pid))
+        report = reporter.collect(reporter.discover(server.pid))
         elapsed = time.perf_counter() - started
     assert len(report.processes) == 17
     assert elapsed < 1.0
@@ -743,19 +743,19 @@ def pid_file(tmp_path, server):
 
 @linux_only
 def test_memory_command_prints_json_for_a_pid_file(pid_file, server, capsys):
-    assert memory.main(["--pid", str(pid_file), "--json"]) == 0
+    assert command.main(["--pid", str(pid_file), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [p["pid"] for p in data["processes"]] == [server.pid] + server.worker_pids
     assert [p["role"] for p in data["processes"]] == ["master", "worker", "worker"]
     assert data["totals"]["processes"] == 3
     assert data["totals"]["pss"] == sum(p["pss"] for p in data["processes"])
     assert data["totals"]["master_rss"] == data["processes"][0]["rss"]
-    assert memory.from_json(data).cost_ratio == pytest.approx(data["totals"]["cost_ratio"])
+    assert reporter.from_json(data).cost_ratio == pytest.approx(data["totals"]["cost_ratio"])
 
 
 @linux_only
 def test_memory_command_prints_a_table_by_default(pid_file, server, capsys):
-    assert memory.main(["--pid", str(pid_file)]) == 0
+    assert command.main(["--pid", str(pid_file)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["PID", "ROLE", "RSS"]
     assert lines[1].split()[:2] == [str(server.pid), "master"]
@@ -764,7 +764,7 @@ def test_memory_command_prints_a_table_by_default(pid_file, server, capsys):
 
 def test_memory_command_without_pid_file_asks_whether_the_server_runs_with_pid(tmp_path, capsys):
     missing = tmp_path / "nope.pid"
-    assert memory.main(["--pid", str(missing)]) == 1
+    assert command.main(["--pid", str(missing)]) == 1
     assert f"is the server running with --pid {missing}?" in capsys.readouterr().err
 
 
@@ -773,19 +773,19 @@ def test_memory_command_with_a_stale_pid_says_the_server_stopped(tmp_path, capsy
     child.wait()
     path = tmp_path / "stale.pid"
     path.write_text(str(child.pid))
-    assert memory.main(["--pid", str(path)]) == 1
+    assert command.main(["--pid", str(path)]) == 1
     assert "not running: the server has stopped" in capsys.readouterr().err
 
 
 def test_memory_command_with_a_pid_file_holding_garbage_fails(tmp_path, capsys):
     path = tmp_path / "garbage.pid"
     path.write_text("hello\n")
-    assert memory.main(["--pid", str(path)]) == 1
+    assert command.main(["--pid", str(path)]) == 1
     assert "does not hold a pid" in capsys.readouterr().err
 
 
 def test_memory_command_without_pid_or_stats_is_a_usage_error(capsys):
-    assert memory.main([]) == 2
+    assert command.main([]) == 2
     assert "--pid FILE" in capsys.readouterr().err
 
 
@@ -802,7 +802,7 @@ def test_memory_command_without_pid_or_stats_is_a_usage_error(capsys):
     ],
 )
 def test_memory_command_usage_errors_exit_2(argv, message, capsys):
-    assert memory.main(argv) == 2
+    assert command.main(argv) == 2
     assert message in capsys.readouterr().err
 
 
@@ -816,20 +816,20 @@ def test_memory_command_usage_errors_exit_2(argv, message, capsys):
     ],
 )
 def test_stats_addresses_in_every_accepted_form(address, expected):
-    assert memory_command.parse_stats_address(address) == expected
+    assert command.parse_stats_address(address) == expected
 
 
 def test_memory_command_when_stats_endpoint_refuses_says_to_start_with_stats(capsys):
     with socket.socket() as bound_not_listening:
         bound_not_listening.bind(("127.0.0.1", 0))
         address = "127.0.0.1:%d" % bound_not_listening.getsockname()[1]
-        assert memory.main(["--stats", address]) == 1
+        assert command.main(["--stats", address]) == 1
     assert f"start the server with --stats {address}" in capsys.readouterr().err
 
 
 def test_memory_command_when_stats_socket_is_missing_says_to_start_with_stats(tmp_path, capsys):
     address = f"unix:{tmp_path}/stats.sock"
-    assert memory.main(["--stats", address]) == 1
+    assert command.main(["--stats", address]) == 1
     assert f"start the server with --stats {address}" in capsys.readouterr().err
 
 
@@ -838,7 +838,7 @@ def captured_report():
         ProcessInfo(SLEEP_PID, "master"),
         ProcessInfo(OLD_KERNEL_PID, "worker", worker_id=0, requests=3),
     ]
-    return memory.collect(infos, now=BOOT_TIME + 3600.0, proc=DATA)
+    return reporter.collect(infos, now=BOOT_TIME + 3600.0, proc=DATA)
 
 
 class StatsHandler(http.server.BaseHTTPRequestHandler):
@@ -889,18 +889,18 @@ def stats_endpoint(tmp_path, body, status=200, unix=False):
 @pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
 def test_memory_command_renders_what_the_stats_endpoint_serves(tmp_path, unix, capsys):
     report = captured_report()
-    body = json.dumps(memory.to_json(report)).encode()
+    body = json.dumps(reporter.to_json(report)).encode()
     with stats_endpoint(tmp_path, body, unix=unix) as address:
-        assert memory.main(["--stats", address]) == 0
-        assert capsys.readouterr().out == memory.format_table(report) + "\n"
-        assert memory.main(["--stats", address, "--json"]) == 0
-        assert json.loads(capsys.readouterr().out) == memory.to_json(report)
+        assert command.main(["--stats", address]) == 0
+        assert capsys.readouterr().out == reporter.format_table(report) + "\n"
+        assert command.main(["--stats", address, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == reporter.to_json(report)
 
 
 def test_memory_command_accepts_an_http_url_for_stats(tmp_path, capsys):
     report = captured_report()
-    with stats_endpoint(tmp_path, json.dumps(memory.to_json(report)).encode()) as address:
-        assert memory.main(["--stats", f"http://{address}"]) == 0
+    with stats_endpoint(tmp_path, json.dumps(reporter.to_json(report)).encode()) as address:
+        assert command.main(["--stats", f"http://{address}"]) == 0
     assert "total PSS" in capsys.readouterr().out
 
 
@@ -913,7 +913,7 @@ def test_memory_command_explains_an_endpoint_that_is_not_the_stats_endpoint(
     tmp_path, status, body, message, capsys
 ):
     with stats_endpoint(tmp_path, body, status=status) as address:
-        assert memory.main(["--stats", address]) == 1
+        assert command.main(["--stats", address]) == 1
     err = capsys.readouterr().err
     assert message in err and "--stats address?" in err
 
@@ -926,15 +926,15 @@ def interrupt_after_frames(monkeypatch, frames):
         if len(sleeps) == frames:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(memory_command.time, "sleep", sleep)
+    monkeypatch.setattr(command.time, "sleep", sleep)
     return sleeps
 
 
 def test_memory_command_watch_refreshes_until_ctrl_c(tmp_path, monkeypatch, capsys):
     report = captured_report()
     sleeps = interrupt_after_frames(monkeypatch, frames=2)
-    with stats_endpoint(tmp_path, json.dumps(memory.to_json(report)).encode()) as address:
-        assert memory.main(["--stats", address, "--watch", "0.5"]) == 0
+    with stats_endpoint(tmp_path, json.dumps(reporter.to_json(report)).encode()) as address:
+        assert command.main(["--stats", address, "--watch", "0.5"]) == 0
     out = capsys.readouterr().out
     assert sleeps == [0.5, 0.5]
     assert out.count("total PSS") == 2
@@ -944,8 +944,8 @@ def test_memory_command_watch_refreshes_until_ctrl_c(tmp_path, monkeypatch, caps
 def test_memory_command_watch_json_prints_one_document_per_line(tmp_path, monkeypatch, capsys):
     report = captured_report()
     interrupt_after_frames(monkeypatch, frames=3)
-    with stats_endpoint(tmp_path, json.dumps(memory.to_json(report)).encode()) as address:
-        assert memory.main(["--stats", address, "--json", "--watch", "1"]) == 0
+    with stats_endpoint(tmp_path, json.dumps(reporter.to_json(report)).encode()) as address:
+        assert command.main(["--stats", address, "--json", "--watch", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3
-    assert all(json.loads(line) == memory.to_json(report) for line in lines)
+    assert all(json.loads(line) == reporter.to_json(report) for line in lines)

@@ -243,7 +243,7 @@ def test_app_works_with_no_settings(tmp_path):
 
 
 def test_share_mode_loads_shares_and_serves(dataset):
-    pytest.importorskip("forkserve.sharing")
+    pytest.importorskip("forkserve.memory.sharing")
     result, log = _probe({"PERSONDB_CSV": dataset, "PERSONDB_MODE": "share"}, 7)
     assert result["health"]["mode"] == "share" and result["health"]["rows"] == 300
     assert result["first"][0] == 200

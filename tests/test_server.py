@@ -1,4 +1,4 @@
-"""forkserve.server: the environ, TCP_NODELAY, the counters, drain() and close_now()."""
+"""forkserve.http.server: the environ, TCP_NODELAY, the counters, drain() and close_now()."""
 
 import json
 import signal
@@ -9,7 +9,7 @@ from contextlib import ExitStack
 import pytest
 
 import forkserve
-from forkserve.server import needs_nodelay
+from forkserve.http.server import needs_nodelay
 from httpclient import Reader, fresh_server, is_closed, read_response, wait_closed  # noqa: F401
 from httpcorpus import request
 

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from forkserve import settings
-from forkserve.settings import ConfigError, parse
+from forkserve.config import settings
+from forkserve.config.settings import ConfigError, parse
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -98,4 +98,4 @@ def test_every_setting_has_a_flag_an_env_var_and_help():
 def test_readme_settings_table_is_generated_from_the_declarations():
     readme = (ROOT / "README.md").read_text()
     assert settings.settings_table() in readme, (
-        "README's settings table is stale: regenerate it with python -m forkserve.settings")
+        "README's settings table is stale: regenerate it with python -m forkserve.config.settings")

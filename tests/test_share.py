@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 import forkserve
-import forkserve.sharing as sharing
-from forkserve.sharing import ShareReport, SharingWarning, immortal_supported, share
+import forkserve.memory.sharing as sharing
+from forkserve.memory.sharing import ShareReport, SharingWarning, immortal_supported, share
 
 ROOT = Path(__file__).resolve().parent.parent
 
 try:
-    from forkserve import _immortal
+    from forkserve.memory import _immortal
 except ImportError:
     _immortal = None
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from forkserve import procfs
+from forkserve.memory import procfs
 from forkserve_testing import poll
 from loadgen import blast
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forkserve import _storecsv, _storeformat
+from forkserve.store import csvrows, layout
 from forkserve.store import Store, StoreError, StoreFormatError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,7 +258,7 @@ def store_file(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("keep", [0, 7, _storeformat.HEADER.size, -100, -1])
+@pytest.mark.parametrize("keep", [0, 7, layout.HEADER.size, -100, -1])
 def test_truncated_file_is_refused_with_advice_to_rebuild(store_file, keep):
     data = store_file.read_bytes()
     store_file.write_bytes(data[:keep % len(data)])
@@ -305,7 +305,7 @@ def test_damaged_trailer_is_refused(store_file):
 def test_newer_format_version_is_refused(store_file):
     data = bytearray(store_file.read_bytes())
     data[8:12] = (2).to_bytes(4, "little")
-    span = _storeformat.HEADER.size - 8
+    span = layout.HEADER.size - 8
     data[span:span + 4] = zlib.crc32(data[:span]).to_bytes(4, "little")
     store_file.write_bytes(data)
     with pytest.raises(StoreFormatError, match="version 2, but this forkserve reads version 1"):
@@ -314,7 +314,7 @@ def test_newer_format_version_is_refused(store_file):
 
 def test_verify_finds_a_damaged_record_that_open_does_not_read(store_file):
     data = bytearray(store_file.read_bytes())
-    data[_storeformat.HEADER.size + 3] ^= 0x20
+    data[layout.HEADER.size + 3] ^= 0x20
     store_file.write_bytes(data)
     with Store.open(store_file) as store:
         with pytest.raises(StoreFormatError, match="records are damaged"):
@@ -323,7 +323,7 @@ def test_verify_finds_a_damaged_record_that_open_does_not_read(store_file):
 
 def test_damaged_value_is_reported_when_read_not_returned_as_garbage(store_file):
     data = bytearray(store_file.read_bytes())
-    value_start = _storeformat.HEADER.size + len("ana@example.com")
+    value_start = layout.HEADER.size + len("ana@example.com")
     assert data[value_start:value_start + 1] == b"{"
     data[value_start] = ord("}")
     store_file.write_bytes(data)
@@ -482,13 +482,13 @@ def test_csv_codec_that_cannot_hold_rows_names_the_line(tmp_path):
 
 
 def test_csv_progress_callable_hears_rows_and_bytes(tmp_path):
-    rows = 2 * _storecsv.PROGRESS_EVERY + 5
+    rows = 2 * csvrows.PROGRESS_EVERY + 5
     path = write_csv(tmp_path / "people.csv", "email\n" + "".join(f"u{i}\n" for i in range(rows)))
     calls = []
     with Store.from_csv(path, "email", progress=lambda *args: calls.append(args)) as store:
         assert len(store) == rows
     size = path.stat().st_size
-    every = _storecsv.PROGRESS_EVERY
+    every = csvrows.PROGRESS_EVERY
     assert [done for done, _, _ in calls] == [every, 2 * every, rows]
     assert all(total == size for _, _, total in calls)
     assert [read for _, read, _ in calls] == sorted(read for _, read, _ in calls)
@@ -496,7 +496,7 @@ def test_csv_progress_callable_hears_rows_and_bytes(tmp_path):
 
 
 def test_csv_progress_is_logged_by_default_when_a_build_is_slow(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(_storecsv.LogProgress, "interval", 0.0)
+    monkeypatch.setattr(csvrows.LogProgress, "interval", 0.0)
     path = write_csv(tmp_path / "people.csv", "email\na@x\n")
     with caplog.at_level(logging.INFO, logger="forkserve.store"):
         Store.from_csv(path, "email").close()

@@ -14,7 +14,7 @@ import os
 import time
 from array import array
 
-from forkserve._storeformat import StoreError
+from forkserve.store.layout import StoreError
 
 __all__ = ["CsvRows", "PROGRESS_EVERY"]
 

@@ -1,6 +1,6 @@
 """The stats endpoint: memory figures over HTTP, outside the application.
 
-  GET /         the memory report as JSON (forkserve.memory.to_json)
+  GET /         the memory report as JSON (forkserve.memory.reporter.to_json)
   GET /metrics  the same figures in the Prometheus text format
 
 In the master it is served from the master's own select() loop by
@@ -13,7 +13,7 @@ import json
 import socket
 import time
 
-from forkserve import memory
+from forkserve.memory import reporter
 
 __all__ = ["respond", "StatsEndpoint", "wsgi_app"]
 
@@ -33,10 +33,10 @@ def respond(method: str, path: str, make_report):
     if method not in ("GET", "HEAD"):
         return "405 Method Not Allowed", "text/plain", b"only GET is served here\n"
     if path in ("/", "/json"):
-        body = json.dumps(memory.to_json(make_report()), indent=1).encode() + b"\n"
+        body = json.dumps(reporter.to_json(make_report()), indent=1).encode() + b"\n"
         return "200 OK", "application/json", body
     if path == "/metrics":
-        return "200 OK", _PROMETHEUS_TYPE, memory.to_prometheus(make_report()).encode()
+        return "200 OK", _PROMETHEUS_TYPE, reporter.to_prometheus(make_report()).encode()
     return "404 Not Found", "text/plain", b"forkserve stats: try / (JSON) or /metrics\n"
 
 

@@ -7,7 +7,7 @@ off, the process ends through cow.exit_process) and the master's signals:
 TERM drains in-flight requests, INT and QUIT stop at once, USR1 reopens logs,
 HUP reloads: a new single-process generation loads the current code and
 data, and once it serves this one drains and becomes its supervisor
-(forkserve.reload).
+(forkserve.process.reload).
 """
 
 import logging
@@ -16,8 +16,10 @@ import signal
 
 from gevent import monkey
 
-from forkserve import cow, exits, logs, memory, procname, reload, signals, systemd
-from forkserve.worker import make_servers
+from forkserve.memory import cow, reporter
+from forkserve import exits, logs
+from forkserve.process import procname, reload, signals, systemd
+from forkserve.process.worker import make_servers
 
 __all__ = ["SingleServer"]
 
@@ -72,7 +74,7 @@ class SingleServer:
             interval = self.cfg.memory_log_interval
             if interval and gevent.get_hub().loop.now() >= next_memory_log:
                 next_memory_log = gevent.get_hub().loop.now() + interval
-                memory.log_report(log, self.report())
+                reporter.log_report(log, self.report())
             self.wakeup.wait(0.1 if self.pending else min(1.0, interval or 1.0))
             self.wakeup.clear()
         if stats_server is not None:
@@ -99,15 +101,15 @@ class SingleServer:
         return exits.OK
 
     def report(self):
-        return memory.collect([memory.ProcessInfo(pid=os.getpid(), role="single",
+        return reporter.collect([reporter.ProcessInfo(pid=os.getpid(), role="single",
                                                   worker_id=None, requests=self.requests)])
 
     def _start_stats(self):
         if self.stats_listener is None:
             return None
         from gevent.pywsgi import WSGIServer
-        from forkserve import stats
-        from forkserve.worker import gevent_socket
+        from forkserve.http import stats
+        from forkserve.process.worker import gevent_socket
 
         server = WSGIServer(gevent_socket(self.stats_listener), stats.wsgi_app(self.report),
                             log=None, error_log=logs.error_log)

@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.parse
 
-from forkserve.memory import collect, discover, format_table, from_json, to_json
+from forkserve.memory.reporter import collect, discover, format_table, from_json, to_json
 
 #: Seconds to wait for the stats endpoint. It answers from memory, so
 #: anything slower means a wrong address or a stuck master.

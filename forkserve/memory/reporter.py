@@ -13,10 +13,10 @@ Definitions the numbers rest on:
   ``cost_ratio = total PSS / master RSS``: 1.0 means the workers are free,
   N + 1 means N workers share nothing.
 
-Reading /proc lives in forkserve.procfs; this module turns the readings into
+Reading /proc lives in forkserve.memory.procfs; this module turns the readings into
 a Report and renders it as a table, JSON (served by the stats endpoint and
 read back by ``forkserve memory --stats``) and Prometheus text. The command
-itself is forkserve.memory_command.
+itself is forkserve.memory.command.
 """
 
 import dataclasses
@@ -26,8 +26,8 @@ import operator
 import re
 import time
 
-from forkserve import procfs
-from forkserve.procfs import (
+from forkserve.memory import procfs
+from forkserve.memory.procfs import (
     PROC,
     ProcessMemory,
     ProcStat,
@@ -48,7 +48,6 @@ __all__ = [
     "format_table",
     "from_json",
     "log_report",
-    "main",
     "parse_smaps",
     "parse_smaps_rollup",
     "parse_stat",
@@ -485,14 +484,3 @@ def _number(value):
         return "+Inf" if value > 0 else "-Inf"
     return repr(value)
 
-
-def main(argv=None):
-    """`forkserve memory [--pid FILE | --stats ADDRESS] [--json] [--watch SECONDS]`.
-
-    Returns 0 on success, 1 when the server cannot be found or read, 2 on a
-    usage error. Lives in forkserve.memory_command, imported only when run,
-    so the master importing this module does not load argparse and http.client.
-    """
-    from forkserve.memory_command import main as command_main
-
-    return command_main(argv)

@@ -14,7 +14,7 @@ Measured with 200,000 ten-field records: the store is 75 MB where the same
 data as dicts grows the master by 197-214 MB, and a forked worker that looks
 up every record keeps 1.1-1.3 MB private (tests/test_store.py, memory mark).
 
-File layout (details and the checks in forkserve._storeformat)::
+File layout (details and the checks in forkserve.store.layout)::
 
     header    magic, format version, codec, counts, sizes, checksums
     records   key bytes + value bytes, record after record, in input order
@@ -25,7 +25,7 @@ File layout (details and the checks in forkserve._storeformat)::
 Invariants:
 
 - One contiguous buffer holds everything: header, records, offsets, hash
-  table, trailer (layout in forkserve._storeformat). The Store object itself
+  table, trailer (layout in forkserve.store.layout). The Store object itself
   is a handful of attributes, whatever the number of records.
 - Opened from a file, the buffer is a read-only shared mmap: its pages are
   page cache, shared by every process that maps the file, never copied, and
@@ -49,9 +49,9 @@ import mmap
 import os
 import zlib
 
-from forkserve import _storebuild
-from forkserve._storecsv import CsvRows
-from forkserve._storeformat import (
+from forkserve.store import build
+from forkserve.store.csvrows import CsvRows
+from forkserve.store.layout import (
     HEADER, REBUILD, VERSION, StoreError, StoreFormatError, get_codec, key_bytes, read_layout,
 )
 
@@ -95,7 +95,7 @@ class Store(collections.abc.Mapping):
         codec = get_codec(codec)
         if isinstance(rows, collections.abc.Mapping):
             rows = rows.items()
-        return cls._build(rows, path, codec, _storebuild.describe_record)
+        return cls._build(rows, path, codec, build.describe_record)
 
     @classmethod
     def from_csv(cls, csv_path, key, path=None, *, codec="json", progress=None):
@@ -114,8 +114,8 @@ class Store(collections.abc.Mapping):
     @classmethod
     def _build(cls, rows, path, codec, describe):
         if path is None:
-            return cls._wrap(_storebuild.build_in_memory(rows, codec, describe), None)
-        _storebuild.build_file(rows, codec, path, describe)
+            return cls._wrap(build.build_in_memory(rows, codec, describe), None)
+        build.build_file(rows, codec, path, describe)
         return cls.open(path)
 
     @classmethod
@@ -149,7 +149,7 @@ class Store(collections.abc.Mapping):
 
     def save(self, path):
         """Write this store's image to path (same format; atomic replace)."""
-        with _storebuild.atomic_file(path) as file:
+        with build.atomic_file(path) as file:
             file.write(self._buf)
 
     # -- lookups ---------------------------------------------------------
@@ -374,6 +374,3 @@ def _describe(store):
     ]
     return "\n".join(f"{label + ':':12}{value}" for label, value in lines)
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,7 +18,7 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIServer, format_date_time
 
 import forkserve
-from forkserve.http import Handler, Limits
+from forkserve.http.handler import Handler, Limits
 
 __all__ = ["Server"]
 
@@ -69,7 +69,7 @@ class Server(WSGIServer):
                  on_request=None, server_name=None, pool=None):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
-                            "bind it with forkserve.sockets first")
+                            "bind it with forkserve.process.sockets first")
         self.limits = limits if limits is not None else Limits()
         self.access_log = access_log
         self.logger = error_log if error_log is not None else logging.getLogger("forkserve.error")

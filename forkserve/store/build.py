@@ -7,7 +7,7 @@ Invariants:
   then the hash table (16-32 bytes a record); never a dict of the keys or a
   list of the rows, so building a store of N records needs about N * 50
   bytes besides the image itself.
-- The image is written front to back in the layout of _storeformat; only the
+- The image is written front to back in the layout of forkserve.store.layout; only the
   header is written last, over the zeros reserved at offset 0.
 - A file is built under a temporary name in the target's directory and
   renamed over the target only when complete and fsynced, so a reader sees
@@ -26,7 +26,7 @@ import tempfile
 import zlib
 from array import array
 
-from forkserve._storeformat import (
+from forkserve.store.layout import (
     HEADER, MAX_RECORDS, StoreError, key_bytes, pack_header, table_size,
 )
 

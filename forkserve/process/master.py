@@ -7,7 +7,7 @@ workers stay clean:
 
     dispatch signals -> reap -> murder (timeouts, memory) -> manage -> sleep
 
-Signal handlers only enqueue (forkserve.signals); `handle_<name>()` methods
+Signal handlers only enqueue (forkserve.process.signals); `handle_<name>()` methods
 run from the loop. The master waits with the original select(), fork() and
 waitpid() even when gevent has monkey-patched them for the application: the
 master never runs a gevent hub.
@@ -24,11 +24,13 @@ import random
 import signal
 import time
 
-from forkserve import exits, memory, procname, reload, signals, systemd
+from forkserve import exits
+from forkserve.memory import reporter
+from forkserve.process import procname, reload, signals, systemd
 from forkserve.exits import HaltServer
-from forkserve.scoreboard import FREE, READY, RETIRE, Scoreboard
-from forkserve.signals import MASTER_SIGNALS, SignalQueue, handler_name
-from forkserve.worker import Worker, heartbeat_interval
+from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard
+from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
+from forkserve.process.worker import Worker, heartbeat_interval
 
 __all__ = ["Master", "WorkerRecord"]
 
@@ -186,7 +188,7 @@ class Master:
             if record.state in ("booting", "ready"):
                 record.state = "retiring"
 
-    # --- reload: hand over to a new generation (forkserve.reload) ---
+    # --- reload: hand over to a new generation (forkserve.process.reload) ---
 
     def check_reload(self):
         if self.pending is not None and self.pending.ready():
@@ -326,7 +328,7 @@ class Master:
         for record in self.workers.values():
             if record.state != "ready":
                 continue
-            reading = memory.read_process(record.pid)
+            reading = reporter.read_process(record.pid)
             if reading is not None and reading.uss > limit:
                 log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
                             "--max-worker-memory %d MiB; recycling it", record.worker_id,
@@ -426,18 +428,18 @@ class Master:
     # --- memory reporting ---
 
     def process_infos(self):
-        infos = [memory.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
+        infos = [reporter.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
                                     requests=None, generation=self.generation)]
         for record in sorted(self.workers.values(), key=lambda r: r.index):
             slot = self.scoreboard.read(record.index)
-            infos.append(memory.ProcessInfo(pid=record.pid, role="worker",
+            infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
                                             worker_id=record.worker_id,
                                             requests=slot.requests,
                                             generation=record.generation))
         return infos
 
     def report(self):
-        return memory.collect(self.process_infos())
+        return reporter.collect(self.process_infos())
 
     def log_memory(self):
         interval = self.cfg.memory_log_interval
@@ -445,4 +447,4 @@ class Master:
         if not interval or now < self.next_memory_log:
             return
         self.next_memory_log = now + interval
-        memory.log_report(log, self.report())
+        reporter.log_report(log, self.report())

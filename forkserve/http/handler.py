@@ -18,7 +18,7 @@ Invariants, and why:
   Neither runs while the application does, so they never interrupt it.
 - Parsing rules are pure functions of bytes (request_line, header_field,
   body_framing, chunk_size), so unit tests drive them without sockets; they
-  live in forkserve.h1 with the request body reader, and are re-exported here.
+  live in forkserve.http.h1 with the request body reader, and are re-exported here.
 """
 
 import logging
@@ -30,7 +30,7 @@ from gevent import getcurrent
 from gevent import Timeout
 from gevent.pywsgi import WSGIHandler
 
-from forkserve.h1 import (  # the grammar; re-exported names are in __all__
+from forkserve.http.h1 import (  # the grammar; re-exported names are in __all__
     _ABSOLUTE, _Expired, BLANK_LINES, Body, body_framing,
     chunk_size, ClientDisconnected, escape, GONE_ERRNOS, header_field,
     Limits, LINGER_BYTES, LINGER_SECONDS, REASONS, request_line,

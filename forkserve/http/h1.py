@@ -1,4 +1,4 @@
-"""The HTTP/1.x wire format, strictly: what forkserve.http accepts as a request.
+"""The HTTP/1.x wire format, strictly: what forkserve.http.handler accepts as a request.
 
 Pure functions of bytes decide the request line, each header field and the
 body framing (RFC 9112); `Body` is the WSGI input stream that reads exactly

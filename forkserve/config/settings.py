@@ -369,5 +369,5 @@ def settings_table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m forkserve.settings prints the README table
+if __name__ == "__main__":  # python -m forkserve.config.settings prints the README table
     sys.stdout.write(settings_table() + "\n")

@@ -6,7 +6,7 @@
 Why: after fork, a worker shares the master's pages until it writes to one.
 Reading a Python object writes to it: its reference count on every access,
 the cached hash of a str the first time it is hashed, and its GC header when
-a collection runs. forkserve.cow stops the collector; share() stops the rest
+a collection runs. forkserve.memory.cow stops the collector; share() stops the rest
 for everything reachable from obj, so random reads in a worker copy nothing.
 
 What share(obj) does, in order:
@@ -150,7 +150,7 @@ def _accelerator():
     if os.environ.get(NO_C_ENV):
         return None
     try:
-        from forkserve import _immortal
+        from forkserve.memory import _immortal
     except ImportError:
         return None
     return _immortal

@@ -9,7 +9,7 @@ drained. If the generation dies first (an import error, bad data), it never
 wrote the byte: the old workers keep serving and the error is in the log.
 
 When the old workers are gone the master exec()s itself into the
-supervisor (forkserve.supervisor): same PID, so the pid file, systemd and
+supervisor (forkserve.process.supervisor): same PID, so the pid file, systemd and
 `kill -HUP` keep working, but a fresh small interpreter, so the old
 generation's heap — immortal shared objects included — is released by the
 exec, not leaked. Peak memory during a hand-over is old + new. Later reloads
@@ -31,7 +31,7 @@ import os
 import socket
 import sys
 
-from forkserve import signals, systemd
+from forkserve.process import signals, systemd
 
 __all__ = ["role", "generation_number", "adopted_listeners", "signal_ready",
            "spawn_generation", "exec_supervisor", "PendingGeneration"]
@@ -164,4 +164,4 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
     systemd.notify("READY=1")  # the reload is done: the new generation serves
     for handler in logging.getLogger("forkserve.error").handlers:
         handler.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "forkserve.supervisor"], environ)
+    os.execve(sys.executable, [sys.executable, "-m", "forkserve.process.supervisor"], environ)

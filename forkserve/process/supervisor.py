@@ -1,9 +1,9 @@
 """The supervisor: what the master becomes after its first reload.
 
 It holds the listening sockets, the pid file and the stats endpoint, loads
-no application, and supervises generations (see forkserve.reload): one
+no application, and supervises generations (see forkserve.process.reload): one
 serving, and during a reload a second one starting. Run as
-`python -m forkserve.supervisor` by reload.exec_supervisor(), never by hand.
+`python -m forkserve.process.supervisor` by reload.exec_supervisor(), never by hand.
 
     HUP         start generation N+1; once it serves, TERM generation N
     TERM        TERM every generation (each drains), then exit 0
@@ -21,10 +21,12 @@ import os
 import signal
 import sys
 
-from forkserve import cow, exits, logs, memory, procfs, procname, reload, signals, systemd
-from forkserve.master import _original
-from forkserve.settings import Config
-from forkserve.signals import MASTER_SIGNALS, SignalQueue, handler_name
+from forkserve.memory import cow, reporter, procfs
+from forkserve import exits, logs
+from forkserve.process import procname, reload, signals, systemd
+from forkserve.process.master import _original
+from forkserve.config.settings import Config
+from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 
 __all__ = ["Supervisor"]
 
@@ -44,7 +46,7 @@ class Supervisor:
         self.listeners = [socket.socket(fileno=fd) for fd in state["fds"]]
         self.stats = None
         if state["stats_fd"] is not None:
-            from forkserve.stats import StatsEndpoint
+            from forkserve.http.stats import StatsEndpoint
             stats_sock = socket.socket(fileno=state["stats_fd"])
             stats_sock.set_inheritable(False)
             self.stats = StatsEndpoint(stats_sock)
@@ -208,14 +210,14 @@ class Supervisor:
     # --- memory ---
 
     def report(self):
-        infos = [memory.ProcessInfo(os.getpid(), "supervisor")]
+        infos = [reporter.ProcessInfo(os.getpid(), "supervisor")]
         for pid, number in sorted(self.generations.items(), key=lambda item: item[1]):
             children = procfs.child_pids(pid)
-            infos.append(memory.ProcessInfo(pid, "master" if children else "single",
+            infos.append(reporter.ProcessInfo(pid, "master" if children else "single",
                                             generation=number))
-            infos.extend(memory.ProcessInfo(child, "worker", generation=number)
+            infos.extend(reporter.ProcessInfo(child, "worker", generation=number)
                          for child in children)
-        return memory.collect(infos)
+        return reporter.collect(infos)
 
 
 def main():
@@ -225,10 +227,10 @@ def main():
     logs.setup(supervisor.cfg)
     cow.begin_load()
     status = supervisor.run()
-    from forkserve import runner, sockets
+    from forkserve.process import boot, sockets
     sockets.close_all(supervisor.listeners)
     if supervisor.cfg.pid:
-        runner.remove_pidfile(supervisor.cfg.pid)
+        boot.remove_pidfile(supervisor.cfg.pid)
     cow.exit_process(status)
 
 

@@ -6,7 +6,7 @@
 4. Import the application: its dataset loads here, once, in the master.
 5. listen(), log the real addresses, write the pid file.
 6. gc.freeze() + gc.set_threshold(0) (cow.harden), then fork workers
-   (forkserve.master) or serve from this process (forkserve.single).
+   (forkserve.process.master) or serve from this process (forkserve.process.single).
 
 `run()` returns an exit status; it never leaves a socket bound, a pid file
 behind or a child running when it returns. The caller ends the process with
@@ -18,7 +18,10 @@ import os
 import sys
 import traceback
 
-from forkserve import cow, exits, loader, logs, privileges, reload, signals, sockets
+from forkserve.memory import cow
+from forkserve import exits, logs
+from forkserve.config import loader
+from forkserve.process import privileges, reload, signals, sockets
 
 __all__ = ["run"]
 
@@ -84,7 +87,7 @@ def run(cfg, app=None, app_name=None) -> int:
                      sockets.describe(stats_listener))
         if cfg.pid and not generation:
             pidfile = write_pidfile(cfg.pid)
-        from forkserve import worker
+        from forkserve.process import worker
         worker.preload()
         cow.harden()
         return _serve(cfg, app, listeners, app_name, stats_listener)
@@ -99,10 +102,10 @@ def run(cfg, app=None, app_name=None) -> int:
 
 def _serve(cfg, app, listeners, app_name, stats_listener):
     if cfg.workers == 0:
-        from forkserve.single import SingleServer
+        from forkserve.process.single import SingleServer
         return SingleServer(cfg, app, listeners, app_name, stats_listener=stats_listener).run()
-    from forkserve.master import Master
-    from forkserve.stats import StatsEndpoint
+    from forkserve.process.master import Master
+    from forkserve.http.stats import StatsEndpoint
     stats = StatsEndpoint(stats_listener) if stats_listener is not None else None
     return Master(cfg, app, listeners, app_name, stats=stats).run()
 

@@ -18,8 +18,10 @@ import signal
 import time
 import traceback
 
-from forkserve import cow, exits, logs, memory, privileges, procfs, procname
-from forkserve.scoreboard import READY, RETIRE, STOPPING
+from forkserve.memory import cow, reporter, procfs
+from forkserve import exits, logs
+from forkserve.process import privileges, procname
+from forkserve.process.scoreboard import READY, RETIRE, STOPPING
 
 __all__ = ["Worker", "heartbeat_interval", "make_servers", "preload"]
 
@@ -136,7 +138,7 @@ class Worker:
     def update_title(self):
         """Show requests served and private memory in ps/top."""
         reading = procfs.read_process(os.getpid())
-        private = f", {memory.format_size(reading.uss)} private" if reading else ""
+        private = f", {reporter.format_size(reading.uss)} private" if reading else ""
         procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name,
                            f"{self.requests} req{private}")
 
@@ -174,16 +176,16 @@ def preload():
     import gevent.pool  # noqa: F401
     import gevent.pywsgi  # noqa: F401
 
-    import forkserve.http  # noqa: F401
-    import forkserve.server  # noqa: F401
+    import forkserve.http.handler  # noqa: F401
+    import forkserve.http.server  # noqa: F401
 
 
 def make_servers(cfg, app, listeners, *, multiprocess, on_request):
     """One gevent WSGI server per listening socket, configured from settings."""
     from gevent.pool import Pool
 
-    from forkserve.http import Limits
-    from forkserve.server import Server
+    from forkserve.http.handler import Limits
+    from forkserve.http.server import Server
 
     limits = Limits(limit_request_line=cfg.limit_request_line,
                     limit_request_fields=cfg.limit_request_fields,

@@ -1,7 +1,7 @@
 """Record forkserve's memory while Locust runs: a Locust plugin.
 
 Imported by examples/locustfile.py (or add it to any locustfile with
-``locust -f yourfile.py,examples/locust_memory.py``). It adds options:
+``locust -f yourfile.py,forkserve/integrations/locust.py``). It adds options:
 
 ``--forkserve-app MODULE:APP``
     Start ``forkserve -w N -b 127.0.0.1:0 --stats 127.0.0.1:0 MODULE:APP``
@@ -197,9 +197,9 @@ class MemorySampler:
         """The last reading as forkserve's table, plus per-worker growth."""
         if self.latest is None:
             return "forkserve memory: no sample was taken"
-        from forkserve import memory
+        from forkserve.memory import reporter
 
-        lines = [memory.format_table(memory.from_json(self.latest))]
+        lines = [reporter.format_table(reporter.from_json(self.latest))]
         before = {p["pid"]: p for p in self.first["processes"]}
         for p in self.latest["processes"]:
             if p["role"] == "worker" and p["pid"] in before:

@@ -1,0 +1,71 @@
+"""Serve a Bottle application with forkserve.
+
+    import bottle, forkserve.bottle          # registers server="forkserve"
+    bottle.run(app, server="forkserve", host="127.0.0.1", port=8080, workers=4)
+
+or, with any Bottle version, pass the adapter class itself:
+
+    from forkserve.integrations.bottle import ForkserveServer
+    bottle.run(app, server=ForkserveServer, workers=4, max_requests=100000)
+
+Keyword arguments are forkserve settings by name (see `forkserve --help`);
+`host`/`port` become the bind address unless `bind=[...]` is given. The
+calling process is the master: whatever it loaded before bottle.run() is what
+the workers share, so load the dataset (and call forkserve.share on it)
+first. Call gevent.monkey.patch_all() at the very top of the script if the
+application does blocking I/O; forkserve patches late otherwise, and says so.
+
+When the server stops, bottle.run() returns (status 0) or, if the server
+could not start, the process exits with forkserve's status and message.
+"""
+
+import logging
+
+import bottle
+
+from forkserve.memory import cow
+from forkserve.process import boot
+from forkserve.config import settings
+
+__all__ = ["ForkserveServer"]
+
+log = logging.getLogger("forkserve.error")
+
+
+class ForkserveServer(bottle.ServerAdapter):
+    """Bottle's ServerAdapter for forkserve: the caller's process is the master."""
+
+    def run(self, handler):
+        options = dict(self.options)
+        host = self.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        options.setdefault("bind", [f"{host}:{self.port}"])
+        if self.quiet:
+            options.setdefault("log_level", "warning")
+        unknown = sorted(set(options) - set(settings.BY_NAME))
+        if unknown:
+            raise TypeError(f"bottle.run(server='forkserve') got unknown forkserve settings "
+                            f"{unknown}; see `forkserve --help` for the names")
+        try:
+            cfg = settings.parse([]).with_values(**options)
+        except settings.ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        if not cfg.no_monkey_patch:
+            _patch_late()
+        status = boot.run(cfg, app=handler, app_name="bottle")
+        if status != 0:
+            cow.exit_process(status)
+
+
+def _patch_late():
+    from gevent import monkey
+    if monkey.is_module_patched("socket"):
+        return
+    log.warning("gevent.monkey.patch_all() was not called before the application was "
+                "imported; patching now. Call it at the top of your script so every "
+                "import sees cooperative sockets (or pass no_monkey_patch=True).")
+    monkey.patch_all()
+
+
+bottle.server_names.setdefault("forkserve", ForkserveServer)

@@ -1,0 +1,3 @@
+from forkserve.store import main
+
+raise SystemExit(main())
