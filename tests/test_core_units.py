@@ -12,7 +12,7 @@ from forkserve.process import sockets
 from forkserve.process.master import Master
 from forkserve.config.settings import parse
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
-from forkserve.process.worker import heartbeat_interval
+from forkserve.process.scoreboard import heartbeat_interval
 
 
 @pytest.mark.parametrize("spec, module, attribute, call, args, kwargs", [

@@ -28,13 +28,15 @@ The protocol between these processes is a handful of environment variables
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 
-from forkserve.process import signals, systemd
+from forkserve import exits
+from forkserve.process import handover, signals, systemd
 
 __all__ = ["role", "generation_number", "adopted_listeners", "signal_ready",
-           "spawn_generation", "exec_supervisor", "PendingGeneration"]
+           "spawn_generation", "exec_supervisor", "Generations", "Driver"]
 
 ROLE, FDS, READY_FD, GENERATION, STATE = (
     "FORKSERVE__ROLE", "FORKSERVE__FDS", "FORKSERVE__READY_FD", "FORKSERVE__GENERATION",
@@ -88,29 +90,117 @@ def signal_ready(environ=os.environ):
         log.warning("could not report readiness to the master: %s", exc.strerror)
 
 
-class PendingGeneration:
-    """A generation that was started and has not yet said it serves."""
+class Generations:
+    """The generation processes this process started: spawn, ready, signal, reap.
 
-    def __init__(self, pid, ready_fd, number):
-        self.pid = pid
-        self.ready_fd = ready_fd
-        self.number = number
+    The I/O half of a reload; forkserve.process.handover decides. Generations
+    are known by number; `fork` and `kill` can be injected for tests.
+    """
 
-    def ready(self) -> bool:
-        """True once the generation wrote its byte (reads without blocking)."""
+    def __init__(self, listeners, argv=None, *, fork=os.fork, kill=os.kill):
+        self.listeners = listeners
+        self.argv = argv
+        self._fork = fork
+        self._kill = kill
+        self.pids = {}        # number -> pid, until reaped
+        self.ready_fds = {}   # number -> read end of its ready pipe, until it is ready
+
+    def spawn(self, number):
+        pid, ready_fd = spawn_generation(self.listeners, number, self.argv, fork=self._fork)
+        self.pids[number] = pid
+        self.ready_fds[number] = ready_fd
+
+    def waiting_fds(self):
+        """Descriptors that become readable when a starting generation is ready."""
+        return list(self.ready_fds.values())
+
+    def newly_ready(self):
+        """Numbers of the generations that wrote their ready byte (never blocks)."""
+        ready = []
+        for number, fd in list(self.ready_fds.items()):
+            try:
+                byte = os.read(fd, 1)
+            except BlockingIOError:
+                continue
+            if byte == b"R":
+                ready.append(number)
+            self._close(number)  # ready, or EOF: the generation died (reaped later)
+        return ready
+
+    def signal(self, number, signum):
+        pid = self.pids.get(number)
+        if pid is None:
+            return
         try:
-            return os.read(self.ready_fd, 1) == b"R"
-        except BlockingIOError:
-            return False
+            self._kill(pid, signum)
+        except ProcessLookupError:
+            pass  # exited; the reaper collects it
 
-    def close(self):
-        if self.ready_fd is not None:
-            os.close(self.ready_fd)
-            self.ready_fd = None
+    def exited(self, pid):
+        """The number of generation `pid`, forgotten now; None if it is not one."""
+        for number, known in list(self.pids.items()):
+            if known == pid:
+                del self.pids[number]
+                self._close(number)
+                return number
+        return None
+
+    def pid(self, number):
+        return self.pids.get(number)
+
+    def _close(self, number):
+        fd = self.ready_fds.pop(number, None)
+        if fd is not None:
+            os.close(fd)
 
 
-def spawn_generation(listeners, number, argv=None, fork=os.fork) -> PendingGeneration:
-    """fork + exec a new generation that adopts `listeners`."""
+class Driver:
+    """Carries out forkserve.process.handover's actions: the part every driver shares.
+
+    A driver (master, single server, supervisor) has `self.handover`,
+    `self.generations` (a Generations) and its own `retire(number)` and
+    `kill_generation(number)`; the master and the single server also
+    `become_supervisor(action)`.
+    """
+
+    def apply(self, actions):
+        for action in actions:
+            getattr(self, _ACTIONS[type(action)])(action)
+
+    def _do_spawn(self, action):
+        self.generations.spawn(action.number)
+
+    def _do_retire(self, action):
+        self.retire(action.number)
+
+    def _do_kill(self, action):
+        self.kill_generation(action.number)
+
+    def _do_stop(self, action):
+        self.generations.signal(action.number,
+                                signal.SIGTERM if action.mode == "graceful" else signal.SIGQUIT)
+
+    def _do_notify(self, action):
+        systemd.notify(action.state)
+
+    def _do_log(self, action):
+        log.log(action.level, "%s", action.message)
+
+    def _do_become_supervisor(self, action):
+        self.become_supervisor(action)
+
+    def _do_halt(self, action):
+        raise exits.HaltServer(action.reason, exits.WORKER_BOOT_ERROR)
+
+
+_ACTIONS = {handover.Spawn: "_do_spawn", handover.Retire: "_do_retire",
+            handover.Kill: "_do_kill", handover.Stop: "_do_stop",
+            handover.Notify: "_do_notify", handover.Log: "_do_log",
+            handover.BecomeSupervisor: "_do_become_supervisor", handover.Halt: "_do_halt"}
+
+
+def spawn_generation(listeners, number, argv=None, fork=os.fork):
+    """fork + exec a new generation that adopts `listeners`: (pid, ready read end)."""
     argv = list(argv or sys.orig_argv)
     read_end, write_end = os.pipe()
     environ = dict(os.environ)
@@ -130,7 +220,7 @@ def spawn_generation(listeners, number, argv=None, fork=os.fork) -> PendingGener
     os.close(write_end)
     os.set_blocking(read_end, False)
     log.info("Reloading: started generation %d (pid %d)", number, pid)
-    return PendingGeneration(pid, read_end, number)
+    return pid, read_end
 
 
 def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=None, *,
@@ -161,7 +251,7 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
         environ.pop(name, None)
     log.info("Generation %d serves; the master continues as its supervisor (pid %d)",
              number, os.getpid())
-    systemd.notify("READY=1")  # the reload is done: the new generation serves
+    systemd.notify("READY=1")  # the reload is done; signals are held, none is lost
     for handler in logging.getLogger("forkserve.error").handlers:
         handler.flush()
     os.execve(sys.executable, [sys.executable, "-m", "forkserve.process.supervisor"], environ)

@@ -18,7 +18,8 @@ import mmap
 import struct
 import time
 
-__all__ = ["Scoreboard", "Slot", "BOOTING", "READY", "RETIRE", "STOPPING"]
+__all__ = ["Scoreboard", "Slot", "BOOTING", "READY", "RETIRE", "STOPPING",
+           "heartbeat_interval"]
 
 FREE, BOOTING, READY, RETIRE, STOPPING = 0, 1, 2, 3, 4
 
@@ -26,6 +27,13 @@ FREE, BOOTING, READY, RETIRE, STOPPING = 0, 1, 2, 3, 4
 _LAYOUT = struct.Struct("=qqddQq")
 _SLOT_SIZE = 64
 _PID, _STATE, _BEAT, _STARTED, _REQUESTS, _GENERATION = (0, 8, 16, 24, 32, 40)
+
+
+def heartbeat_interval(timeout: float) -> float:
+    """Beat often enough that a healthy worker is never mistaken for a stuck one."""
+    if timeout <= 0:
+        return 1.0
+    return max(0.05, min(1.0, timeout / 4.0))
 
 
 class Slot:

@@ -21,22 +21,15 @@ import traceback
 from forkserve.memory import cow, reporter, procfs
 from forkserve import exits, logs
 from forkserve.process import privileges, procname
-from forkserve.process.scoreboard import READY, RETIRE, STOPPING
+from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 
-__all__ = ["Worker", "heartbeat_interval", "make_servers", "preload"]
+__all__ = ["Worker", "make_servers", "preload"]
 
 log = logging.getLogger("forkserve.error")
 
 #: signals whose master handlers must not survive into a worker
 _INHERITED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN,
               signal.SIGTTOU, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGWINCH)
-
-
-def heartbeat_interval(timeout: float) -> float:
-    """Beat often enough that a healthy worker is never mistaken for a stuck one."""
-    if timeout <= 0:
-        return 1.0
-    return max(0.05, min(1.0, timeout / 4.0))
 
 
 class Worker:
