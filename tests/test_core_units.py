@@ -8,7 +8,8 @@ import pytest
 
 from forkserve import exits
 from forkserve.config import loader
-from forkserve.process import sockets
+from forkserve.process import sockets, systemd
+from forkserve.process.reload import Role
 from forkserve.process.master import Master
 from forkserve.config.settings import parse
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
@@ -144,3 +145,19 @@ def test_heartbeat_is_frequent_enough_for_the_timeout():
     assert heartbeat_interval(1) <= 0.25
     assert heartbeat_interval(30) == 1.0
     assert heartbeat_interval(0) == 1.0
+
+
+def test_the_role_is_read_once_and_the_variables_leave_the_environment():
+    environ = {"FORKSERVE__FDS": "3,4", "FORKSERVE__READY_FD": "9",
+               "FORKSERVE__GENERATION": "5", "PATH": "/bin"}
+    role = Role.from_environ(environ)
+    assert role == Role(generation=5, ready_fd=9, fds=(3, 4)) and role.supervised
+    assert environ == {"PATH": "/bin"}
+    assert not Role.from_environ({}).supervised and Role.from_environ({}).generation == 1
+
+
+def test_systemd_socket_activation_is_adopted_only_by_the_pid_it_names():
+    environ = {"LISTEN_FDS": "2", "LISTEN_PID": "42", "LISTEN_FDNAMES": "a:b"}
+    assert systemd.listen_fds(dict(environ), 42) == (3, 4)
+    assert systemd.listen_fds(environ, 43) is None
+    assert environ == {}  # not for the application's children either way

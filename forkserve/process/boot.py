@@ -21,15 +21,20 @@ import traceback
 from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import loader
-from forkserve.process import privileges, reload, signals, sockets
+from forkserve.process import privileges, reload, serving, signals, sockets
 
 __all__ = ["run"]
 
 log = logging.getLogger("forkserve.error")
 
 
-def run(cfg, app=None, app_name=None) -> int:
-    """Serve `cfg.app` (or an already loaded `app`) with the settings in `cfg`."""
+def run(cfg, app=None, app_name=None, role=None) -> int:
+    """Serve `cfg.app` (or an already loaded `app`) with the settings in `cfg`.
+
+    `role` (a reload.Role) says whether this process is a generation started
+    by a reload; by default it is read from the environment, here, once.
+    """
+    role = role or reload.Role.from_environ()
     try:
         logs.setup(cfg)
     except OSError as exc:
@@ -50,9 +55,9 @@ def run(cfg, app=None, app_name=None) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
 
-    generation = reload.role() == "generation"
+    generation = role.supervised
     try:
-        listeners = reload.adopted_listeners()
+        listeners = reload.adopted_listeners(role)
         if listeners is None:
             listeners = sockets.bind_all(cfg.bind)
         stats_listener = None
@@ -87,10 +92,9 @@ def run(cfg, app=None, app_name=None) -> int:
                      sockets.describe(stats_listener))
         if cfg.pid and not generation:
             pidfile = write_pidfile(cfg.pid)
-        from forkserve.process import worker
-        worker.preload()
+        serving.preload()
         cow.harden()
-        return _serve(cfg, app, listeners, app_name, stats_listener)
+        return _serve(cfg, app, listeners, app_name, stats_listener, role)
     except exits.HaltServer as halt:
         log.error("%s", halt.reason)
         return halt.status
@@ -100,14 +104,15 @@ def run(cfg, app=None, app_name=None) -> int:
             remove_pidfile(pidfile)
 
 
-def _serve(cfg, app, listeners, app_name, stats_listener):
+def _serve(cfg, app, listeners, app_name, stats_listener, role):
     if cfg.workers == 0:
         from forkserve.process.single import SingleServer
-        return SingleServer(cfg, app, listeners, app_name, stats_listener=stats_listener).run()
+        return SingleServer(cfg, app, listeners, app_name, role,
+                            stats_listener=stats_listener).run()
     from forkserve.process.master import Master
     from forkserve.http.stats import StatsEndpoint
     stats = StatsEndpoint(stats_listener) if stats_listener is not None else None
-    return Master(cfg, app, listeners, app_name, stats=stats).run()
+    return Master(cfg, app, listeners, app_name, role, stats=stats).run()
 
 
 def write_pidfile(path):

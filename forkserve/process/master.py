@@ -33,6 +33,7 @@ from forkserve import exits
 from forkserve.memory import reporter
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.exits import HaltServer
+from forkserve.process.generations import Driver, Generations
 from forkserve.process.handover import Handover
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
@@ -65,7 +66,7 @@ class WorkerRecord:
         return self.state in ("booting", "ready")
 
 
-class Master(reload.Driver):
+class Master(Driver):
     #: consecutive boot failures after which the master gives up
     max_boot_failures = 5
     #: first backoff delay after a boot failure; doubles each time
@@ -73,8 +74,8 @@ class Master(reload.Driver):
     #: how often private memory is read for --max-worker-memory
     memory_check_interval = 2.0
 
-    def __init__(self, cfg, app, listeners, app_name, *, stats=None, fork=None, waitpid=None,
-                 kill=os.kill, select=None, clock=time.monotonic):
+    def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *, stats=None,
+                 fork=None, waitpid=None, kill=os.kill, select=None, clock=time.monotonic):
         self.cfg = cfg
         self.app = app
         self.listeners = listeners
@@ -84,14 +85,15 @@ class Master(reload.Driver):
         self.workers = {}
         self.scoreboard = Scoreboard()
         self.queue = SignalQueue()
-        self.generation = reload.generation_number()
+        self.role = role
+        self.generation = role.generation
         self.boot_failures = 0
         self.next_spawn_at = 0.0
         self.stopping = None
         self.stop_deadline = None
         #: HUP reloads code and data in a new generation, unless this master
         #: is itself a generation under a supervisor (then HUP restarts workers)
-        self.reloadable = reload.role() is None
+        self.reloadable = not role.supervised
         self.announced = False
         self.next_memory_check = 0.0
         self.next_memory_log = 0.0
@@ -102,7 +104,7 @@ class Master(reload.Driver):
         self.clock = clock
         self.handover = Handover(serving=self.generation, owner_serves=True,
                                  graceful_timeout=cfg.graceful_timeout)
-        self.generations = reload.Generations(listeners, fork=self._fork, kill=kill)
+        self.generations = Generations(listeners, fork=self._fork, kill=kill)
 
     # --- the loop ---
 
@@ -346,7 +348,7 @@ class Master(reload.Driver):
         ready = sum(1 for r in serving if r.ready)
         if ready >= self.target and not self.announced:
             self.announced = True
-            reload.signal_ready()  # to the supervisor, when this master is a generation
+            reload.signal_ready(self.role)  # to the supervisor, if this is a generation
             systemd.notify("READY=1")
         if ready >= self.target:
             for record in list(self.workers.values()):

@@ -18,29 +18,30 @@ are the supervisor starting generation N+1 and stopping generation N.
 The protocol between these processes is a handful of environment variables
 (names with a double underscore, so no setting can collide with them):
 
-  FORKSERVE__ROLE        "generation" or "supervisor"
   FORKSERVE__FDS         listening descriptors to adopt, e.g. "3,4"
   FORKSERVE__READY_FD    where a generation writes b"R" once it serves
   FORKSERVE__GENERATION  the generation's number (1 is the first master)
   FORKSERVE__STATE       the supervisor's state, JSON
+
+They are read once, at the entry point (boot.run, supervisor.main), into a
+Role that is passed on; no other module reads them. When to start, retire or
+kill a generation is decided in forkserve.process.handover.
 """
 
+import dataclasses
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 
-from forkserve import exits
-from forkserve.process import handover, signals, systemd
+from forkserve.process import signals, systemd
 
-__all__ = ["role", "generation_number", "adopted_listeners", "signal_ready",
-           "spawn_generation", "exec_supervisor", "Generations", "Driver"]
+__all__ = ["Role", "adopted_listeners", "signal_ready", "spawn_generation",
+           "exec_supervisor", "supervisor_state"]
 
-ROLE, FDS, READY_FD, GENERATION, STATE = (
-    "FORKSERVE__ROLE", "FORKSERVE__FDS", "FORKSERVE__READY_FD", "FORKSERVE__GENERATION",
-    "FORKSERVE__STATE")
+FDS, READY_FD, GENERATION, STATE = (
+    "FORKSERVE__FDS", "FORKSERVE__READY_FD", "FORKSERVE__GENERATION", "FORKSERVE__STATE")
 
 log = logging.getLogger("forkserve.error")
 
@@ -48,26 +49,44 @@ log = logging.getLogger("forkserve.error")
 START_DIRECTORY = os.getcwd()
 
 
-def role(environ=os.environ):
-    return environ.get(ROLE)
+@dataclasses.dataclass(frozen=True)
+class Role:
+    """How this process was started, read from the environment once, at the entry point.
+
+    generation  1 for the process started by hand or by systemd; N for the
+                generation a reload started (it serves under a supervisor)
+    ready_fd    a generation's pipe to the process that started it
+    fds         listening descriptors to adopt (a parent's, or systemd's)
+    """
+    generation: int = 1
+    ready_fd: int | None = None
+    fds: tuple | None = None
+
+    @property
+    def supervised(self) -> bool:
+        """A generation started by a reload: its parent holds the pid file and stats."""
+        return self.ready_fd is not None
+
+    @classmethod
+    def from_environ(cls, environ=os.environ):
+        """Take the protocol's variables out of `environ` (the application and
+        its children never see them) and systemd's socket activation ones."""
+        fds = environ.pop(FDS, None)
+        ready_fd = environ.pop(READY_FD, None)
+        generation = int(environ.pop(GENERATION, "1"))
+        adopted = systemd.listen_fds(environ, os.getpid())
+        if fds:
+            adopted = tuple(int(fd) for fd in fds.split(","))
+        return cls(generation=generation, fds=adopted,
+                   ready_fd=int(ready_fd) if ready_fd is not None else None)
 
 
-def generation_number(environ=os.environ) -> int:
-    return int(environ.get(GENERATION, "1"))
-
-
-def adopted_listeners(environ=os.environ):
-    """Listening sockets handed over by a parent forkserve or by systemd, or None."""
-    if environ.get(FDS):
-        fds = [int(fd) for fd in environ[FDS].split(",")]
-    elif environ.get("LISTEN_FDS") and environ.get("LISTEN_PID") == str(os.getpid()):
-        fds = list(range(3, 3 + int(environ["LISTEN_FDS"])))  # systemd socket activation
-    else:
+def adopted_listeners(role):
+    """The listening sockets handed over by a parent forkserve or by systemd, or None."""
+    if role.fds is None:
         return None
-    for name in (FDS, "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
-        os.environ.pop(name, None)  # not for processes the application starts
     listeners = []
-    for fd in fds:
+    for fd in role.fds:
         sock = socket.socket(fileno=fd)
         sock.set_inheritable(True)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -77,126 +96,15 @@ def adopted_listeners(environ=os.environ):
     return listeners
 
 
-def signal_ready(environ=os.environ):
+def signal_ready(role):
     """Tell the parent this generation serves. Harmless when there is no parent."""
-    fd = environ.pop(READY_FD, None)
-    if fd is None:
+    if role.ready_fd is None:
         return
-    os.environ.pop(READY_FD, None)
     try:
-        os.write(int(fd), b"R")
-        os.close(int(fd))
+        os.write(role.ready_fd, b"R")
+        os.close(role.ready_fd)
     except OSError as exc:
         log.warning("could not report readiness to the master: %s", exc.strerror)
-
-
-class Generations:
-    """The generation processes this process started: spawn, ready, signal, reap.
-
-    The I/O half of a reload; forkserve.process.handover decides. Generations
-    are known by number; `fork` and `kill` can be injected for tests.
-    """
-
-    def __init__(self, listeners, argv=None, *, fork=os.fork, kill=os.kill):
-        self.listeners = listeners
-        self.argv = argv
-        self._fork = fork
-        self._kill = kill
-        self.pids = {}        # number -> pid, until reaped
-        self.ready_fds = {}   # number -> read end of its ready pipe, until it is ready
-
-    def spawn(self, number):
-        pid, ready_fd = spawn_generation(self.listeners, number, self.argv, fork=self._fork)
-        self.pids[number] = pid
-        self.ready_fds[number] = ready_fd
-
-    def waiting_fds(self):
-        """Descriptors that become readable when a starting generation is ready."""
-        return list(self.ready_fds.values())
-
-    def newly_ready(self):
-        """Numbers of the generations that wrote their ready byte (never blocks)."""
-        ready = []
-        for number, fd in list(self.ready_fds.items()):
-            try:
-                byte = os.read(fd, 1)
-            except BlockingIOError:
-                continue
-            if byte == b"R":
-                ready.append(number)
-            self._close(number)  # ready, or EOF: the generation died (reaped later)
-        return ready
-
-    def signal(self, number, signum):
-        pid = self.pids.get(number)
-        if pid is None:
-            return
-        try:
-            self._kill(pid, signum)
-        except ProcessLookupError:
-            pass  # exited; the reaper collects it
-
-    def exited(self, pid):
-        """The number of generation `pid`, forgotten now; None if it is not one."""
-        for number, known in list(self.pids.items()):
-            if known == pid:
-                del self.pids[number]
-                self._close(number)
-                return number
-        return None
-
-    def pid(self, number):
-        return self.pids.get(number)
-
-    def _close(self, number):
-        fd = self.ready_fds.pop(number, None)
-        if fd is not None:
-            os.close(fd)
-
-
-class Driver:
-    """Carries out forkserve.process.handover's actions: the part every driver shares.
-
-    A driver (master, single server, supervisor) has `self.handover`,
-    `self.generations` (a Generations) and its own `retire(number)` and
-    `kill_generation(number)`; the master and the single server also
-    `become_supervisor(action)`.
-    """
-
-    def apply(self, actions):
-        for action in actions:
-            getattr(self, _ACTIONS[type(action)])(action)
-
-    def _do_spawn(self, action):
-        self.generations.spawn(action.number)
-
-    def _do_retire(self, action):
-        self.retire(action.number)
-
-    def _do_kill(self, action):
-        self.kill_generation(action.number)
-
-    def _do_stop(self, action):
-        self.generations.signal(action.number,
-                                signal.SIGTERM if action.mode == "graceful" else signal.SIGQUIT)
-
-    def _do_notify(self, action):
-        systemd.notify(action.state)
-
-    def _do_log(self, action):
-        log.log(action.level, "%s", action.message)
-
-    def _do_become_supervisor(self, action):
-        self.become_supervisor(action)
-
-    def _do_halt(self, action):
-        raise exits.HaltServer(action.reason, exits.WORKER_BOOT_ERROR)
-
-
-_ACTIONS = {handover.Spawn: "_do_spawn", handover.Retire: "_do_retire",
-            handover.Kill: "_do_kill", handover.Stop: "_do_stop",
-            handover.Notify: "_do_notify", handover.Log: "_do_log",
-            handover.BecomeSupervisor: "_do_become_supervisor", handover.Halt: "_do_halt"}
 
 
 def spawn_generation(listeners, number, argv=None, fork=os.fork):
@@ -204,8 +112,11 @@ def spawn_generation(listeners, number, argv=None, fork=os.fork):
     argv = list(argv or sys.orig_argv)
     read_end, write_end = os.pipe()
     environ = dict(os.environ)
-    environ.update({ROLE: "generation", GENERATION: str(number), READY_FD: str(write_end),
+    environ.update({GENERATION: str(number), READY_FD: str(write_end),
                     FDS: ",".join(str(sock.fileno()) for sock in listeners)})
+    # Only the process systemd started (this one, later the supervisor: same
+    # PID) talks to systemd; a generation has nothing to tell it.
+    environ.pop(systemd.NOTIFY_SOCKET, None)
     pid = fork()
     if pid == 0:
         try:
@@ -221,6 +132,11 @@ def spawn_generation(listeners, number, argv=None, fork=os.fork):
     os.set_blocking(read_end, False)
     log.info("Reloading: started generation %d (pid %d)", number, pid)
     return pid, read_end
+
+
+def supervisor_state(environ=os.environ):
+    """What exec_supervisor() handed to the supervisor, taken out of `environ`."""
+    return json.loads(environ.pop(STATE))
 
 
 def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=None, *,
@@ -246,7 +162,6 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
              "reload_again": reload_again, "signals": [int(signum) for signum in handed_over]}
     environ = dict(os.environ)
     environ[STATE] = json.dumps(state)
-    environ[ROLE] = "supervisor"
     for name in (FDS, READY_FD, GENERATION):
         environ.pop(name, None)
     log.info("Generation %d serves; the master continues as its supervisor (pid %d)",

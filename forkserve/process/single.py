@@ -22,15 +22,17 @@ from forkserve import exits, logs
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.process.handover import Handover
 from forkserve.process.unpatched import original
-from forkserve.process.worker import make_servers
+from forkserve.process.generations import Driver, Generations
+from forkserve.process.serving import gevent_socket, make_servers
 
 __all__ = ["SingleServer"]
 
 log = logging.getLogger("forkserve.error")
 
 
-class SingleServer(reload.Driver):
-    def __init__(self, cfg, app, listeners, app_name, *, stats_listener=None):
+class SingleServer(Driver):
+    def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *,
+                 stats_listener=None):
         self.cfg = cfg
         self.app = app
         self.listeners = listeners
@@ -40,15 +42,16 @@ class SingleServer(reload.Driver):
         self.stop_mode = None
         self.wakeup = None
         self.hups = 0
-        self.generation = reload.generation_number()
+        self.role = role
+        self.generation = role.generation
         self.handover = Handover(serving=self.generation, owner_serves=True,
                                  graceful_timeout=cfg.graceful_timeout)
-        self.generations = reload.Generations(listeners, fork=original("os", "fork"))
+        self.generations = Generations(listeners, fork=original("os", "fork"))
         self.draining = False
 
     def run(self) -> int:
-        role = "single" if reload.role() is None else f"generation {self.generation}"
-        procname.set_title(self.cfg, role, self.app_name)
+        procname.set_title(self.cfg, f"generation {self.generation}" if self.role.supervised
+                           else "single", self.app_name)
         self._install_signal_handlers()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
                                on_request=self._count_request)
@@ -56,7 +59,7 @@ class SingleServer(reload.Driver):
             server.start()
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
-        reload.signal_ready()
+        reload.signal_ready(self.role)
         systemd.notify("READY=1")
         self._serve_until_stop_or_handover()
         if stats_server is not None:
@@ -117,7 +120,7 @@ class SingleServer(reload.Driver):
                 self.apply(self.handover.gone(
                     number, f"(pid {pid}) {exits.classify(status).description}", _now()))
 
-    # --- what the hand-over asks of this process (forkserve.process.reload.Driver) ---
+    # --- what the hand-over asks of this process (generations.Driver) ---
 
     def retire(self, number):
         self.draining = True  # the loop ends; run() drains, then hands over
@@ -139,7 +142,6 @@ class SingleServer(reload.Driver):
             return None
         from gevent.pywsgi import WSGIServer
         from forkserve.http import stats
-        from forkserve.process.worker import gevent_socket
 
         server = WSGIServer(gevent_socket(self.stats_listener), stats.wsgi_app(self.report),
                             log=None, error_log=logs.error_log)
@@ -152,7 +154,7 @@ class SingleServer(reload.Driver):
         self.wakeup.set()
 
     def _request_reload(self):
-        if reload.role() is not None:
+        if self.role.supervised:
             log.info("HUP ignored: this process is a generation; send HUP to the master")
         else:  # the loop hands it to the hand-over, which remembers one during a reload
             self.hups += 1

@@ -13,7 +13,6 @@ A serving generation that dies is replaced by a new one; five that fail to
 start in a row with none serving stop the supervisor (status 3).
 """
 
-import json
 import logging
 import os
 import signal
@@ -25,6 +24,7 @@ from forkserve.memory import cow, reporter, procfs
 from forkserve import exits, logs
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.config.settings import Config
+from forkserve.process.generations import Driver, Generations
 from forkserve.process.handover import Handover
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
@@ -34,7 +34,7 @@ __all__ = ["Supervisor"]
 log = logging.getLogger("forkserve.error")
 
 
-class Supervisor(reload.Driver):
+class Supervisor(Driver):
     #: failed generation starts in a row (with none serving) before giving up
     max_failures = 5
 
@@ -53,7 +53,7 @@ class Supervisor(reload.Driver):
         self._waitpid = waitpid or original("os", "waitpid")
         self._select = select or original("select", "select")
         self.clock = clock
-        self.generations = reload.Generations(self.listeners, state["argv"],
+        self.generations = Generations(self.listeners, state["argv"],
                                               fork=fork or original("os", "fork"), kill=kill)
         self.generations.pids[state["generation"]] = state["child"]
         self.handover = Handover(serving=state["generation"], owner_serves=False,
@@ -113,7 +113,7 @@ class Supervisor(reload.Driver):
             description = f"(pid {pid}) {exits.classify(status).description}"
             self.apply(self.handover.gone(number, description, self.clock()))
 
-    # --- what the hand-over asks (forkserve.process.reload.Driver) ---
+    # --- what the hand-over asks (generations.Driver) ---
 
     def retire(self, number):
         self.generations.signal(number, signal.SIGTERM)
@@ -178,8 +178,7 @@ class Supervisor(reload.Driver):
 
 
 def main():
-    state = json.loads(os.environ.pop(reload.STATE))
-    os.environ.pop(reload.ROLE, None)
+    state = reload.supervisor_state()
     supervisor = Supervisor(state)
     logs.setup(supervisor.cfg)
     cow.begin_load()

@@ -21,9 +21,10 @@ import traceback
 from forkserve.memory import cow, reporter, procfs
 from forkserve import exits, logs
 from forkserve.process import privileges, procname
+from forkserve.process.serving import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 
-__all__ = ["Worker", "make_servers", "preload"]
+__all__ = ["Worker"]
 
 log = logging.getLogger("forkserve.error")
 
@@ -155,47 +156,3 @@ class Worker:
         while True:
             self.scoreboard.beat(self.index)
             gevent.sleep(interval)
-
-
-def preload():
-    """Import, in the master, everything a worker needs after fork.
-
-    Modules imported before the fork are shared by every worker (and frozen
-    with the rest of the heap); modules imported after it are one private
-    copy per worker, and may not even be readable once --user has dropped
-    privileges.
-    """
-    import gevent.event  # noqa: F401
-    import gevent.pool  # noqa: F401
-    import gevent.pywsgi  # noqa: F401
-
-    import forkserve.http.handler  # noqa: F401
-    import forkserve.http.server  # noqa: F401
-
-
-def make_servers(cfg, app, listeners, *, multiprocess, on_request):
-    """One gevent WSGI server per listening socket, configured from settings."""
-    from gevent.pool import Pool
-
-    from forkserve.http.handler import Limits
-    from forkserve.http.server import Server
-
-    limits = Limits(limit_request_line=cfg.limit_request_line,
-                    limit_request_fields=cfg.limit_request_fields,
-                    limit_request_field_size=cfg.limit_request_field_size,
-                    limit_request_body=cfg.limit_request_body,
-                    header_timeout=cfg.header_timeout,
-                    keep_alive=cfg.keep_alive)
-    access = logs.access_log if cfg.access_logfile else None
-    pool = Pool(cfg.worker_connections)  # one cap for the worker, across its listeners
-    return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
-                   error_log=logs.error_log, multiprocess=multiprocess,
-                   on_request=on_request, pool=pool)
-            for listener in listeners]
-
-
-def gevent_socket(listener):
-    """A gevent socket on a duplicate of the inherited listening descriptor."""
-    from gevent import socket as gsocket
-    return gsocket.socket(listener.family, listener.type, listener.proto,
-                          fileno=os.dup(listener.fileno()))
