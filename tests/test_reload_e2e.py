@@ -43,11 +43,11 @@ class Load:
 HANDED_OVER = re.compile(r"continues as its supervisor|Generation \d+ \(pid \d+\) exited")
 
 
-def _reload_to(server, version_file, version):
+def _reload_to(server, version_file, version, signum=signal.SIGHUP):
     """HUP, then wait until the new version answers and the old one is gone."""
     handovers = len(HANDED_OVER.findall(server.log()))
     version_file.write_text(version)
-    server.signal(signal.SIGHUP)
+    server.signal(signum)
     poll(lambda: server.get("/")[1].split()[0] == version, timeout=30,
          message=f"answers from {version}")
     poll(lambda: len(HANDED_OVER.findall(server.log())) > handovers, timeout=30,
@@ -98,6 +98,18 @@ def test_a_reload_with_a_broken_app_keeps_serving_the_old_answers(run_server, tm
     assert "the dataset does not parse" in log
     assert "the previous generation keeps serving" in log
     _reload_to(server, version_file, "v3")  # and a good reload still works afterwards
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
+
+
+@pytest.mark.parametrize("workers", ["1", "0"])
+def test_usr2_reloads_as_hup_does(run_server, tmp_path, workers):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("-w", workers, app="versioned:app",
+                        env={"VERSION_FILE": str(version_file)})
+    _reload_to(server, version_file, "v2", signal.SIGUSR2)  # the master's reload
+    _reload_to(server, version_file, "v3", signal.SIGUSR2)  # the supervisor's
     server.signal(signal.SIGTERM)
     assert server.wait_exit(20) == 0
 

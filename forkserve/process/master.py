@@ -174,6 +174,8 @@ class Master(Driver):
         elif not self.stopping:
             self.restart_workers()
 
+    handle_usr2 = handle_hup
+
     def restart_workers(self):
         log.info("Hang up: restarting %d workers gracefully", self.target)
         for record in self.workers.values():

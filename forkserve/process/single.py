@@ -3,11 +3,11 @@
 This is the mode a PersonDB-style service reaches for when even shared pages
 are not enough: one gevent loop, one copy of the data, nothing to copy into.
 It keeps the master's discipline (the heap is frozen, the collector stays
-off, the process ends through cow.exit_process) and the master's signals:
-TERM drains in-flight requests, INT and QUIT stop at once, USR1 reopens logs,
-HUP reloads: a new single-process generation loads the current code and
-data, and once it serves this one drains and becomes its supervisor
-(forkserve.process.reload).
+off, the process ends through cow.exit_process) and the master's signals
+(forkserve.process.signals): HUP reloads through the same hand-over
+(forkserve.process.handover): a new single-process generation loads the
+current code and data, and once it serves this one drains and becomes its
+supervisor.
 """
 
 import logging
@@ -24,6 +24,7 @@ from forkserve.process.handover import Handover
 from forkserve.process.unpatched import original
 from forkserve.process.generations import Driver, Generations
 from forkserve.process.serving import gevent_socket, make_servers
+from forkserve.process.signals import SINGLE_SIGNALS, handler_name
 
 __all__ = ["SingleServer"]
 
@@ -82,13 +83,8 @@ class SingleServer(Driver):
 
     def _install_signal_handlers(self):
         self.wakeup = gevent.event.Event()
-        gevent.signal_handler(signal.SIGTERM, self._request_stop, "graceful")
-        gevent.signal_handler(signal.SIGINT, self._request_stop, "fast")
-        gevent.signal_handler(signal.SIGQUIT, self._request_stop, "fast")
-        gevent.signal_handler(signal.SIGUSR1, logs.reopen)
-        gevent.signal_handler(signal.SIGHUP, self._request_reload)
-        for signum in (signal.SIGTTIN, signal.SIGTTOU):
-            gevent.signal_handler(signum, self._not_here, signal.Signals(signum).name)
+        for signum in SINGLE_SIGNALS:  # run on the event loop, not in a signal handler
+            gevent.signal_handler(signum, getattr(self, handler_name(signum)))
         signals.release()
 
     def _serve_until_stop_or_handover(self):
@@ -148,17 +144,39 @@ class SingleServer(Driver):
         server.start()
         return server
 
+    # --- signals (forkserve.process.signals), run on the event loop ---
+
+    def handle_term(self):
+        self._request_stop("graceful")
+
+    def handle_int(self):
+        self._request_stop("fast")
+
+    handle_quit = handle_int
+
+    def handle_hup(self):
+        if self.role.supervised:
+            log.info("Reload signal ignored: this process is a generation; send it to the "
+                     "master (the supervisor)")
+        else:  # the loop hands it to the hand-over, which remembers one during a reload
+            self.hups += 1
+            self.wakeup.set()
+
+    handle_usr2 = handle_hup
+
+    def handle_usr1(self):
+        logs.reopen()
+
+    def handle_ttin(self):
+        self._not_here("TTIN")
+
+    def handle_ttou(self):
+        self._not_here("TTOU")
+
     def _request_stop(self, mode):
         if self.stop_mode != "fast":
             self.stop_mode = mode
         self.wakeup.set()
-
-    def _request_reload(self):
-        if self.role.supervised:
-            log.info("HUP ignored: this process is a generation; send HUP to the master")
-        else:  # the loop hands it to the hand-over, which remembers one during a reload
-            self.hups += 1
-            self.wakeup.set()
 
     def _not_here(self, name):
         log.info("%s ignored: a single-process server (-w 0) has no workers to change; "

@@ -128,6 +128,8 @@ class Supervisor(Driver):
     def handle_hup(self):
         self.apply(self.handover.hup(self.clock()))
 
+    handle_usr2 = handle_hup
+
     def handle_term(self):
         self._stop("graceful", "Handling signal: term (graceful stop)")
 
