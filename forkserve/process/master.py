@@ -362,7 +362,7 @@ class Master(Driver):
         if index is None:
             log.error("No free scoreboard slot for another worker")
             return None
-        self.scoreboard.prepare(index, self.generation)
+        self.scoreboard.prepare(index)
         max_requests = self.cfg.max_requests
         if max_requests and self.cfg.max_requests_jitter:
             max_requests += random.randint(0, self.cfg.max_requests_jitter)
@@ -372,7 +372,6 @@ class Master(Driver):
         pid = self._fork()
         if pid == 0:
             worker.start()  # never returns
-        self.scoreboard.set_pid(index, pid)
         self.workers[pid] = WorkerRecord(index, pid, self.generation)
         return pid
 
