@@ -48,10 +48,14 @@ class Worker:
         self.requests = 0
         self.servers = []
         self.stop_mode = None   # None, "graceful" or "fast"
-        #: seconds between process-title updates; reading smaps_rollup makes
-        #: the kernel walk the process's pages, which stalls this worker's
-        #: event loop ~12.5 ms per GB mapped (measured), so not too often
+        #: seconds between private-memory readings for the process title;
+        #: reading smaps_rollup makes the kernel walk the process's pages,
+        #: which stalls this worker's event loop ~12.5 ms per GB mapped
+        #: (measured), so not too often. The request count in the title is
+        #: refreshed on every turn of the loop (at most once a heartbeat).
         self.title_interval = 30.0
+        self.private = ""       # ", 12.3 MiB private", as last read
+        self.titled = None      # the request count the title shows
         self.wakeup = None
 
     @property
@@ -102,20 +106,23 @@ class Worker:
                                     on_request=self._count_request)
         for server in self.servers:
             server.start()
-        self.scoreboard.set_state(self.index, READY)
+        # Logged before the master can see READY: a log shows a replacement
+        # booting before the worker it replaces is told to leave.
         log.info("Booting worker %d with pid: %d", self.worker_id, os.getpid())
+        self.scoreboard.set_state(self.index, READY)
 
     def run(self):
         import gevent
         interval = heartbeat_interval(self.cfg.timeout)
-        next_title = 0.0
+        next_reading = 0.0
         while self.stop_mode is None:
             self.scoreboard.beat(self.index)
             cow.check()
             now = time.monotonic()
-            if now >= next_title:
-                next_title = now + self.title_interval
-                self.update_title()
+            if now >= next_reading:
+                next_reading = now + self.title_interval
+                self.read_private()
+            self.update_title()
             self.wakeup.wait(interval)
             self.wakeup.clear()
         if self.stop_mode == "fast":
@@ -129,12 +136,18 @@ class Worker:
         gevent.joinall(drains)
         beating.kill()
 
-    def update_title(self):
-        """Show requests served and private memory in ps/top."""
+    def read_private(self):
         reading = procfs.read_process(os.getpid())
-        private = f", {reporter.format_size(reading.uss)} private" if reading else ""
+        self.private = f", {reporter.format_size(reading.uss)} private" if reading else ""
+        self.titled = None  # shown on the next update_title()
+
+    def update_title(self):
+        """Show requests served and private memory in ps/top (if either changed)."""
+        if self.titled == self.requests:
+            return
+        self.titled = self.requests
         procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name,
-                           f"{self.requests} req{private}")
+                           f"{self.requests} req{self.private}")
 
     # --- callbacks, run on the worker's event loop ---
 
