@@ -30,11 +30,11 @@ import signal
 import time
 
 from forkserve import exits
-from forkserve.memory import reporter
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.exits import HaltServer
 from forkserve.process.generations import Driver, Generations
 from forkserve.process.handover import Handover
+from forkserve.process.master_memory import WorkerMemory
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
@@ -66,13 +66,11 @@ class WorkerRecord:
         return self.state in ("booting", "ready")
 
 
-class Master(Driver):
+class Master(Driver, WorkerMemory):
     #: consecutive boot failures after which the master gives up
     max_boot_failures = 5
     #: first backoff delay after a boot failure; doubles each time
     boot_backoff = 0.1
-    #: how often private memory is read for --max-worker-memory
-    memory_check_interval = 2.0
 
     def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *, stats=None,
                  fork=None, waitpid=None, kill=os.kill, select=None, clock=time.monotonic):
@@ -313,21 +311,6 @@ class Master(Driver):
             self.next_memory_check = now + self.memory_check_interval
             self.check_worker_memory()
 
-    def check_worker_memory(self):
-        if any(r.state in ("retiring", "stopping") for r in self.workers.values()):
-            return  # one recycle at a time
-        limit = self.cfg.max_worker_memory * 1024 * 1024
-        for record in self.workers.values():
-            if record.state != "ready":
-                continue
-            reading = reporter.read_process(record.pid)
-            if reading is not None and reading.uss > limit:
-                log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
-                            "--max-worker-memory %d MiB; recycling it", record.worker_id,
-                            record.pid, reading.uss / 2**20, self.cfg.max_worker_memory)
-                record.state = "retiring"
-                return
-
     # --- manage: reach the target, retire what was replaced ---
 
     def manage(self):
@@ -415,27 +398,3 @@ class Master(Driver):
             self.reap()
             if self.workers:
                 self._select([self.queue.wake_r], [], [], 0.05)
-
-    # --- memory reporting ---
-
-    def process_infos(self):
-        infos = [reporter.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
-                                    requests=None, generation=self.generation)]
-        for record in sorted(self.workers.values(), key=lambda r: r.index):
-            slot = self.scoreboard.read(record.index)
-            infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
-                                            worker_id=record.worker_id,
-                                            requests=slot.requests,
-                                            generation=record.generation))
-        return infos
-
-    def report(self):
-        return reporter.collect(self.process_infos())
-
-    def log_memory(self):
-        interval = self.cfg.memory_log_interval
-        now = self.clock()
-        if not interval or now < self.next_memory_log:
-            return
-        self.next_memory_log = now + interval
-        reporter.log_report(log, self.report())
