@@ -12,11 +12,13 @@ import pytest
 
 from forkserve import exits
 from forkserve.config.settings import parse
-from forkserve.process import handover
+from forkserve.process import handover, systemd
 from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, Notify, Retire,
                                         Spawn, Stop)
 from forkserve.process.master import Master
 from forkserve.process.scoreboard import READY, RETIRE
+from forkserve.process.signals import handler_name
+from forkserve.process.supervisor import Supervisor
 
 
 def _kinds(actions, *types):
@@ -415,3 +417,67 @@ def test_reload_master_term_during_reload_stops_the_new_generation_and_exits(mas
     _exit(master, master.generations.pid(2))
     _turn(master)
     assert not master.workers and not master.generations.pids and master.handed_over == []
+
+
+# --- the supervisor, driven the same way ---
+
+@pytest.fixture
+def supervisor(monkeypatch):
+    notified = []
+    monkeypatch.setattr(systemd, "notify", lambda *states: notified.extend(states))
+    cfg = parse(["-w", "2", "--graceful-timeout", "10", "a:b"], environ={}, cwd="/")
+    state = {"app": cfg.app, "values": cfg.values, "app_name": "a:b", "argv": ["python"],
+             "start_directory": "/", "fds": [], "stats_fd": None, "child": 500,
+             "generation": 2}
+    fake = FakeOs()
+    supervisor = Supervisor(state, fork=fake.fork, waitpid=fake.waitpid, kill=fake.kill,
+                            clock=fake.clock)
+    generations = FakeGenerations()
+    generations.pids = dict(supervisor.generations.pids)  # generation 2 is pid 500
+    supervisor.generations = generations
+    supervisor.fake, supervisor.notified = fake, notified
+    yield supervisor
+    supervisor.queue.close()
+
+
+def _supervisor_turn(supervisor):
+    for signum in supervisor.queue.pop_all():
+        getattr(supervisor, handler_name(signum))()
+    supervisor.reap()
+    now = supervisor.clock()
+    for _ in supervisor.generations.newly_ready():
+        supervisor.apply(supervisor.handover.ready(now))
+    supervisor.apply(supervisor.handover.tick(now))
+
+
+def test_reload_supervisor_retires_the_old_generation_once_the_new_one_serves(supervisor):
+    supervisor.queue.push(signal.SIGHUP)
+    _supervisor_turn(supervisor)
+    assert supervisor.generations.spawned == [3] and supervisor.notified == ["RELOADING=1"]
+    supervisor.generations.ready.append(3)
+    _supervisor_turn(supervisor)
+    assert supervisor.generations.signalled == [(2, signal.SIGTERM)]
+    supervisor.fake.exits.append((500, 0))
+    _supervisor_turn(supervisor)
+    assert supervisor.notified == ["RELOADING=1", "READY=1"]
+
+
+def test_reload_supervisor_stops_an_old_generation_that_outstays_the_graceful_timeout(
+        supervisor):
+    supervisor.queue.push(signal.SIGUSR2)  # as HUP
+    _supervisor_turn(supervisor)
+    supervisor.generations.ready.append(3)
+    _supervisor_turn(supervisor)
+    supervisor.fake.now += 11.5
+    _supervisor_turn(supervisor)
+    # QUIT, not KILL: the old generation's master then kills its own workers
+    assert supervisor.generations.signalled[-1] == (2, signal.SIGQUIT)
+
+
+def test_reload_supervisor_term_during_a_reload_stops_both_generations(supervisor):
+    supervisor.queue.push(signal.SIGHUP)
+    supervisor.queue.push(signal.SIGTERM)
+    _supervisor_turn(supervisor)
+    assert sorted(supervisor.generations.signalled) == [(2, signal.SIGTERM),
+                                                        (3, signal.SIGTERM)]
+    assert supervisor.notified == ["RELOADING=1", "STOPPING=1"]
