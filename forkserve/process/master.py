@@ -126,6 +126,8 @@ class Master(Driver, WorkerMemory):
         except HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
             self.stop_all(signal.SIGKILL)
+            for number in list(self.generations.pids):  # a reload under way stops too
+                self.generations.signal(number, signal.SIGQUIT)
             self.wait_all(deadline=self.clock() + 5)
             return halt.status
         log.info("Shutting down: master")
