@@ -93,8 +93,10 @@ IDLE, STARTING, RETIRING, STOPPING, DONE = "idle", "starting", "retiring", "stop
 
 
 class Handover:
-    def __init__(self, *, serving, graceful_timeout, owner_serves, latest=None,
-                 max_failures=5, reload_again=False):
+    """One reload at a time, for one driver; see the module docstring."""
+
+    def __init__(self, *, serving, graceful_timeout, owner_serves, max_failures=5,
+                 reload_again=False):
         #: the number of the generation that serves (None: none does)
         self.serving = serving
         #: the generation started and not yet ready
@@ -102,7 +104,7 @@ class Handover:
         #: the generation draining after its successor said it serves
         self.retiring = None
         #: the highest generation number used so far
-        self.latest = latest if latest is not None else (serving or 0)
+        self.latest = serving
         self.graceful_timeout = graceful_timeout
         self.owner_serves = owner_serves
         #: the generation this process is (master, single), or None (supervisor)
