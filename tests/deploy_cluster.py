@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import pathlib
+import random
 import re
 import shutil
 import signal
@@ -228,6 +229,7 @@ class Load:
     def __init__(self, nginx, emails, *, threads=4, limit=120.0):
         self.nginx = nginx
         self.emails = list(emails)
+        random.Random(0).shuffle(self.emails)  # every thread visits every shard early on
         self.results = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()

@@ -224,3 +224,17 @@ def test_persondb_shard_setting_errors_say_what_to_write():
     from examples.persondb import app
     with pytest.raises(app.PersonDBError, match="PERSONDB_SHARD: shard '3' is not I/N"):
         app.Settings({"PERSONDB_SHARD": "3"})
+
+
+def test_persondb_serves_a_prebuilt_store_file_without_a_csv(tmp_path):
+    from examples.persondb import app
+    source = tmp_path / "people.csv"
+    _write_people(source, 50)
+    [path0, _] = build_csv_shards(source, "email", tmp_path / "people.store", 2)
+    settings = app.Settings({"PERSONDB_MODE": "store", "PERSONDB_STORE": path0,
+                             "PERSONDB_SHARD": "0/2"})
+    assert settings.dataset() is None
+    people = app.load(settings.dataset(), settings.mode, settings.store_path, settings.shard)
+    assert people.path == path0 and all(shard_of(email, 2) == 0 for email in people)
+    with pytest.raises(app.PersonDBError, match="cannot be opened.*forkserve store build"):
+        app.load(None, "store", str(tmp_path / "missing.store"))

@@ -24,6 +24,9 @@ Settings (environment variables, read once at import):
     - ``store``: a ``forkserve.store.Store`` built from the CSV and cached in
       ``PERSONDB_STORE`` (default: the CSV path + ``.store``); responses are
       the stored, already-encoded JSON bytes, never decoded or re-encoded.
+      With ``PERSONDB_STORE`` set and ``PERSONDB_CSV`` unset, that store file
+      is served as it is: no CSV, no rebuild (a file built beforehand and
+      mounted read-only).
 ``PERSONDB_SHARD``
     ``I/N``: serve only shard I (from 0) of N, the people whose email
     ``forkserve.store.shards.shard_of(email, N)`` places there, as nginx's
@@ -87,9 +90,16 @@ class Settings:
                 raise PersonDBError(f"PERSONDB_SHARD: {exc}") from None
 
     def dataset(self):
-        """The CSV path to load, generating the demo dataset if none is set."""
+        """The CSV path to load, generating the demo dataset if none is set.
+
+        None in store mode with PERSONDB_STORE and no PERSONDB_CSV: the
+        store file is served as it is (built beforehand, e.g. by
+        ``forkserve store build --shards N``, and mounted read-only).
+        """
         if self.csv_path is not None:
             return self.csv_path
+        if self.mode == "store" and self.store_path is not None:
+            return None
         path = os.path.join(
             tempfile.gettempdir(), f"persondb-{self.rows}rows-seed{self.seed}.csv"
         )
@@ -169,9 +179,17 @@ def load_dicts(path, shard=None):
 
 def load_store(path, store_path=None, shard=None):
     """Open the Store cached beside ``path``, rebuilding it if the CSV is newer."""
-    from forkserve.store import Store
+    from forkserve.store import Store, StoreError
     from forkserve.store.split import shard_path
 
+    if path is None:
+        try:
+            return Store.open(store_path)
+        except (OSError, StoreError) as exc:
+            raise PersonDBError(
+                f"PERSONDB_STORE {store_path!r} cannot be opened ({exc}); build it with "
+                f"'forkserve store build people.csv --key email -o people.store [--shards N]', "
+                "or set PERSONDB_CSV to build it from a CSV.") from None
     # Check the CSV first so a bad file gets PersonDB's error message.
     f, _ = _open_csv(path)
     f.close()
