@@ -157,8 +157,9 @@ def test_a_killed_shard_fails_fast_with_503_and_the_others_keep_serving(cluster,
     assert set(table[0]) == {200} and set(table[2]) == {200}, table
     assert set(table[1]) <= {200, 503}, table  # never another shard's 404, never a 421
     assert table[1][503] >= 20 and killed_at > 0
-    failures = [seconds for shard, status, seconds in load.results if status == 503]
-    assert max(failures) < 1.0, "a dead shard must fail at once, not after proxy_connect_timeout"
+    # Fast: nginx saw the connection refused, it did not wait for a timeout.
+    assert "(111: Connection refused) while connecting to upstream" in nginx.log()
+    assert "timed out" not in nginx.log()
     status, headers, body = nginx.get("/shard/1/health")
     assert status == 200
     restarted.kill_group()

@@ -96,9 +96,16 @@ def test_an_instance_that_never_reloads_times_out_with_advice():
         instance.reload(timeout=5)
 
 
-def test_a_single_process_server_is_refused():
-    instance = FakeInstance(report((10, "single", 1)))
-    with pytest.raises(script.ReloadError, match="run it with workers"):
+def test_a_single_process_server_is_signalled_itself():
+    instance = FakeInstance(report((10, "single", 1)),
+                            report((10, "supervisor", None), (20, "single", 2)))
+    assert instance.reload() == 2
+    assert instance.signals == [(10, signal.SIGHUP)]
+
+
+def test_a_report_without_a_server_process_is_refused():
+    instance = FakeInstance(report((11, "worker", 1)))
+    with pytest.raises(script.ReloadError, match="is this address a forkserve --stats"):
         instance.reload()
 
 

@@ -244,7 +244,8 @@ def load(path, mode, store_path=None, shard=None):
             log.info("forkserve.share: %s", report)
     log.info(
         "loaded %d people from %s in %.2fs (mode=%s, shard=%s, pid=%d)",
-        len(people), path, time.perf_counter() - started, mode, _shard_name(shard), os.getpid(),
+        len(people), path or store_path, time.perf_counter() - started, mode, _shard_name(shard),
+        os.getpid(),
     )
     return people
 
