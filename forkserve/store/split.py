@@ -8,13 +8,14 @@ the function nginx's split_clients computes (examples/deploy/nginx.conf).
 
 Each shard is built by Store.build from the rows of its shard alone, read
 in a pass over the CSV of its own: N passes, each holding one row at a time,
-so memory stays what one build needs, and time is N times the parsing (the
-hash of each key is computed once, in the first pass, and kept as one small
-integer per row). Every shard file is written under a temporary name and
-renamed when complete (Store.build's rule), so an instance never maps half
-a shard. A malformed row stops the first pass, before any file is written;
-a duplicate key stops the build of its shard (both copies of a key always
-fall in the same shard).
+so memory stays what one build needs, and time is N times the parsing. The
+first pass builds shard 0 and notes every row's shard (one small integer a
+row), so each key is hashed once. Every shard file is written under a
+temporary name and renamed when complete (Store.build's rule), so an
+instance never maps half a shard. A malformed row stops the first pass,
+which reads the whole file, before any shard file is complete; a duplicate
+key stops the build of its shard (both copies of a key always fall in the
+same shard).
 """
 
 import os
@@ -37,13 +38,22 @@ def shard_path(path, index, count):
 def build_csv_shards(csv_path, key, path, count, *, codec="json", progress=None):
     """Build count store files from a CSV, split by shard_of(key); return their paths."""
     bounds = upper_bounds(count)
-    placement = array("H")  # the shard of each row, in order
-    for row_key, _ in CsvRows(csv_path, key, progress):
-        placement.append(shard_of(row_key, count, bounds=bounds))
+    placement = array("H")  # the shard of each row, in order, noted by the first pass
+
+    def first_pass():
+        for row in CsvRows(csv_path, key, progress):
+            shard = shard_of(row[0], count, bounds=bounds)
+            placement.append(shard)
+            if shard == 0:
+                yield row
+
     paths = []
     for index in range(count):
         target = shard_path(path, index, count)
-        rows = _rows_of_shard(CsvRows(csv_path, key, _quiet), placement, index)
+        if index == 0:
+            rows = first_pass()
+        else:
+            rows = _rows_of_shard(CsvRows(csv_path, key, _quiet), placement, index)
         try:
             Store.build(rows, target, codec=codec).close()
         except StoreError as exc:
