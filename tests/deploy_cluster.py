@@ -98,12 +98,18 @@ def start_instances(csv_path, log_dir, **kwargs):
 
 # -- nginx ------------------------------------------------------------------------
 
-def site_config(ports, listen):
-    """examples/deploy/nginx.conf with shard i at 127.0.0.1:ports[i], listening on `listen`."""
+def site_config(ports, listen, replicas=None):
+    """examples/deploy/nginx.conf with shard i at 127.0.0.1:ports[i], listening on `listen`.
+
+    replicas: {shard: [port, ...]}, more servers of a shard, added to its
+    upstream as the file's comment says.
+    """
     text = (DEPLOY / "nginx.conf").read_text()
     for index, port in enumerate(ports):
-        text, count = re.subn(rf"(upstream shard{index} {{\s*server )127\.0\.0\.1:\d+",
-                              rf"\g<1>127.0.0.1:{port}", text)
+        extra = "".join(f"\n    server 127.0.0.1:{other}\\2"
+                        for other in (replicas or {}).get(index, ()))
+        text, count = re.subn(rf"(upstream shard{index} {{\s*server )127\.0\.0\.1:\d+(.*)",
+                              rf"\g<1>127.0.0.1:{port}\2{extra}", text)
         assert count == 1, f"examples/deploy/nginx.conf has no server line for shard{index}"
     text, count = re.subn(r"^    listen 127\.0\.0\.1:8080;$",
                           "\n".join(f"    listen {address};" for address in listen), text,
@@ -120,8 +126,8 @@ class Nginx:
     """
 
     @classmethod
-    def for_shards(cls, directory, ports, **kwargs):
-        return cls(directory, lambda listen: site_config(ports, listen), **kwargs)
+    def for_shards(cls, directory, ports, *, replicas=None, **kwargs):
+        return cls(directory, lambda listen: site_config(ports, listen, replicas), **kwargs)
 
     def __init__(self, directory, site, *, tcp=False, worker_processes=1):
         self.directory = pathlib.Path(directory)

@@ -168,6 +168,33 @@ def test_a_killed_shard_fails_fast_with_503_and_the_others_keep_serving(cluster,
     assert json.loads(body) == {"error": "shard unavailable", "shard": "shard1"}
 
 
+def test_a_replica_takes_over_its_shard_when_the_other_server_dies(tmp_path, people):
+    """Passive failover: two servers for shard 0; one is killed under load."""
+    instances = []
+    nginx = None
+    try:
+        instances.extend(start_instances(people, tmp_path))
+        replica = Instance(0, people, tmp_path).wait_ready()
+        instances.append(replica)
+        nginx = Nginx.for_shards(tmp_path, [i.port for i in instances[:SHARDS]],
+                                 replicas={0: [replica.port]}).start()
+        groups = emails_by_shard(people, per_shard=100)
+        with Load(nginx, [e for g in groups.values() for e in g], threads=3) as load:
+            poll(lambda: load.count() > 300, 60, message="load before the kill")
+            instances[0].kill_group()
+            killed_at = load.count()
+            poll(lambda: load.count() > killed_at + 600, 60, message="load after the kill")
+        table = load.statuses()
+        assert all(set(counts) == {200} for counts in table.values()), table
+        # nginx did send to the dead server, failed, and went on to the replica.
+        assert f'upstream: "http://127.0.0.1:{instances[0].port}/person/' in nginx.log()
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        for instance in instances:
+            instance.kill_group()
+
+
 def test_rolling_reload_of_every_shard_through_nginx_fails_no_request(cluster, people):
     nginx, instances = cluster
     groups = emails_by_shard(people, per_shard=100)
