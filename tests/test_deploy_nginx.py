@@ -7,11 +7,7 @@ instead when CI=true (.ci/run installs nginx).
 """
 
 import json
-import os
 import re
-import signal
-import subprocess
-import time
 import urllib.parse
 
 import pytest
