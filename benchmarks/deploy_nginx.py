@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import sys
 import tempfile
 import threading
@@ -51,18 +52,26 @@ def write_emails(path, emails):
     return str(path)
 
 
-def latency_phase(instances, nginx, shard0_emails, requests, workdir):
+def latency_phase(instances, nginx, shard0_emails, requests, workdir, rounds=3):
+    """Direct and through nginx, alternated `rounds` times; the median of each figure."""
     rows = []
+    targets = (("direct", f"http://127.0.0.1:{instances[0].port}"),
+               ("nginx", f"http://127.0.0.1:{nginx.port}"))
     for connections in (1, 16):
         spec = LoadSpec(emails_path=shard0_emails, connections=connections, miss_ratio=0.0,
                         close_ratio=0.0, cpus="1")
-        for name, url in (("direct", f"http://127.0.0.1:{instances[0].port}"),
-                          ("nginx", f"http://127.0.0.1:{nginx.port}")):
-            result = run_phase(url, spec, requests, 120, workdir, phase_id=len(rows))
-            rows.append({"connections": connections, "path": name,
-                         "rate": result.rate, "p50_us": result.p50_us,
-                         "p99_us": result.p99_us, "errors": result.errors,
-                         "bad_status": result.bad_status})
+        runs = {name: [] for name, _ in targets}
+        for _ in range(rounds):
+            for name, url in targets:
+                runs[name].append(run_phase(url, spec, requests // rounds, 120, workdir,
+                                            phase_id=len(rows) * 10 + len(runs[name])))
+        for name, results in runs.items():
+            rows.append({"connections": connections, "path": name, "rounds": rounds,
+                         "rate": statistics.median(r.rate for r in results),
+                         "p50_us": statistics.median(r.p50_us for r in results),
+                         "p99_us": statistics.median(r.p99_us for r in results),
+                         "errors": sum(r.errors for r in results),
+                         "bad_status": sum(r.bad_status for r in results)})
     return rows
 
 
@@ -120,16 +129,18 @@ def report(args, latency, reload, kill, steal):
              f"CPU steal during the run: {steal:.2%}; load average before it: {args.loadavg} "
              f"(other processes shared the machine, so take ratios, not absolute figures).", "",
              "## Latency nginx adds (shard 0's people, wrk, keep-alive)", "",
+             f"Direct and through nginx alternated {latency[0]['rounds']} times for each number "
+             "of connections; each figure is the median of the rounds.", "",
              "| connections | path | requests/s | p50 µs | p99 µs | errors |",
              "|---|---|---|---|---|---|"]
     for row in latency:
         lines.append(f"| {row['connections']} | {row['path']} | {row['rate']:,.0f} | "
-                     f"{row['p50_us']} | {row['p99_us']} | {row['errors']} |")
+                     f"{row['p50_us']:.0f} | {row['p99_us']:.0f} | {row['errors']} |")
     lines.append("")
     for connections in (1, 16):
         direct, proxied = [r for r in latency if r["connections"] == connections]
         lines.append(f"- {connections} connection(s): nginx adds "
-                     f"{proxied['p50_us'] - direct['p50_us']} µs at p50 "
+                     f"{proxied['p50_us'] - direct['p50_us']:.0f} µs at p50 "
                      f"(p50 ratio {proxied['p50_us'] / direct['p50_us']:.2f}x, "
                      f"throughput ratio {proxied['rate'] / direct['rate']:.2f}x)")
     lines += ["", "## Rolling reload of the three instances under load", "",
