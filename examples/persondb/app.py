@@ -22,8 +22,9 @@ Settings (environment variables, read once at import):
     - ``share``: the same dicts, passed to ``forkserve.share()`` before the
       fork, which keeps their pages shared (Python 3.12+).
     - ``store``: a ``forkserve.store.Store`` built from the CSV and cached in
-      ``PERSONDB_STORE`` (default: the CSV path + ``.store``); responses are
-      the stored, already-encoded JSON bytes, never decoded or re-encoded.
+      ``PERSONDB_STORE`` (default: the CSV path + ``.store``); field names
+      are stored once, and responses are ``get_raw()``'s JSON bytes, made
+      from the stored field bytes without decoding them.
 
 Routes: ``GET /person/<email>`` (JSON; 404 JSON when unknown; emails match
 exactly) and ``GET /health`` (row count, mode and the serving pid).
@@ -140,8 +141,12 @@ def load_dicts(path):
 
 
 def load_store(path, store_path=None):
-    """Open the Store cached beside ``path``, rebuilding it if the CSV is newer."""
-    from forkserve.store import Store
+    """Open the Store cached beside ``path``, rebuilding it if the CSV is newer.
+
+    A cached file that this forkserve cannot read (written by another format
+    version, or damaged) is rebuilt too: it is only a cache of the CSV.
+    """
+    from forkserve.store import Store, StoreFormatError
 
     # Check the CSV first so a bad file gets PersonDB's error message.
     f, _ = _open_csv(path)
@@ -151,26 +156,21 @@ def load_store(path, store_path=None):
         fresh = os.stat(store_path).st_mtime >= os.stat(path).st_mtime
     except FileNotFoundError:
         fresh = False
-    if not fresh:
-        _build_store(path, store_path)
-    # The file's pages live in the page cache, once, shared by every process
-    # that maps them. (populate=True would also map them all into the master
-    # now: no first-touch faults, at the cost of reading the whole file here.)
-    return Store.open(store_path)
-
-
-def _build_store(path, store_path):
-    from forkserve.store import Store
-
-    # Build beside the target and rename: a concurrent loader never opens a
-    # half-written store, and the Store we return stays valid after the rename.
-    tmp = f"{store_path}.{os.getpid()}.tmp"
-    try:
-        Store.from_csv(path, key="email", path=tmp).close()
-        os.replace(tmp, store_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    if fresh:
+        # The file's pages live in the page cache, once, shared by every
+        # process that maps them: workers, reload generations and any other
+        # instance on the host that opens the same file. (populate=True would
+        # also map them all into the master now: no first-touch faults, at
+        # the cost of reading the whole file here.)
+        try:
+            return Store.open(store_path)
+        except StoreFormatError as exc:
+            log.warning("rebuilding the cached store: %s", exc)
+    # Store.from_csv writes a temporary file beside store_path and renames it
+    # over store_path when complete: a concurrent loader never opens a
+    # half-written store, and processes that map the old file keep reading
+    # the old one (its pages are never rewritten under them).
+    return Store.from_csv(path, key="email", path=store_path)
 
 
 def load(path, mode, store_path=None):
@@ -202,7 +202,7 @@ def make_app(people, mode):
     if mode == "store":
         @app.get("/person/<email>")
         def person(email):
-            # Stored values are JSON already: pass the bytes through untouched.
+            # JSON bytes straight from the stored fields: no dict, no encoder.
             body = people.get_raw(email)
             if body is None:
                 return _not_found(email)

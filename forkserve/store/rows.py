@@ -1,0 +1,215 @@
+"""Codec "row": table rows whose field names are stored once per file.
+
+A value is a mapping with the same field names in every record (a CSV row).
+The names, in the first row's order, go into the file's schema once; a
+record keeps only its field values:
+
+    flags (1 byte) [tags: 1 byte per stored field, if flags & TAGGED]
+    body 0 \\x1f body 1 \\x1f ... \\x1f body n-1
+
+- A str field is stored as the inside of its JSON string: its UTF-8 bytes
+  when it needs no JSON escape (tag PLAIN, nearly always), else orjson's
+  escaped form without the quotes (tag ESCAPED). Any other value is stored
+  as its JSON text (tag LITERAL). Records whose fields are all PLAIN carry
+  no tags (flags & TAGGED clear).
+- None of these bodies can contain a byte below 0x20: JSON escapes control
+  characters inside strings and writes none outside them. So 0x1f (ASCII's
+  unit separator) divides the bodies unambiguously, and one bytes.split()
+  in C finds them all: no per-field offsets.
+- The key field, the first field whose value equals the record's key in the
+  first row (a CSV's key column), is not stored again: the key is already in
+  the record. A record whose key field differs from its key sets KEY_STORED
+  and keeps it.
+
+raw() needs no decoding: for an all-PLAIN record the JSON object is one
+bytes % formatting of a template built once from the names
+('{"email":"%s","name":"%s"}'), with the bodies as they are stored; the
+result is byte for byte what orjson.dumps(dict(row)) gives.
+"""
+
+import collections.abc
+import re
+
+import orjson
+
+from forkserve.store.layout import StoreFormatError
+
+__all__ = ["RowCodec", "SEPARATOR", "PLAIN", "ESCAPED", "LITERAL", "KEY_STORED", "TAGGED"]
+
+SEPARATOR = b"\x1f"
+PLAIN, ESCAPED, LITERAL = 0, 1, 2
+#: Record flags.
+KEY_STORED, TAGGED = 1, 2
+
+#: Bytes that a JSON string must escape.
+_NEEDS_ESCAPE = re.compile(rb'["\\\x00-\x1f]')
+
+_VARYING = "use codec 'json' for values whose fields vary"
+
+
+class RowCodec:
+    """The "row" codec: hands out a RowEncoder per build, a RowDecoder per store."""
+
+    name = "row"
+
+    def encoder(self):
+        return RowEncoder()
+
+    def decoder(self, schema, path):
+        try:
+            described = orjson.loads(schema)
+            names, key_field = described["fields"], described["key_field"]
+            if not (isinstance(names, list) and all(isinstance(name, str) for name in names)
+                    and (key_field is None or 0 <= key_field < len(names))):
+                raise ValueError("unexpected field list")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StoreFormatError(f"{path}: the field names of codec 'row' do not read "
+                                   f"({exc}), so the file is damaged") from None
+        return RowDecoder(names, key_field)
+
+
+class RowEncoder:
+    """Encodes the rows of one build; learns the field names from the first."""
+
+    def __init__(self):
+        self.names = None
+        self.key_field = None
+
+    def schema(self):
+        return orjson.dumps({"fields": self.names or [], "key_field": self.key_field})
+
+    def _learn(self, key, value):
+        names = list(value)
+        bad = [name for name in names if not isinstance(name, str)]
+        if bad:
+            raise TypeError(f"codec 'row' needs str field names, not {type(bad[0]).__name__}")
+        self.names = names
+        self._known = frozenset(names)
+        if _NEEDS_ESCAPE.search(key):
+            return
+        for i, name in enumerate(names):
+            field = value[name]
+            if type(field) is str and field.encode("utf-8", "surrogatepass") == key:
+                self.key_field = i
+                return
+
+    def encode(self, key, value):
+        if not isinstance(value, collections.abc.Mapping):
+            raise TypeError(f"codec 'row' needs a mapping of field names to values, "
+                            f"not {type(value).__name__}")
+        if self.names is None:
+            self._learn(key, value)
+        try:
+            fields = [value[name] for name in self.names]
+        except KeyError as exc:
+            raise ValueError(f"it has no field {exc.args[0]!r}, which the first row has; "
+                             f"{_VARYING}") from None
+        if len(value) != len(fields):
+            extra = ", ".join(repr(name) for name in value if name not in self._known)
+            raise ValueError(f"it has fields the first row has not: {extra}; {_VARYING}")
+        try:
+            bodies = [field.encode() for field in fields]
+            tags = None if _NEEDS_ESCAPE.search(b"".join(bodies)) else ()
+        except AttributeError:  # a field that is not a str
+            tags = None
+        if tags is None:
+            tags, bodies = _tagged(fields)
+        flags = 0
+        k = self.key_field
+        if k is not None:
+            if bodies[k] == key and (not tags or tags[k] == PLAIN):
+                del bodies[k]
+                if tags:
+                    del tags[k]
+            else:
+                flags = KEY_STORED
+        if tags and any(tags):
+            return bytes([flags | TAGGED, *tags]) + SEPARATOR.join(bodies)
+        return bytes([flags]) + SEPARATOR.join(bodies)
+
+
+def _tagged(fields):
+    """Return (tags, bodies) for fields that are not all plain str."""
+    tags, bodies = [], []
+    for field in fields:
+        if isinstance(field, str):
+            body = field.encode()
+            if _NEEDS_ESCAPE.search(body):
+                tags.append(ESCAPED)
+                body = orjson.dumps(field)[1:-1]
+            else:
+                tags.append(PLAIN)
+        else:
+            tags.append(LITERAL)
+            body = orjson.dumps(field)
+        bodies.append(body)
+    return tags, bodies
+
+
+class RowDecoder:
+    """Turns the records of one store back into dicts, or into JSON bytes."""
+
+    def __init__(self, names, key_field):
+        self.names = tuple(names)
+        self.key_field = key_field
+        self._count = len(names)
+        self._prefixes = [orjson.dumps(name) + b":" for name in names]
+        self._template = (b"{" + b",".join(prefix.replace(b"%", b"%%") + b'"%s"'
+                                           for prefix in self._prefixes) + b"}")
+
+    def _stored(self, flags):
+        """(number of fields the record stores, whether its key field was left out)."""
+        elided = self.key_field is not None and not flags & KEY_STORED
+        return self._count - elided, elided
+
+    def decode(self, data, key):
+        flags = data[0]
+        if flags & TAGGED:
+            return dict(zip(self.names, [_value(tag, body)
+                                         for tag, body in self._tagged(data, key, flags)]))
+        stored, elided = self._stored(flags)
+        values = data[1:].decode().split("\x1f") if stored else []
+        _check(len(values), stored)
+        if elided:
+            values.insert(self.key_field, key.decode())
+        return dict(zip(self.names, values))
+
+    def raw(self, data, key):
+        flags = data[0]
+        if flags & TAGGED:
+            return b"{" + b",".join(
+                prefix + (body if tag == LITERAL else b'"' + body + b'"')
+                for prefix, (tag, body) in zip(self._prefixes, self._tagged(data, key, flags))
+            ) + b"}"
+        stored, elided = self._stored(flags)
+        bodies = data[1:].split(SEPARATOR) if stored else []
+        _check(len(bodies), stored)
+        if elided:
+            bodies.insert(self.key_field, key)
+        return self._template % tuple(bodies)
+
+    def _tagged(self, data, key, flags):
+        """[(tag, body)] for every field of a record that carries tags."""
+        stored, elided = self._stored(flags)
+        tags = data[1:1 + stored]
+        bodies = data[1 + stored:].split(SEPARATOR) if stored else []
+        _check(len(bodies), stored)
+        pairs = list(zip(tags, bodies))
+        if elided:
+            pairs.insert(self.key_field, (PLAIN, key))
+        return pairs
+
+
+def _check(found, expected):
+    if found != expected:
+        raise ValueError(f"{found} fields where the record should hold {expected}")
+
+
+def _value(tag, body):
+    if tag == PLAIN:
+        return body.decode()
+    if tag == ESCAPED:
+        return orjson.loads(b'"' + body + b'"')
+    if tag == LITERAL:
+        return orjson.loads(body)
+    raise ValueError(f"unknown field tag {tag}")
