@@ -366,7 +366,12 @@ def test_failed_build_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
 def test_rebuilding_over_an_open_store_leaves_the_open_one_readable(tmp_path):
     path = tmp_path / "data.fsdb"
     with Store.build({"k": "old"}, path) as old:
+        mapped = path.stat().st_ino
         with Store.build({"k": "new"}, path) as new:
+            assert old["k"] == "old" and new["k"] == "new"
+            # A new inode: the pages other processes map are never rewritten.
+            assert path.stat().st_ino != mapped
+            new.save(path)
             assert old["k"] == "old" and new["k"] == "new"
 
 

@@ -67,6 +67,8 @@ from forkserve.store.layout import (
 
 __all__ = ["Store", "StoreError", "StoreFormatError"]
 
+_MISSING = object()
+
 
 class Store(collections.abc.Mapping):
     """A read-only mapping from str keys to values, packed in one buffer.
@@ -220,57 +222,55 @@ class Store(collections.abc.Mapping):
             found = tags[i]
         return None
 
-    def _value(self, key, data, convert=None):
-        """Decode a value (or make its raw bytes with convert); damage raises StoreFormatError."""
-        try:
-            return (convert or self._decode)(data, key)
-        except (ValueError, IndexError) as exc:
-            raise StoreFormatError(
-                f"{self._name}: the value of {key.decode('utf-8', 'surrogateescape')!r} "
-                f"does not decode as {self._codec.name} ({exc}), so the file is damaged; "
-                f"{REBUILD}") from exc
-
-    def _raw(self, key, data):
-        if self._encode_raw is None:
-            return data
-        return self._value(key, data, self._encode_raw)
+    def _damaged(self, key, exc):
+        """The error for a value that does not decode: the file is damaged."""
+        return StoreFormatError(
+            f"{self._name}: the value of {key.decode('utf-8', 'surrogateescape')!r} "
+            f"does not decode as {self._codec.name} ({exc}), so the file is damaged; {REBUILD}")
 
     def __getitem__(self, key):
-        found = self._find(key)
-        if found is None:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
             raise KeyError(key)
-        data, start, end = found
-        return self._value(data, self._buf[start:end])
+        return value
 
     def get(self, key, default=None):
         """Return the decoded value for key, or default."""
         found = self._find(key)
         if found is None:
             return default
-        data, start, end = found
-        return self._value(data, self._buf[start:end])
+        key, start, end = found
+        try:
+            return self._decode(self._buf[start:end], key)
+        except (ValueError, IndexError) as exc:
+            raise self._damaged(key, exc) from exc
 
     def raw(self, key):
         """Return the value as bytes to send without decoding it.
 
         For codec "json" these are the stored JSON bytes; for "row" the JSON
-        object built from the stored fields (one bytes formatting, no decode
-        or encode; byte for byte orjson.dumps of the row); for the other
+        object joined from the stored field bytes and the names (no decode,
+        no encode; byte for byte orjson.dumps of the row); for the other
         codecs the stored bytes.
         """
-        found = self._find(key)
-        if found is None:
+        value = self.get_raw(key, _MISSING)
+        if value is _MISSING:
             raise KeyError(key)
-        data, start, end = found
-        return self._raw(data, self._buf[start:end])
+        return value
 
     def get_raw(self, key, default=None):
         """Return raw(key), or default if key is absent."""
         found = self._find(key)
         if found is None:
             return default
-        data, start, end = found
-        return self._raw(data, self._buf[start:end])
+        key, start, end = found
+        value = self._buf[start:end]
+        if self._encode_raw is None:
+            return value
+        try:
+            return self._encode_raw(value, key)
+        except (ValueError, IndexError) as exc:
+            raise self._damaged(key, exc) from exc
 
     def __contains__(self, key):
         return self._find(key) is not None
@@ -304,7 +304,11 @@ class Store(collections.abc.Mapping):
         """Yield (key, value) for every record, in order, without hashing."""
         buf = self._buf
         for key, start, end in self._walk():
-            yield key.decode("utf-8", "surrogateescape"), self._value(key, buf[start:end])
+            try:
+                value = self._decode(buf[start:end], key)
+            except (ValueError, IndexError) as exc:
+                raise self._damaged(key, exc) from exc
+            yield key.decode("utf-8", "surrogateescape"), value
 
     # -- about the store ---------------------------------------------------
 
