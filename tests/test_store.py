@@ -134,6 +134,15 @@ def test_non_utf8_bytes_keys_iterate_as_surrogate_escapes_that_look_themselves_u
     assert store[key] == store[b"\xff\xfe"] == "binary"
 
 
+@pytest.mark.parametrize("length", [0, 127, 128, 16_383, 16_384, 2_100_000])
+def test_keys_and_values_of_every_length_class_round_trip(make_store, length):
+    # Lengths are varints: 1 byte below 128, 2 below 16 KiB, 3 and more above.
+    key, value = "k" * max(length, 1), "v" * length
+    store = make_store([(key, value), ("short", "x")], codec="str")
+    assert store[key] == value and store["short"] == "x"
+    assert list(store) == [key, "short"]
+
+
 def test_keys_of_other_types_are_simply_absent(make_store):
     store = make_store([("1", "one")])
     assert 1 not in store
@@ -827,3 +836,56 @@ def test_store_file_is_at_most_1_2x_its_csv_index_included(tmp_path, shape):
     with Store.open(tmp_path / f"{shape}.fsdb") as store:
         assert store[first[key]] == first
         assert store.raw(first[key]) == orjson.dumps(first)
+
+
+# -- one file, several unrelated processes ---------------------------------------------------
+
+READER_SCRIPT = textwrap.dedent("""
+    import sys
+    from forkserve.store import Store
+
+    store = Store.open(sys.argv[1])
+    store.verify()  # reads, so maps, every page of the file
+    print("ready", flush=True)
+    sys.stdin.read()  # hold the mapping until the test closes our stdin
+""")
+
+
+def mapping_of(pid, path):
+    """smaps_rollup-shaped fields of the mapping of `path` in process pid."""
+    from forkserve.memory.procfs import parse_smaps_rollup
+
+    with open(f"/proc/{pid}/smaps", "rb") as file:
+        blocks = re.split(rb"^(?=[0-9a-f]+-[0-9a-f]+ )", file.read(), flags=re.M)
+    [block] = [block for block in blocks
+               if block.split(b"\n", 1)[0].endswith(b" " + os.fsencode(path))]
+    return parse_smaps_rollup(block)
+
+
+@linux_only
+@pytest.mark.memory
+def test_unrelated_processes_opening_one_store_file_share_its_pages(tmp_path):
+    # As separate forkserve instances (containers, systemd units) do: neither
+    # process is forked from the other, only the file is common.
+    path = tmp_path / "people.fsdb"
+    rows = ((f"person{i}@example.com", {"email": f"person{i}@example.com", "n": str(i) * 20})
+            for i in range(40_000))
+    Store.build(rows, path, codec="row").close()
+    size = path.stat().st_size
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    readers = [subprocess.Popen([sys.executable, "-c", READER_SCRIPT, str(path)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+               for _ in range(2)]
+    try:
+        for reader in readers:
+            assert reader.stdout.readline() == b"ready\n"
+        for reader in readers:
+            mapped = mapping_of(reader.pid, path)
+            assert mapped["Rss"] >= 0.9 * size, mapped
+            assert mapped["Shared_Clean"] >= 0.9 * mapped["Rss"], mapped
+            assert mapped["Pss"] <= 0.6 * mapped["Rss"], mapped  # each pays half
+    finally:
+        for reader in readers:
+            reader.stdin.close()
+            reader.wait(timeout=30)
+            reader.stdout.close()

@@ -214,6 +214,9 @@ class Store(collections.abc.Mapping):
                     length = buf[end]
                     if length < 0x80:
                         return key, end + 1, end + 1 + length
+                    high = buf[end + 1]
+                    if high < 0x80:  # values of 128 bytes to 16 KiB: two bytes
+                        return key, end + 2, end + 2 + (length & 0x7F | high << 7)
                     length, start = read_varint(buf, end)
                     return key, start, start + length
             i += 1

@@ -126,8 +126,13 @@ def tag(crc):
     return crc & 0xFFFF or 1
 
 
+_ONE_BYTE = [bytes((number,)) for number in range(0x80)]
+
+
 def varint(number):
     """Encode a non-negative int as LEB128: 7 bits a byte, low bits first."""
+    if number < 0x80:
+        return _ONE_BYTE[number]
     out = bytearray()
     while number >= 0x80:
         out.append(number & 0x7F | 0x80)
