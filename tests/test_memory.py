@@ -49,10 +49,13 @@ def fixture_text(*parts):
 
 
 def make_memory(pid=1, *, rss, pss, shared_clean=0, shared_dirty=0, private_clean=0,
-                private_dirty=0, swap=0, minor_faults=0, major_faults=0, start_time=1000.0):
+                private_dirty=0, swap=0, anonymous=None, pss_anon=0, pss_file=0,
+                minor_faults=0, major_faults=0, start_time=1000.0):
     return ProcessMemory(
         pid=pid, rss=rss, pss=pss, shared_clean=shared_clean, shared_dirty=shared_dirty,
         private_clean=private_clean, private_dirty=private_dirty, swap=swap,
+        anonymous=rss if anonymous is None else anonymous, pss_anon=pss_anon,
+        pss_file=pss_file,
         minor_faults=minor_faults, major_faults=major_faults, start_time=start_time,
     )
 
@@ -61,15 +64,15 @@ def make_report():
     """A master of 100 MiB whose two workers share most of it."""
     master = make_memory(
         100, rss=100 * MIB, pss=40 * MIB, shared_clean=90 * MIB, private_dirty=10 * MIB,
-        minor_faults=5000, major_faults=3, start_time=1000.0,
+        anonymous=80 * MIB, minor_faults=5000, major_faults=3, start_time=1000.0,
     )
     worker1 = make_memory(
         101, rss=95 * MIB, pss=35 * MIB, shared_clean=90 * MIB, private_dirty=5 * MIB,
-        swap=4 * KIB, minor_faults=700, start_time=1010.0,
+        anonymous=75 * MIB, swap=4 * KIB, minor_faults=700, start_time=1010.0,
     )
     worker2 = make_memory(
         102, rss=95 * MIB, pss=35 * MIB, shared_clean=89 * MIB, shared_dirty=1 * MIB,
-        private_clean=1 * MIB, private_dirty=4 * MIB, minor_faults=650, start_time=1010.5,
+        private_clean=1 * MIB, private_dirty=4 * MIB, anonymous=75 * MIB, minor_faults=650, start_time=1010.5,
     )
     rows = (
         ProcessRow(ProcessInfo(100, "master"), master, 3723.0),
@@ -146,7 +149,8 @@ def test_smaps_sum_agrees_with_rollup_of_the_same_process():
     assert summed["Rss"] == rollup["Rss"]
     # smaps rounds each mapping's Pss down, and a page changed hands between reads.
     assert summed["Pss"] == pytest.approx(rollup["Pss"], rel=0.05)
-    assert set(name for name, _ in procfs.MEMORY_FIELDS) <= set(summed)
+    # Pss_Anon and Pss_File are rollup-only: smaps prints no per-mapping split.
+    assert set(name for name, _ in procfs.MEMORY_FIELDS) - {"Pss_Anon", "Pss_File"} <= set(summed)
 
 
 def test_parsers_accept_bytes_as_well_as_text():
@@ -210,7 +214,8 @@ def test_read_process_uses_smaps_rollup_and_stat():
     mem = reporter.read_process(SLEEP_PID, proc=DATA)
     assert mem == ProcessMemory(
         pid=SLEEP_PID, rss=1828 * KIB, pss=349 * KIB, shared_clean=1676 * KIB, shared_dirty=0,
-        private_clean=40 * KIB, private_dirty=112 * KIB, swap=0, minor_faults=104, major_faults=0,
+        private_clean=40 * KIB, private_dirty=112 * KIB, swap=0, anonymous=112 * KIB,
+        pss_anon=112 * KIB, pss_file=237 * KIB, minor_faults=104, major_faults=0,
         start_time=BOOT_TIME + 67347 / os.sysconf("SC_CLK_TCK"),
     )
 
@@ -354,6 +359,109 @@ def test_process_info_rejects_an_unknown_role():
         ProcessInfo(1, "manager")
 
 
+def test_private_is_anonymous_private_memory_and_file_pages_are_apart():
+    # A worker that touched 296 MiB of a mapped store file alone (Private_Clean)
+    # and copied 6 MiB of the master's heap (Private_Dirty, anonymous).
+    worker = make_memory(rss=400 * MIB, pss=330 * MIB, shared_clean=90 * MIB,
+                         private_clean=296 * MIB, private_dirty=6 * MIB, anonymous=80 * MIB)
+    assert worker.uss == 302 * MIB
+    assert worker.private == 6 * MIB
+    assert worker.file == 320 * MIB
+
+
+def test_private_is_bounded_by_anonymous_when_a_shared_file_is_written():
+    writer = make_memory(rss=50 * MIB, pss=50 * MIB, private_dirty=40 * MIB, anonymous=10 * MIB)
+    assert writer.private == 10 * MIB
+
+
+def test_memory_without_an_anonymous_field_counts_private_dirty_as_private():
+    fields = {"Rss": 8 * KIB, "Private_Dirty": 4 * KIB, "Private_Clean": 2 * KIB}
+    stat = reporter.parse_stat(fixture_text(SLEEP_PID, "stat"))
+    mem = ProcessMemory.from_proc(stat, fields, boot_time=BOOT_TIME, clock_ticks=100)
+    assert (mem.private, mem.file) == (4 * KIB, 0)
+
+
+@pytest.mark.parametrize("title, expected", [
+    ("forkserve: master [app:app]", procfs.Title("master")),
+    ("persondb: worker 12 [persondb.app:app] 3 req, 1.0 MiB private",
+     procfs.Title("worker", worker_id=12)),
+    ("forkserve: generation 3 [app:app]", procfs.Title("master", generation=3)),
+    ("a: b: supervisor [app:app] serving generation 4", procfs.Title("supervisor", serving=4)),
+    ("forkserve: single [x]", procfs.Title("single")),
+    ("python -m forkserve app:app", None),
+    ("sleep 100", None),
+    ("", None),
+])
+def test_process_titles_say_role_worker_id_and_generation(title, expected):
+    assert procfs.parse_title(title) == expected
+
+
+def _tree(titles, children):
+    return dict(title_of=lambda pid: procfs.parse_title(titles.get(pid)),
+                children_of=lambda pid: children.get(pid, []))
+
+
+def test_tree_after_a_reload_lists_supervisor_serving_then_draining_generation():
+    from forkserve.memory import model
+    titles = {1: "f: supervisor [a] serving generation 3", 20: "f: generation 2 [a]",
+              30: "f: generation 3 [a]", 21: "f: worker 1 [a]", 31: "f: worker 1 [a]",
+              32: "f: worker 2 [a] 5 req"}
+    infos = model.tree_infos(1, **_tree(titles, {1: [20, 30], 20: [21], 30: [31, 32]}))
+    assert [(i.pid, i.label) for i in infos] == [
+        (1, "supervisor"), (30, "master g3"), (31, "worker 1 g3"), (32, "worker 2 g3"),
+        (20, "master g2 draining"), (21, "worker 1 g2 draining"),
+    ]
+
+
+def test_tree_with_a_starting_generation_and_untitled_processes():
+    from forkserve.memory import model
+    titles = {1: "f: supervisor [a] serving generation 2", 20: "f: generation 2 [a]",
+              30: "f: generation 3 [a]"}
+    infos = model.tree_infos(1, **_tree(titles, {1: [20, 30], 20: [21]}))
+    assert [(i.pid, i.role, i.state) for i in infos] == [
+        (1, "supervisor", None), (20, "master", "serving"), (21, "worker", "serving"),
+        (30, "single", "starting"),
+    ]
+    # Titles unreadable (setproctitle missing): the shape says it is a supervisor.
+    untitled = model.tree_infos(1, **_tree({}, {1: [20], 20: [21, 22]}))
+    assert [i.role for i in untitled] == ["supervisor", "master", "worker", "worker"]
+
+
+def test_tree_of_a_plain_master_is_master_and_workers_with_their_ids():
+    from forkserve.memory import model
+    titles = {1: "f: master [a]", 2: "f: worker 2 [a]", 3: "f: worker 1 [a]"}
+    infos = model.tree_infos(1, **_tree(titles, {1: [2, 3], 2: [99]}))
+    assert [(i.pid, i.label) for i in infos] == [(1, "master"), (2, "worker 2"),
+                                                 (3, "worker 1")]
+
+
+def test_ratio_after_a_reload_is_against_the_serving_master():
+    memory = make_memory(rss=100 * MIB, pss=50 * MIB)
+    small = make_memory(rss=10 * MIB, pss=10 * MIB)
+    rows = (
+        ProcessRow(ProcessInfo(1, "supervisor"), small, 1.0),
+        ProcessRow(ProcessInfo(30, "master", generation=3, state="serving"), memory, 1.0),
+        ProcessRow(ProcessInfo(31, "worker", generation=3, state="serving"), memory, 1.0),
+        ProcessRow(ProcessInfo(20, "master", generation=2, state="draining"), memory, 1.0),
+    )
+    report = Report(rows, 0.0)
+    assert report.master.info.pid == 30
+    assert report.cost_ratio == pytest.approx(160 / 100)
+    assert "master (g3) RSS 100.0 MiB x 1.60" in reporter.format_table(report)
+    text = reporter.to_prometheus(report)
+    assert 'forkserve_process_private_bytes{pid="20",role="master",generation="2",' \
+           'state="draining"}' in text
+
+
+def test_json_from_a_server_without_the_anonymous_field_is_still_read():
+    data = reporter.to_json(make_report())
+    for entry in data["processes"]:
+        for key in ("anonymous", "pss_anon", "pss_file", "state"):
+            del entry[key]
+    report = reporter.from_json(data)
+    assert report.processes[0].memory.private == 10 * MIB
+
+
 # -- Table ---------------------------------------------------------------------------
 
 
@@ -377,21 +485,22 @@ def test_uptime_is_shown_in_its_two_largest_units(seconds, text):
 def test_table_has_a_row_per_process_a_total_row_and_a_summary():
     lines = reporter.format_table(make_report()).splitlines()
     assert lines[0].split() == [
-        "PID", "ROLE", "RSS", "PSS", "SHARED", "PRIVATE(USS)", "SWAP", "MINFLT", "MAJFLT", "REQS",
-        "UPTIME",
+        "PID", "ROLE", "RSS", "PSS", "SHARED", "PRIVATE", "FILE", "SWAP", "MINFLT", "MAJFLT",
+        "REQS", "UPTIME",
     ]
     assert lines[1].split() == [
-        "100", "master", "100.0", "MiB", "40.0", "MiB", "90.0", "MiB", "10.0", "MiB", "0", "B",
-        "5000", "3", "-", "1h02m",
+        "100", "master", "100.0", "MiB", "40.0", "MiB", "90.0", "MiB", "10.0", "MiB", "20.0",
+        "MiB", "0", "B", "5000", "3", "-", "1h02m",
     ]
     assert lines[2].split()[:3] == ["101", "worker", "1"]
     assert lines[2].split()[-2:] == ["1200", "1h01m"]
     assert lines[3].split()[-2:] == ["-", "1h01m"]
     assert lines[4].split() == [
-        "total", "290.0", "MiB", "110.0", "MiB", "270.0", "MiB", "20.0", "MiB", "4.0", "KiB",
-        "6350", "3", "1200",
+        "total", "290.0", "MiB", "110.0", "MiB", "270.0", "MiB", "19.0", "MiB", "60.0", "MiB",
+        "4.0", "KiB", "6350", "3", "1200",
     ]
-    assert lines[5] == "total PSS 110.0 MiB = master RSS 100.0 MiB x 1.10 (workers add 10.0 MiB)"
+    assert lines[5] == ("total PSS 110.0 MiB = master RSS 100.0 MiB x 1.10 (workers add "
+                        "10.0 MiB, of which 9.0 MiB private copies)")
     assert len(lines) == 6
 
 
@@ -422,7 +531,7 @@ def test_log_report_logs_each_process_then_the_summary(caplog):
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0] == (
         "Memory of master (pid 100): RSS 100.0 MiB, PSS 40.0 MiB, shared 90.0 MiB (90%), "
-        "private 10.0 MiB, swap 0 B"
+        "private 10.0 MiB, file 20.0 MiB, swap 0 B"
     )
     assert messages[1].startswith("Memory of worker 1 (pid 101): ")
     assert messages[3] == "Memory: " + reporter.format_table(make_report()).splitlines()[-1]
@@ -442,14 +551,17 @@ def test_json_keys_are_the_documented_ones():
     data = reporter.to_json(make_report())
     assert list(data) == ["schema", "time", "processes", "totals"]
     assert list(data["processes"][0]) == [
-        "pid", "role", "worker_id", "generation", "requests", "start_time", "uptime",
+        "pid", "role", "worker_id", "generation", "state", "requests", "start_time", "uptime",
         "rss", "pss", "shared_clean", "shared_dirty", "private_clean", "private_dirty", "swap",
-        "uss", "shared", "shared_fraction", "minor_faults", "major_faults",
+        "anonymous", "pss_anon", "pss_file", "private", "file", "uss", "shared",
+        "shared_fraction", "minor_faults", "major_faults",
     ]
     assert list(data["totals"]) == [
-        "processes", "workers", "rss", "pss", "uss", "swap", "master_rss", "workers_cost",
-        "cost_ratio", "minor_faults", "major_faults", "requests",
+        "processes", "workers", "rss", "pss", "uss", "private", "file", "pss_file", "swap",
+        "master_rss", "workers_cost", "copied", "cost_ratio", "minor_faults", "major_faults",
+        "requests",
     ]
+    assert (data["processes"][2]["private"], data["processes"][2]["file"]) == (4 * MIB, 20 * MIB)
     assert data["processes"][1]["worker_id"] == 1
     assert data["processes"][0]["worker_id"] is None
     assert data["totals"]["pss"] == 110 * MIB

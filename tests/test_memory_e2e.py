@@ -1,6 +1,7 @@
 """The reporter on a live server: figures, endpoints, and recycling on USS."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -177,3 +178,43 @@ def test_worker_titles_show_requests_and_private_memory(run_server):
     assert title(server.pid) == "persondb: master [hog:app]"
     poll(lambda: re.fullmatch(r"persondb: worker 1 \[hog:app\] \d+ req, [\d.]+ MiB private",
                               title(worker)), message=f"the worker title, now {title(worker)!r}")
+
+
+def _recycled_worker(server, old):
+    children = server.children()
+    return len(children) == 1 and children != [old] and children
+
+
+def test_max_worker_memory_counts_copies_not_mapped_file_pages(run_server, tmp_path):
+    # A 120 MiB file, written and flushed here: a stand-in for a store file.
+    # A worker that reads it all holds 120 MiB of file pages only it maps
+    # (Private_Clean, in its USS), which the kernel can drop at any time.
+    data = tmp_path / "store.bin"
+    with open(data, "wb") as handle:
+        for _ in range(120):
+            handle.write(os.urandom(1024 * 1024))
+        handle.flush()
+        os.fsync(handle.fileno())
+    server = run_server("-w", "1", "--max-worker-memory", "40", "--memory-log-interval", "0.25",
+                        app="hog:app")
+    [worker] = server.wait_workers(1)
+    assert server.get(f"/map?{data}") == (200, str(worker))
+    reading = _independent_reading(worker)
+    assert reading["private_clean"] > 100 * 1024 * 1024  # USS alone would be over the limit
+
+    # The master checks every 2 s; its memory log (every 0.25 s, same loop)
+    # paces the wait: after 16 more lines, it has checked at least once.
+    lines = server.log().count(f"(pid {worker}): ")
+    poll(lambda: server.log().count(f"(pid {worker}): ") >= lines + 16, timeout=30,
+         message="the master to log the mapped worker's memory 16 more times")
+    assert server.children() == [worker]
+    assert "over --max-worker-memory" not in server.log()
+    assert re.search(rf"worker 1 \(pid {worker}\): .* private [\d.]+ (KiB|MiB), "
+                     r"file 1[2-9]\d\.\d MiB", server.log())
+
+    assert server.get("/alloc?60") == (200, str(worker))  # 60 MiB of anonymous copies
+    poll(lambda: _recycled_worker(server, worker), timeout=20,
+         message="the worker that copied 60 MiB to be recycled")
+    recycled = re.search(r"has ([\d.]+) MiB private memory, over --max-worker-memory 40 MiB",
+                         server.log())
+    assert recycled and 60 <= float(recycled.group(1)) < 100, server.log()

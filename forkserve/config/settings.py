@@ -199,8 +199,9 @@ SETTINGS = (
             "Log every process's shared and private memory every this many seconds. 0 disables.",
             metavar="SECONDS", section="memory"),
     Setting("max_worker_memory", ("--max-worker-memory",), _whole(0), 0,
-            "Recycle a worker gracefully when its private memory (USS, not RSS) exceeds this "
-            "many MiB. 0 disables.", metavar="MB", section="memory"),
+            "Recycle a worker gracefully when its private anonymous memory (copy-on-write "
+            "copies and its own allocations; not RSS, not mapped file pages) exceeds this many "
+            "MiB. 0 disables.", metavar="MB", section="memory"),
     Setting("limit_request_line", ("--limit-request-line",), _whole(0), 4094,
             "Longest request line in bytes; longer gets 414. 0 means the built-in maximum (65536).",
             metavar="BYTES", section="http"),

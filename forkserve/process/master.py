@@ -329,10 +329,10 @@ class Master:
             if record.state != "ready":
                 continue
             reading = reporter.read_process(record.pid)
-            if reading is not None and reading.uss > limit:
+            if reading is not None and reading.private > limit:  # anonymous: copies, not files
                 log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
                             "--max-worker-memory %d MiB; recycling it", record.worker_id,
-                            record.pid, reading.uss / 2**20, self.cfg.max_worker_memory)
+                            record.pid, reading.private / 2**20, self.cfg.max_worker_memory)
                 record.state = "retiring"
                 return
 

@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 
-from forkserve.memory import cow, reporter, procfs
+from forkserve.memory import cow, model, reporter
 from forkserve import exits, logs
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.process.master import _original
@@ -64,7 +64,7 @@ class Supervisor:
         self._select = _original("select", "select")
 
     def run(self) -> int:
-        procname.set_title(self.cfg, "master", self.app_name)
+        self.set_title()
         self.queue.install(MASTER_SIGNALS)
         signals.release()
         try:
@@ -115,6 +115,7 @@ class Supervisor:
         self.pending = None
         self.serving = new.pid
         self.failures = 0
+        self.set_title()
         log.info("Generation %d (pid %d) serves", new.number, new.pid)
         systemd.notify("READY=1")
         if old is not None:
@@ -209,15 +210,19 @@ class Supervisor:
 
     # --- memory ---
 
+    def set_title(self):
+        """'forkserve: supervisor [app] serving generation 3': `forkserve memory
+        --pid` reads which generation serves from it."""
+        number = self.generations.get(self.serving)
+        procname.set_title(self.cfg, "supervisor", self.app_name,
+                           f"serving generation {number}" if number else "")
+
     def report(self):
-        infos = [reporter.ProcessInfo(os.getpid(), "supervisor")]
-        for pid, number in sorted(self.generations.items(), key=lambda item: item[1]):
-            children = procfs.child_pids(pid)
-            infos.append(reporter.ProcessInfo(pid, "master" if children else "single",
-                                            generation=number))
-            infos.extend(reporter.ProcessInfo(child, "worker", generation=number)
-                         for child in children)
-        return reporter.collect(infos)
+        pending = self.pending.pid if self.pending is not None else None
+        generations = [(pid, number, "serving" if pid == self.serving else
+                        "starting" if pid == pending else "draining")
+                       for pid, number in self.generations.items()]
+        return reporter.collect(model.supervised_infos(os.getpid(), generations))
 
 
 def main():

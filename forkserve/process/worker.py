@@ -138,7 +138,7 @@ class Worker:
     def update_title(self):
         """Show requests served and private memory in ps/top."""
         reading = procfs.read_process(os.getpid())
-        private = f", {reporter.format_size(reading.uss)} private" if reading else ""
+        private = f", {reporter.format_size(reading.private)} private" if reading else ""
         procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name,
                            f"{self.requests} req{private}")
 

@@ -1,0 +1,251 @@
+"""The memory report: which processes make up the server, and what they cost.
+
+Definitions the numbers rest on (the per-process figures are
+forkserve.memory.procfs.ProcessMemory's):
+
+- RSS counts every resident page a process maps, shared or not, so summing
+  RSS over forked workers counts the shared dataset once per worker.
+- PSS divides each shared page among the processes mapping it, so the sum
+  of PSS over the server is what the server costs the machine.
+- private (min(Private_Dirty, Anonymous)) is the anonymous memory a process
+  alone holds: a worker's copy-on-write copies of the master's pages and its
+  own allocations. It is what --max-worker-memory limits and what the
+  workers' "copied" total adds up.
+- file (Rss - Anonymous) is resident file-backed memory: the mapped store,
+  libraries. It sits once in the page cache whoever maps it, and the kernel
+  can drop its clean pages at any time, so it is shown apart and never
+  limited. USS (Private_Clean + Private_Dirty) mixes the two and is kept
+  only in JSON and Prometheus, for readers that want it.
+- The master's RSS is what the application costs in one process. What the
+  workers add on top is ``workers_cost = total PSS - master RSS`` and
+  ``cost_ratio = total PSS / master RSS``: 1.0 means the workers are free,
+  N + 1 means N workers share nothing.
+
+The server is a tree. Without reloads: a master and its workers (or a single
+process). After a HUP: a supervisor (no application), the master of the
+generation serving and its workers, and for a while a generation still
+draining or one starting. "The master" of the ratio is always the serving
+generation's; the supervisor and other generations still count in the
+totals, since the machine pays for them.
+"""
+
+import dataclasses
+import time
+
+from forkserve.memory import procfs
+from forkserve.memory.procfs import PROC, ProcessMemory, read_process
+
+__all__ = [
+    "ProcessInfo", "ProcessRow", "Report", "collect", "discover", "supervised_infos",
+    "tree_infos",
+]
+
+ROLES = ("master", "worker", "single", "supervisor")
+
+#: States of a generation (and its processes) under a supervisor; None
+#: outside one.
+STATES = (None, "serving", "starting", "draining")
+
+
+@dataclasses.dataclass
+class ProcessInfo:
+    """What the caller (the master's scoreboard, or discover()) knows of a process."""
+
+    pid: int
+    role: str  # "master" | "worker" | "single" | "supervisor"
+    worker_id: int | None = None
+    requests: int | None = None
+    generation: int | None = None
+    state: str | None = None  # see STATES
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {self.role!r}")
+        if self.state not in STATES:
+            raise ValueError(f"state must be one of {STATES}, not {self.state!r}")
+
+    @property
+    def label(self):
+        """The role as shown in the table: "worker 3", "master g2 draining"."""
+        text = self.role
+        if self.role == "worker" and self.worker_id is not None:
+            text = f"worker {self.worker_id}"
+        if self.state is not None and self.generation is not None:
+            text = f"{text} g{self.generation}"
+        if self.state in ("starting", "draining"):
+            text = f"{text} {self.state}"
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessRow:
+    info: ProcessInfo
+    memory: ProcessMemory
+    uptime: float  # seconds
+
+
+def _total(attribute):
+    return property(lambda report: sum(getattr(row.memory, attribute)
+                                       for row in report.processes),
+                    doc=f"Sum of {attribute} over the server.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """One reading of the whole server. Totals are derived from the rows."""
+
+    processes: tuple[ProcessRow, ...]
+    time: float  # epoch seconds the reading was taken
+
+    total_rss = _total("rss")  # counts shared pages once per process, so overstates
+    total_pss = _total("pss")
+    total_uss = _total("uss")
+    total_private = _total("private")
+    total_file = _total("file")  # counts shared page-cache pages once per process
+    total_pss_file = _total("pss_file")
+    total_shared = _total("shared")
+    total_swap = _total("swap")
+    minor_faults = _total("minor_faults")
+    major_faults = _total("major_faults")
+
+    @property
+    def process_count(self):
+        return len(self.processes)
+
+    @property
+    def worker_count(self):
+        return sum(row.info.role == "worker" for row in self.processes)
+
+    @property
+    def master(self):
+        """The row of the process holding the serving application (its
+        generation's master, or "single" without workers), or None."""
+        for row in self.processes:
+            if row.info.role in ("master", "single") and row.info.state in (None, "serving"):
+                return row
+        return None
+
+    @property
+    def copied(self):
+        """Private (anonymous) memory of the serving master's workers."""
+        master = self.master
+        generation = master.info.generation if master else None
+        return sum(row.memory.private for row in self.processes
+                   if row.info.role == "worker" and row.info.state in (None, "serving")
+                   and (generation is None or row.info.generation in (None, generation)))
+
+    @property
+    def requests(self):
+        """Requests served by all processes, or None if no process knows."""
+        known = [row.info.requests for row in self.processes if row.info.requests is not None]
+        return sum(known) if known else None
+
+    @property
+    def master_rss(self):
+        return self.master.memory.rss if self.master else None
+
+    @property
+    def workers_cost(self):
+        """Bytes the workers add on top of one process: total PSS - master RSS."""
+        return self.total_pss - self.master_rss if self.master else None
+
+    @property
+    def cost_ratio(self):
+        """Total PSS / master RSS: 1.0 if workers cost nothing."""
+        return self.total_pss / self.master_rss if self.master_rss else None
+
+
+def collect(infos, now=None, *, proc=PROC, read=read_process):
+    """Read /proc for each process; those that have exited are left out."""
+    now = time.time() if now is None else now
+    unique = list({info.pid: info for info in reversed(infos)}.values())[::-1]
+    rows = []
+    for info, memory in zip(unique, _read_all([info.pid for info in unique], proc, read)):
+        if memory is not None:
+            rows.append(ProcessRow(info, memory, max(0.0, now - memory.start_time)))
+    return Report(tuple(rows), now)
+
+
+def _read_all(pids, proc, read):
+    return [read(pid, proc=proc) for pid in pids]
+
+
+def _title_in(proc):
+    return lambda pid: procfs.parse_title(procfs.read_title(pid, proc=proc))
+
+
+def _children_in(proc):
+    return lambda pid: procfs.child_pids(pid, proc=proc)
+
+
+def discover(pid, *, proc=PROC):
+    """The processes of the server whose pid file names pid, as ProcessInfo.
+
+    Reads process titles and children from /proc (see tree_infos). Raises
+    ProcessLookupError if pid is not running.
+    """
+    if procfs.read_stat(pid, proc=proc) is None:
+        raise ProcessLookupError(f"no process {pid}")
+    return tree_infos(pid, title_of=_title_in(proc), children_of=_children_in(proc))
+
+
+def tree_infos(root, *, title_of, children_of):
+    """Label the process tree under root (pure: the readers are injected).
+
+    title_of(pid) gives a procfs.Title or None, children_of(pid) a list of
+    pids. root is a supervisor if its title says so, or, untitled, if a
+    child of it has children. Under a supervisor, the generation its title
+    names (else the newest) is serving, older ones draining, newer starting.
+    """
+    title = title_of(root)
+    children = children_of(root)
+    if title is not None and title.role != "supervisor" or (
+            title is None and not any(children_of(child) for child in children)):
+        return _master_and_workers(root, None, None, title_of, children_of)
+    numbers = {}
+    for child in children:
+        child_title = title_of(child)
+        numbers[child] = child_title.generation if child_title else None
+    known = [number for number in numbers.values() if number is not None]
+    serving = title.serving if title is not None and title.serving else (
+        max(known) if known else None)
+    generations = [(pid, number, _state(number, serving)) for pid, number in numbers.items()]
+    return supervised_infos(root, generations, title_of=title_of, children_of=children_of)
+
+
+def _state(number, serving):
+    if number is None or serving is None or number == serving:
+        return "serving"
+    return "draining" if number < serving else "starting"
+
+
+_ORDER = {"serving": 0, "draining": 1, "starting": 2}
+
+
+def supervised_infos(supervisor, generations, *, title_of=None, children_of=None,
+                     proc=PROC):
+    """A supervisor, then each generation's master and workers: the serving
+    one first, then draining, then starting ones.
+
+    generations is [(master pid, generation number, state)]; title_of and
+    children_of default to reading /proc.
+    """
+    title_of = title_of or _title_in(proc)
+    children_of = children_of or _children_in(proc)
+    infos = [ProcessInfo(supervisor, "supervisor")]
+    for pid, number, state in sorted(generations, key=lambda g: (_ORDER[g[2]], g[1] or 0)):
+        infos += _master_and_workers(pid, number, state, title_of, children_of)
+    return infos
+
+
+def _master_and_workers(pid, generation, state, title_of, children_of):
+    children = children_of(pid)
+    if not children:
+        return [ProcessInfo(pid, "single", generation=generation, state=state)]
+    infos = [ProcessInfo(pid, "master", generation=generation, state=state)]
+    for child in children:
+        child_title = title_of(child)
+        worker_id = child_title.worker_id if child_title else None
+        infos.append(ProcessInfo(child, "worker", worker_id=worker_id, generation=generation,
+                                 state=state))
+    return infos
