@@ -427,6 +427,23 @@ def test_tree_with_a_starting_generation_and_untitled_processes():
     assert [i.role for i in untitled] == ["supervisor", "master", "worker", "worker"]
 
 
+def test_tree_of_a_master_handing_over_to_its_first_generation():
+    from forkserve.memory import model
+    titles = {1: "f: master [a] serving generation 2", 2: "f: worker 1 [a]",
+              30: "f: generation 2 [a]", 31: "f: worker 1 [a]"}
+    infos = model.tree_infos(1, **_tree(titles, {1: [2, 30], 30: [31]}))
+    assert [(i.pid, i.label) for i in infos] == [
+        (30, "master g2"), (31, "worker 1 g2"), (1, "master g1 draining"),
+        (2, "worker 1 g1 draining"),
+    ]
+    titles[1] = "f: master [a]"  # generation 2 is not serving yet
+    infos = model.tree_infos(1, **_tree(titles, {1: [2, 30], 30: [31]}))
+    assert [(i.pid, i.label) for i in infos] == [
+        (1, "master g1"), (2, "worker 1 g1"), (30, "master g2 starting"),
+        (31, "worker 1 g2 starting"),
+    ]
+
+
 def test_tree_of_a_plain_master_is_master_and_workers_with_their_ids():
     from forkserve.memory import model
     titles = {1: "f: master [a]", 2: "f: worker 2 [a]", 3: "f: worker 1 [a]"}
@@ -447,7 +464,8 @@ def test_ratio_after_a_reload_is_against_the_serving_master():
     report = Report(rows, 0.0)
     assert report.master.info.pid == 30
     assert report.cost_ratio == pytest.approx(160 / 100)
-    assert "master (g3) RSS 100.0 MiB x 1.60" in reporter.format_table(report)
+    assert "master (g3) RSS 100.0 MiB x 1.60 (the other processes add" in \
+        reporter.format_table(report)
     text = reporter.to_prometheus(report)
     assert 'forkserve_process_private_bytes{pid="20",role="master",generation="2",' \
            'state="draining"}' in text
@@ -500,7 +518,7 @@ def test_table_has_a_row_per_process_a_total_row_and_a_summary():
         "4.0", "KiB", "6350", "3", "1200",
     ]
     assert lines[5] == ("total PSS 110.0 MiB = master RSS 100.0 MiB x 1.10 (workers add "
-                        "10.0 MiB, of which 9.0 MiB private copies)")
+                        "10.0 MiB; serving workers hold 9.0 MiB of private copies)")
     assert len(lines) == 6
 
 

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -218,3 +219,112 @@ def test_max_worker_memory_counts_copies_not_mapped_file_pages(run_server, tmp_p
     recycled = re.search(r"has ([\d.]+) MiB private memory, over --max-worker-memory 40 MiB",
                          server.log())
     assert recycled and 60 <= float(recycled.group(1)) < 100, server.log()
+
+
+def _memory_json(*where):
+    out = subprocess.run([sys.executable, "-m", "forkserve", "memory", *where, "--json"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _tree(report):
+    return [(row["pid"], row["role"], row["generation"], row["state"])
+            for row in report["processes"]]
+
+
+def _children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as handle:
+        return sorted(int(child) for child in handle.read().split())
+
+
+def _title(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        return handle.read().replace(b"\0", b" ").decode().strip()
+
+
+def _generation_masters(supervisor):
+    return [pid for pid in _children(supervisor) if _title(pid).split(": ", 1)[1].startswith(
+        ("generation", "master"))]
+
+
+def _reload_while_a_request_is_held(server, release, new_generation):
+    """HUP with a request in flight; return (new master, its workers) once
+    the new generation serves and the old one is still draining."""
+    held = threading.Thread(target=server.get, args=(f"/hold?{release}",),
+                            kwargs={"timeout": 60})
+    held.start()
+    poll(lambda: os.path.exists(f"{release}.held"), message="the held request to arrive")
+    before = set(_children(server.pid))
+    server.signal(signal.SIGHUP)
+    poll(lambda: re.search(rf"Generation {new_generation} \(pid \d+\) serves", server.log()),
+         timeout=30, message=f"generation {new_generation} to serve")
+    [new_master] = set(_children(server.pid)) - before
+    workers = poll(lambda: len(_children(new_master)) == 2 and _children(new_master),
+                   timeout=30, message=f"generation {new_generation}'s workers")
+    return held, new_master, workers
+
+
+def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
+        run_server, tmp_path):
+    pidfile = tmp_path / "server.pid"
+    server = run_server("-w", "2", "--pid", str(pidfile), "--stats", "127.0.0.1:0",
+                        app="hog:app")
+    first_workers = server.wait_workers(2)
+    stats = ("--stats", f"127.0.0.1:{_stats_port(server)}")
+
+    # The first HUP: the master drains its own workers under generation 2.
+    held, g2_master, g2_workers = _reload_while_a_request_is_held(
+        server, tmp_path / "release1", 2)
+    try:
+        tree = _tree(_memory_json("--pid", str(pidfile)))
+        assert tree[:4] == [(g2_master, "master", 2, "serving"),
+                            (g2_workers[0], "worker", 2, "serving"),
+                            (g2_workers[1], "worker", 2, "serving"),
+                            (server.pid, "master", 1, "draining")]
+        assert {row[0] for row in tree[4:]} <= set(first_workers)
+        assert {row[1:] for row in tree[4:]} == {("worker", 1, "draining")}
+        assert _tree(_memory_json(*stats))[:4] == tree[:4]
+    finally:
+        (tmp_path / "release1").touch()
+        held.join(60)
+    poll(lambda: "continues as its supervisor" in server.log(), timeout=30,
+         message="the master to become the supervisor")
+    assert "supervisor" in _title(server.pid) and "master" not in _title(server.pid)
+
+    # The second HUP: the supervisor serves generation 3, generation 2 drains.
+    held, g3_master, g3_workers = _reload_while_a_request_is_held(
+        server, tmp_path / "release2", 3)
+    try:
+        assert "serving generation 3" in _title(server.pid)
+        tree = _tree(_memory_json("--pid", str(pidfile)))
+        assert tree[:5] == [(server.pid, "supervisor", None, None),
+                            (g3_master, "master", 3, "serving"),
+                            (g3_workers[0], "worker", 3, "serving"),
+                            (g3_workers[1], "worker", 3, "serving"),
+                            (g2_master, "master", 2, "draining")]
+        assert {row[0] for row in tree[5:]} <= set(g2_workers)
+        assert {row[1:] for row in tree[5:]} == {("worker", 2, "draining")}
+        assert _tree(_memory_json(*stats)) == tree
+    finally:
+        (tmp_path / "release2").touch()
+        held.join(60)
+    poll(lambda: g2_master not in _children(server.pid), timeout=30,
+         message="generation 2 to finish draining")
+
+    for where in (("--pid", str(pidfile)), stats):
+        report = _memory_json(*where)
+        assert _tree(report) == [(server.pid, "supervisor", None, None),
+                                 (g3_master, "master", 3, "serving"),
+                                 (g3_workers[0], "worker", 3, "serving"),
+                                 (g3_workers[1], "worker", 3, "serving")]
+        rows = {row["pid"]: row for row in report["processes"]}
+        assert report["totals"]["master_rss"] == rows[g3_master]["rss"]
+        assert report["totals"]["cost_ratio"] == pytest.approx(
+            report["totals"]["pss"] / rows[g3_master]["rss"])
+    table = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--pid", str(pidfile)],
+                           capture_output=True, text=True, timeout=30).stdout
+    assert "master (g3) RSS" in table and "worker 2 g3" in table
+    metrics = _fetch(_stats_port(server), "/metrics")[2]
+    assert re.search(rf'pid="{g3_workers[0]}",role="worker",worker="\d",generation="3",'
+                     r'state="serving"', metrics)

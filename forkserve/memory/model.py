@@ -193,24 +193,39 @@ def tree_infos(root, *, title_of, children_of):
     """Label the process tree under root (pure: the readers are injected).
 
     title_of(pid) gives a procfs.Title or None, children_of(pid) a list of
-    pids. root is a supervisor if its title says so, or, untitled, if a
-    child of it has children. Under a supervisor, the generation its title
-    names (else the newest) is serving, older ones draining, newer starting.
+    pids. Three shapes:
+
+    - a supervisor (its title says so or, untitled, a child of it has
+      children): every child is a generation's master;
+    - a master handing over to its first generation: children titled
+      "generation N" are that generation's master, the others its own
+      workers (generation 1);
+    - a master and its workers, or a single process.
+
+    The generation a title says is served ("serving generation N"; else the
+    newest, or during a handover the master's own) is "serving", older ones
+    "draining", newer ones "starting".
     """
     title = title_of(root)
     children = children_of(root)
-    if title is not None and title.role != "supervisor" or (
-            title is None and not any(children_of(child) for child in children)):
-        return _master_and_workers(root, None, None, title_of, children_of)
-    numbers = {}
-    for child in children:
-        child_title = title_of(child)
-        numbers[child] = child_title.generation if child_title else None
-    known = [number for number in numbers.values() if number is not None]
-    serving = title.serving if title is not None and title.serving else (
-        max(known) if known else None)
-    generations = [(pid, number, _state(number, serving)) for pid, number in numbers.items()]
-    return supervised_infos(root, generations, title_of=title_of, children_of=children_of)
+    titles = {child: title_of(child) for child in children}
+    numbers = {child: t.generation for child, t in titles.items() if t and t.generation}
+    serving = title.serving if title is not None else None
+    if title is not None and title.role == "supervisor" or (
+            title is None and any(children_of(child) for child in children)):
+        numbers = {child: numbers.get(child) for child in children}
+        known = [number for number in numbers.values() if number is not None]
+        serving = serving or (max(known) if known else None)
+        generations = [(pid, number, _state(number, serving)) for pid, number in numbers.items()]
+        return supervised_infos(root, generations, title_of=title_of, children_of=children_of)
+    own = [child for child in children if child not in numbers]
+    if not numbers:
+        return _master_and_workers(root, own, None, None, titles.get)
+    serving = serving or 1
+    entries = [(root, own, 1, _state(1, serving))] + [
+        (pid, children_of(pid), number, _state(number, serving))
+        for pid, number in numbers.items()]
+    return _in_order(entries, title_of)
 
 
 def _state(number, serving):
@@ -232,14 +247,19 @@ def supervised_infos(supervisor, generations, *, title_of=None, children_of=None
     """
     title_of = title_of or _title_in(proc)
     children_of = children_of or _children_in(proc)
-    infos = [ProcessInfo(supervisor, "supervisor")]
-    for pid, number, state in sorted(generations, key=lambda g: (_ORDER[g[2]], g[1] or 0)):
-        infos += _master_and_workers(pid, number, state, title_of, children_of)
+    entries = [(pid, children_of(pid), number, state) for pid, number, state in generations]
+    return [ProcessInfo(supervisor, "supervisor")] + _in_order(entries, title_of)
+
+
+def _in_order(entries, title_of):
+    """entries: [(master pid, its children, generation, state)]."""
+    infos = []
+    for pid, children, number, state in sorted(entries, key=lambda e: (_ORDER[e[3]], e[2] or 0)):
+        infos += _master_and_workers(pid, children, number, state, title_of)
     return infos
 
 
-def _master_and_workers(pid, generation, state, title_of, children_of):
-    children = children_of(pid)
+def _master_and_workers(pid, children, generation, state, title_of):
     if not children:
         return [ProcessInfo(pid, "single", generation=generation, state=state)]
     infos = [ProcessInfo(pid, "master", generation=generation, state=state)]

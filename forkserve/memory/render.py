@@ -72,11 +72,13 @@ def _summary(report):
         return f"total PSS {format_size(report.total_pss)}: a single process, no workers"
     master = report.master.info
     which = f"master (g{master.generation})" if master.state else "master"
+    others = "workers" if all(row.info.role == "worker" or row.info is master
+                              for row in report.processes) else "the other processes"
     return (
         f"total PSS {format_size(report.total_pss)} = {which} RSS "
         f"{format_size(report.master_rss)} x {report.cost_ratio:.2f} "
-        f"(workers add {format_size(report.workers_cost)}, of which "
-        f"{format_size(report.copied)} private copies)"
+        f"({others} add {format_size(report.workers_cost)}; serving workers hold "
+        f"{format_size(report.copied)} of private copies)"
     )
 
 

@@ -195,6 +195,8 @@ class Master:
             log.info("Generation %d (pid %d) serves; draining the old workers",
                      self.pending.number, self.pending.pid)
             self.handing_over = True
+            procname.set_title(self.cfg, "master", self.app_name,
+                               f"serving generation {self.pending.number}")  # read by discover()
             self.stop_deadline = time.monotonic() + self.cfg.graceful_timeout + 1.0
             self.stop_all(signal.SIGTERM)
         if self.handing_over and (not self.workers or time.monotonic() > self.stop_deadline):
@@ -439,6 +441,8 @@ class Master:
         return infos
 
     def report(self):
+        if self.pending is not None:  # first reload: the tree has a generation under us
+            return reporter.collect(reporter.discover(os.getpid()))
         return reporter.collect(self.process_infos())
 
     def log_memory(self):

@@ -3,7 +3,8 @@
   /alloc?MB    allocate and touch MB of anonymous memory (copies count as this)
   /map?PATH    map the file at PATH read-only and read every page of it: file
                pages, resident in the page cache, not copies
-  /hold?PATH   answer once the file at PATH exists (keeps a request in flight)
+  /hold?PATH   create PATH.held, then answer once the file at PATH exists
+               (keeps a request in flight)
 """
 
 import mmap
@@ -27,6 +28,7 @@ def app(environ, start_response):
         sum(mapped[offset] for offset in range(0, len(mapped), mmap.PAGESIZE))
         _held.append(mapped)
     elif path == "/hold":
+        open(environ["QUERY_STRING"] + ".held", "w").close()
         deadline = time.monotonic() + 60
         while not os.path.exists(environ["QUERY_STRING"]) and time.monotonic() < deadline:
             time.sleep(0.05)  # cooperative under gevent: other requests go on
