@@ -6,6 +6,7 @@ README); the live tests fork real processes and compare our readings with an
 independent reading of /proc/PID/smaps_rollup.
 """
 
+import collections
 import contextlib
 import dataclasses
 import errno
@@ -17,6 +18,7 @@ import re
 import signal
 import socket
 import socketserver
+import struct
 import subprocess
 import sys
 import textwrap
@@ -1079,3 +1081,84 @@ def test_memory_command_watch_json_prints_one_document_per_line(tmp_path, monkey
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3
     assert all(json.loads(line) == reporter.to_json(report) for line in lines)
+
+
+# -- forkserve memory --why ------------------------------------------------------------
+
+from forkserve.memory import why  # noqa: E402
+
+
+def test_why_reads_only_private_writable_mappings():
+    maps = textwrap.dedent("""\
+        55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0          [heap]
+        7f0000000000-7f0000100000 rw-p 00000000 00:00 0
+        7f0000100000-7f0000200000 r--p 00000000 08:01 42         /usr/lib/libc.so.6
+        7f0000200000-7f0000300000 rw-s 00000000 08:01 43         /tmp/store
+        7f0000300000-7f0000301000 rw-p 00010000 08:01 42         /usr/lib/libc.so.6
+        """)
+    assert why.parse_maps(maps) == [(0x55D0C0000000, 0x55D0C0021000),
+                                    (0x7F0000000000, 0x7F0000100000),
+                                    (0x7F0000300000, 0x7F0000301000)]
+
+
+def test_why_keeps_present_anonymous_exclusive_pagemap_entries():
+    present, exclusive, file_page = 1 << 63, 1 << 56, 1 << 61
+    entries = [present | exclusive | 0x1234,  # copied: kept
+               present | 0x99,  # still shared with the master
+               present | exclusive | file_page,  # a file page only this process maps
+               exclusive,  # not present (swapped out or never touched)
+               present | exclusive]
+    data = struct.pack(f"{len(entries)}Q", *entries)
+    assert why.decode_pagemap(data, first_page=1000) == [1000, 1004]
+
+
+def test_why_splits_each_page_evenly_among_the_object_headers_on_it():
+    counts = {7: collections.Counter({(0, "dict"): 1, (0, "str"): 2, (1, "str"): 1}),
+              9: collections.Counter({(1, "int"): 4})}
+    by_root, by_type = why.attribute(counts, page_size=4096)
+    assert by_root == {0: 3072, 1: 1024 + 4096}
+    assert by_type == {"dict": 1024, "str": 3072, "int": 4096}
+
+
+_COPIED = {}
+
+
+@linux_only
+def test_why_blames_the_copied_pages_on_the_module_global_that_holds_them():
+    # A "master" (this process) holding a dataset; a "worker" forked from it
+    # reads half the dataset (refcount writes copy those pages); an "auditor"
+    # forked from the master walks and reads the worker's pagemap.
+    _COPIED.clear()
+    _COPIED.update((f"key{n}", [f"value {n}" * 4, n * 1.5]) for n in range(60_000))
+    wrote_r, wrote_w = os.pipe()
+    worker = os.fork()
+    if worker == 0:
+        os.close(wrote_r)
+        touched = [value for n, value in enumerate(_COPIED.values()) if n % 2 == 0]
+        os.write(wrote_w, b"1")
+        signal.pause()
+        os._exit(0)
+    os.close(wrote_w)
+    try:
+        assert os.read(wrote_r, 1) == b"1"
+        answer_r, answer_w = os.pipe()
+        auditor = os.fork()
+        if auditor == 0:
+            os.close(answer_r)
+            with os.fdopen(answer_w, "w") as out:
+                json.dump(why.explain(worker, first_modules=[__name__]), out)
+            os._exit(0)
+        os.close(answer_w)
+        with os.fdopen(answer_r) as source:
+            answer = json.load(source)
+        os.waitpid(auditor, 0)
+    finally:
+        os.close(wrote_r)
+        os.kill(worker, signal.SIGKILL)
+        os.waitpid(worker, 0)
+        _COPIED.clear()
+    top = answer["owners"][0]
+    assert top["name"] == f"{__name__}._COPIED" and top["what"] == "dict of 60,000 entries"
+    assert top["bytes"] > 0.5 * answer["on_objects_bytes"]
+    assert answer["on_objects_bytes"] <= answer["exclusive_bytes"]
+    assert "_COPIED: dict of 60,000 entries" in why.format_why(answer)

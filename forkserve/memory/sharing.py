@@ -168,11 +168,11 @@ def _support(accelerated):
     if hasattr(sys, "gettotalrefcount"):
         return _Support(None, "debug builds track every reference")
     if accelerated:
-        from forkserve import _immortal as backend
+        from forkserve.memory import _immortal as backend
     else:
         backend = _ctypes_backend()
         if backend is None:
-            return _Support(None, "the C extension forkserve._immortal is not built "
+            return _Support(None, "the C extension forkserve.memory._immortal is not built "
                                   "and ctypes is unavailable")
     value = backend.refcnt(None)
     if value != sys.getrefcount(None):

@@ -25,7 +25,7 @@ import signal
 import time
 
 from forkserve import exits
-from forkserve.memory import reporter
+from forkserve.memory import reporter, why
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.exits import HaltServer
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard
@@ -111,6 +111,7 @@ class Master:
         role = "master" if self.reloadable else f"generation {self.generation}"
         procname.set_title(self.cfg, role, self.app_name)
         self.queue.install(MASTER_SIGNALS, setter=_original("signal", "signal"))
+        self.why = why.listen(self.app_name, fork=self._fork)  # forkserve memory --why
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         try:
@@ -141,6 +142,7 @@ class Master:
         if self.next_spawn_at > time.monotonic():
             timeout = min(timeout, self.next_spawn_at - time.monotonic())
         watched = [self.queue.wake_r] + (self.stats.filenos() if self.stats else [])
+        watched += self.why.filenos()
         if self.pending is not None and not self.handing_over:
             watched.append(self.pending.ready_fd)
         try:
@@ -151,6 +153,7 @@ class Master:
             return
         if self.queue.wake_r in readable:
             self.queue.drain_wakeups()
+        self.why.service(readable)
         if self.stats:
             self.stats.service(readable, writable, self.report)
 
