@@ -10,6 +10,7 @@ import collections
 import contextlib
 import dataclasses
 import errno
+import gc
 import http.server
 import json
 import logging
@@ -312,6 +313,29 @@ def test_collect_drops_vanished_and_repeated_processes_and_derives_uptime():
     assert report.time == start + 90.0
 
 
+def test_read_processes_keeps_the_order_and_reads_on_several_threads():
+    # Reads are taken from the end; the last three wait for each other, so
+    # they only return if three threads read at once.
+    together = threading.Barrier(3, timeout=10)
+
+    def read(pid, proc):
+        if pid >= 9:
+            together.wait()
+        return pid * 10
+
+    assert procfs.read_processes(range(12), read=read, threads=3) == [n * 10 for n in range(12)]
+
+
+def test_read_processes_passes_an_error_on():
+    def read(pid, proc):
+        if pid == 5:
+            raise PermissionError(13, "Permission denied", f"/proc/{pid}/smaps_rollup")
+        return pid
+
+    with pytest.raises(PermissionError):
+        procfs.read_processes(range(8), read=read, threads=2)
+
+
 # -- The report -------------------------------------------------------------------
 
 
@@ -571,7 +595,8 @@ def test_json_keys_are_the_documented_ones():
     data = reporter.to_json(make_report())
     assert list(data) == ["schema", "time", "processes", "totals"]
     assert list(data["processes"][0]) == [
-        "pid", "role", "worker_id", "generation", "state", "requests", "start_time", "uptime",
+        "pid", "role", "worker_id", "generation", "state", "requests", "gc_collections",
+        "gc_pause", "start_time", "uptime",
         "rss", "pss", "shared_clean", "shared_dirty", "private_clean", "private_dirty", "swap",
         "anonymous", "pss_anon", "pss_file", "private", "file", "uss", "shared",
         "shared_fraction", "minor_faults", "major_faults",
@@ -579,7 +604,7 @@ def test_json_keys_are_the_documented_ones():
     assert list(data["totals"]) == [
         "processes", "workers", "rss", "pss", "uss", "private", "file", "pss_file", "swap",
         "master_rss", "workers_cost", "copied", "cost_ratio", "minor_faults", "major_faults",
-        "requests",
+        "requests", "gc_collections", "gc_pause",
     ]
     assert (data["processes"][2]["private"], data["processes"][2]["file"]) == (4 * MIB, 20 * MIB)
     assert data["processes"][1]["worker_id"] == 1
@@ -1162,3 +1187,67 @@ def test_why_blames_the_copied_pages_on_the_module_global_that_holds_them():
     assert top["bytes"] > 0.5 * answer["on_objects_bytes"]
     assert answer["on_objects_bytes"] <= answer["exclusive_bytes"]
     assert "_COPIED: dict of 60,000 entries" in why.format_why(answer)
+
+
+# -- --worker-gc -----------------------------------------------------------------------------
+
+from forkserve.memory import cow, workergc  # noqa: E402
+
+
+@pytest.mark.parametrize("text, policy", [("off", "off"), (" Young ", "young"), ("idle", "idle")])
+def test_worker_gc_policy_names(text, policy):
+    assert workergc.parse_policy(text) == policy
+
+
+def test_worker_gc_policy_that_does_not_exist_lists_the_ones_that_do():
+    with pytest.raises(ValueError, match="off, young, normal, idle"):
+        workergc.parse_policy("sometimes")
+
+
+def test_gc_stats_count_collections_and_their_pause():
+    ticks = iter([100, 350, 1000, 1100])
+    published = []
+    stats = workergc.GcStats(lambda *figures: published.append(figures),
+                             clock=lambda: next(ticks))
+    stats("start", {"generation": 0})
+    stats("stop", {"generation": 0, "collected": 3})
+    stats("start", {"generation": 1})
+    stats("stop", {"generation": 1, "collected": 0})
+    assert (stats.collections, stats.pause_ns) == (2, 350)
+    assert published == [(1, 250), (2, 350)]
+
+
+@contextlib.contextmanager
+def _gc_state():
+    threshold, callbacks = gc.get_threshold(), list(gc.callbacks)
+    worker_threshold = cow._state["threshold"]
+    try:
+        yield
+    finally:
+        gc.callbacks[:] = callbacks
+        cow._state["threshold"] = worker_threshold
+        gc.set_threshold(*threshold)
+
+
+def test_worker_gc_young_collects_generations_0_and_1_and_check_keeps_it():
+    with _gc_state():
+        policy = workergc.apply("young")
+        assert gc.get_threshold()[:2] == (700, 10) and gc.get_threshold()[2] > 10**6
+        gc.set_threshold(0)  # a library turning collection off
+        assert cow.check() is True
+        assert gc.get_threshold()[0] == 700
+        gc.collect(0)
+        assert policy.stats.collections == 1 and policy.stats.pause_ns > 0
+
+
+def test_worker_gc_idle_collects_only_when_no_request_came_since_the_last_tick():
+    with _gc_state():
+        policy = workergc.apply("idle")
+        assert gc.get_threshold()[0] == 0
+        policy.tick(requests=5)  # first tick: nothing to compare with
+        policy.tick(requests=9)  # busy
+        assert policy.stats.collections == 0
+        held = [{} for _ in range(3)]  # something for generation 0 to hold
+        assert held
+        policy.tick(requests=9)  # idle since the last tick
+        assert policy.stats.collections == 1

@@ -328,3 +328,24 @@ def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
     metrics = _fetch(_stats_port(server), "/metrics")[2]
     assert re.search(rf'pid="{g3_workers[0]}",role="worker",worker="\d",generation="3",'
                      r'state="serving"', metrics)
+
+
+@pytest.mark.parametrize("policy, collects", [("young", True), ("off", False)])
+def test_worker_gc_policy_collects_and_reports_collections_and_pauses(
+        run_server, policy, collects):
+    server = run_server("-w", "1", "--worker-gc", policy, "--stats", "127.0.0.1:0",
+                        app="hog:app")
+    [worker] = server.wait_workers(1)
+    assert server.get("/gc")[1].split()[0] == ("700" if collects else "0")
+    for _ in range(1000):  # 2 dicts left each: over gen 0's threshold of 700 several times
+        assert server.get("/cycle")[0] == 200
+    port = _stats_port(server)
+    [row] = [row for row in json.loads(_fetch(port, "/")[2])["processes"]
+             if row["pid"] == worker]
+    if collects:
+        assert row["gc_collections"] > 0 and row["gc_pause"] > 0
+        metrics = _fetch(port, "/metrics")[2]
+        assert re.search(rf'forkserve_process_gc_collections_total\{{pid="{worker}",'
+                         r'role="worker",worker="1"\} [1-9]', metrics)
+    else:
+        assert (row["gc_collections"], row["gc_pause"]) == (0, 0.0)

@@ -57,6 +57,8 @@ class ProcessInfo:
     requests: int | None = None
     generation: int | None = None
     state: str | None = None  # see STATES
+    gc_collections: int | None = None  # the worker's own (forkserve.memory.workergc)
+    gc_pause: float | None = None  # seconds, summed over those collections
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -135,6 +137,15 @@ class Report:
                    and (generation is None or row.info.generation in (None, generation)))
 
     @property
+    def gc_collections(self):
+        """Garbage collections in the workers, or None if no process knows."""
+        return _known_sum(row.info.gc_collections for row in self.processes)
+
+    @property
+    def gc_pause(self):
+        return _known_sum(row.info.gc_pause for row in self.processes)
+
+    @property
     def requests(self):
         """Requests served by all processes, or None if no process knows."""
         known = [row.info.requests for row in self.processes if row.info.requests is not None]
@@ -155,6 +166,11 @@ class Report:
         return self.total_pss / self.master_rss if self.master_rss else None
 
 
+def _known_sum(values):
+    known = [value for value in values if value is not None]
+    return sum(known) if known else None
+
+
 def collect(infos, now=None, *, proc=PROC, read=read_process):
     """Read /proc for each process; those that have exited are left out."""
     now = time.time() if now is None else now
@@ -167,7 +183,7 @@ def collect(infos, now=None, *, proc=PROC, read=read_process):
 
 
 def _read_all(pids, proc, read):
-    return [read(pid, proc=proc) for pid in pids]
+    return procfs.read_processes(pids, proc=proc, read=read)
 
 
 def _title_in(proc):

@@ -68,7 +68,8 @@ def to_json(report):
         {"schema": 1,
          "time": epoch seconds of the reading,
          "processes": [{"pid", "role", "worker_id", "generation", "state",
-                        "requests", "start_time", "uptime",
+                        "requests", "gc_collections", "gc_pause",
+                        "start_time", "uptime",
                         "rss", "pss", "shared_clean", "shared_dirty",
                         "private_clean", "private_dirty", "swap",
                         "anonymous", "pss_anon", "pss_file",
@@ -77,13 +78,14 @@ def to_json(report):
          "totals": {"processes", "workers", "rss", "pss", "uss", "private",
                     "file", "pss_file", "swap", "master_rss", "workers_cost",
                     "copied", "cost_ratio", "minor_faults", "major_faults",
-                    "requests"}}
+                    "requests", "gc_collections", "gc_pause"}}
 
     "private" is anonymous private memory (what --max-worker-memory limits)
     and "file" resident file-backed memory; forkserve.memory.model defines
     both. state is "serving", "starting" or "draining" under a supervisor.
-    Unknown values are null: worker_id, generation, state, requests (when
-    the caller does not know them); master_rss, workers_cost, cost_ratio
+    gc_collections and gc_pause (seconds) are a worker's own garbage
+    collections (--worker-gc). Unknown values are null: worker_id,
+    generation, state, requests, gc_* (when the caller does not know them); master_rss, workers_cost, cost_ratio
     (when there is no master). "private", "file", "uss", "shared",
     "shared_fraction" and "totals" are derived, for readers' convenience;
     from_json() recomputes them.
@@ -98,6 +100,8 @@ def to_json(report):
             "generation": info.generation,
             "state": info.state,
             "requests": info.requests,
+            "gc_collections": info.gc_collections,
+            "gc_pause": info.gc_pause,
             "start_time": memory.start_time,
             "uptime": row.uptime,
         }
@@ -129,6 +133,8 @@ def to_json(report):
         "minor_faults": report.minor_faults,
         "major_faults": report.major_faults,
         "requests": report.requests,
+        "gc_collections": report.gc_collections,
+        "gc_pause": report.gc_pause,
     }
     return {"schema": JSON_SCHEMA, "time": report.time, "processes": processes, "totals": totals}
 
@@ -159,6 +165,8 @@ def _row_from_json(entry):
         requests=_optional_int(entry.get("requests")),
         generation=_optional_int(entry.get("generation")),
         state=entry.get("state"),
+        gc_collections=_optional_int(entry.get("gc_collections")),
+        gc_pause=None if entry.get("gc_pause") is None else float(entry["gc_pause"]),
     )
     sizes = {name: int(entry.get(name, 0)) for name in _SIZES}
     sizes["anonymous"] = int(entry.get("anonymous", sizes["rss"]))  # as procfs does

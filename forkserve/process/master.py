@@ -440,7 +440,9 @@ class Master:
             infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
                                             worker_id=record.worker_id,
                                             requests=slot.requests,
-                                            generation=record.generation))
+                                            generation=record.generation,
+                                            gc_collections=slot.gc_collections,
+                                            gc_pause=slot.gc_pause_ns / 1e9))
         return infos
 
     def report(self):

@@ -22,16 +22,19 @@ __all__ = ["Scoreboard", "Slot", "BOOTING", "READY", "RETIRE", "STOPPING"]
 
 FREE, BOOTING, READY, RETIRE, STOPPING = 0, 1, 2, 3, 4
 
-#: pid, state, beat (monotonic), started (wall clock), requests, generation
-_LAYOUT = struct.Struct("=qqddQq")
+#: pid, state, beat (monotonic), started (wall clock), requests, generation,
+#: gc collections, gc pause (ns)
+_LAYOUT = struct.Struct("=qqddQqQQ")
 _SLOT_SIZE = 64
-_PID, _STATE, _BEAT, _STARTED, _REQUESTS, _GENERATION = (0, 8, 16, 24, 32, 40)
+_PID, _STATE, _BEAT, _STARTED, _REQUESTS, _GENERATION, _GC = (0, 8, 16, 24, 32, 40, 48)
 
 
 class Slot:
-    __slots__ = ("index", "pid", "state", "beat", "started", "requests", "generation")
+    __slots__ = ("index", "pid", "state", "beat", "started", "requests", "generation",
+                 "gc_collections", "gc_pause_ns")
 
-    def __init__(self, index, pid, state, beat, started, requests, generation):
+    def __init__(self, index, pid, state, beat, started, requests, generation,
+                 gc_collections=0, gc_pause_ns=0):
         self.index = index
         self.pid = pid
         self.state = state
@@ -39,6 +42,8 @@ class Slot:
         self.started = started
         self.requests = requests
         self.generation = generation
+        self.gc_collections = gc_collections
+        self.gc_pause_ns = gc_pause_ns
 
     @property
     def worker_id(self):
@@ -60,13 +65,13 @@ class Scoreboard:
         """Reset a slot for a worker about to be forked."""
         now = time.monotonic()
         _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, 0, BOOTING, now, time.time(), 0,
-                          generation)
+                          generation, 0, 0)
 
     def set_pid(self, index, pid):
         struct.pack_into("=q", self._mem, index * _SLOT_SIZE + _PID, pid)
 
     def release(self, index):
-        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, 0, FREE, 0.0, 0.0, 0, 0)
+        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, 0, FREE, 0.0, 0.0, 0, 0, 0, 0)
 
     def read(self, index) -> Slot:
         return Slot(index, *_LAYOUT.unpack_from(self._mem, index * _SLOT_SIZE))
@@ -83,6 +88,9 @@ class Scoreboard:
         offset = index * _SLOT_SIZE + _REQUESTS
         (count,) = struct.unpack_from("=Q", self._mem, offset)
         struct.pack_into("=Q", self._mem, offset, count + 1)
+
+    def set_gc(self, index, collections, pause_ns):
+        struct.pack_into("=QQ", self._mem, index * _SLOT_SIZE + _GC, collections, pause_ns)
 
     def close(self):
         self._mem.close()

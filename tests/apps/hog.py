@@ -3,10 +3,13 @@
   /alloc?MB    allocate and touch MB of anonymous memory (copies count as this)
   /map?PATH    map the file at PATH read-only and read every page of it: file
                pages, resident in the page cache, not copies
+  /cycle       leave cyclic garbage behind (two dicts pointing at each other)
+  /gc          the gc thresholds this worker runs with
   /hold?PATH   create PATH.held, then answer once the file at PATH exists
                (keeps a request in flight)
 """
 
+import gc
 import mmap
 import os
 import time
@@ -27,6 +30,14 @@ def app(environ, start_response):
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         sum(mapped[offset] for offset in range(0, len(mapped), mmap.PAGESIZE))
         _held.append(mapped)
+    elif path == "/cycle":
+        left, right = {"payload": bytearray(1024)}, {}
+        left["other"], right["other"] = right, left
+    elif path == "/gc":
+        body = " ".join(map(str, gc.get_threshold())).encode()
+        start_response("200 OK", [("Content-Type", "text/plain"),
+                                  ("Content-Length", str(len(body)))])
+        return [body]
     elif path == "/hold":
         open(environ["QUERY_STRING"] + ".held", "w").close()
         deadline = time.monotonic() + 60
