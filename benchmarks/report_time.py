@@ -3,9 +3,10 @@
 Starts ``forkserve -w 16`` on an app holding BALLAST_MB (default 1024) of
 touched memory, preloaded in the master so every worker maps all of it, then
 times ``collect(discover(master))`` (what ``forkserve memory --pid`` does)
-REPEAT times and prints the median and the spread, next to the time of one
-process's smaps_rollup read times the process count (the kernel's page walk,
-which computes PSS, is most of the cost).
+REPEAT times and prints the median and the spread, next to the same reads
+made one process at a time and one process's read (the kernel's page walk,
+which computes PSS, is most of the cost; procfs.read_processes runs the
+walks of several processes at once, one per CPU).
 
     python -m benchmarks.report_time [--workers 16] [--ballast-mb 1024] [--repeat 15]
 """
@@ -61,7 +62,9 @@ def main(argv=None):
                 time.sleep(0.2)
             report = model.collect(model.discover(server.pid))
             assert report.process_count == args.workers + 1, report.process_count
+            pids = [info.pid for info in model.discover(server.pid)]
             full = _time(lambda: model.collect(model.discover(server.pid)), args.repeat)
+            serial = _time(lambda: procfs.read_processes(pids, threads=1), args.repeat)
             one = _time(lambda: procfs.read_process(server.pid), args.repeat)
         finally:
             os.killpg(server.pid, 9)
@@ -70,6 +73,11 @@ def main(argv=None):
         load = handle.read().split()[0]
     print(f"{args.workers} workers x {args.ballast_mb} MiB shared, {os.cpu_count()} CPUs, "
           f"load average {load}:")
+    with open("/proc/stat") as handle:
+        steal = handle.readline().split()[8]
+    print(f"  (cumulative CPU steal in /proc/stat: {steal} ticks)")
+    print(f"  the same reads one process at a time: median {statistics.median(serial) * 1000:.0f} ms "
+          f"(min {min(serial) * 1000:.0f}, max {max(serial) * 1000:.0f})")
     print(f"  full report: median {statistics.median(full) * 1000:.0f} ms "
           f"(min {min(full) * 1000:.0f}, max {max(full) * 1000:.0f}) over {args.repeat}")
     print(f"  one process read: median {statistics.median(one) * 1000:.1f} ms; x "
