@@ -5,7 +5,7 @@ touched memory, preloaded in the master so every worker maps all of it, then
 times ``collect(discover(master))`` (what ``forkserve memory --pid`` does)
 REPEAT times and prints the median and the spread, next to the same reads
 made one process at a time and one process's read (the kernel's page walk,
-which computes PSS, is most of the cost; procfs.read_processes runs the
+which computes PSS, is most of the cost; model.read_processes runs the
 walks of several processes at once, one per CPU).
 
     python -m benchmarks.report_time [--workers 16] [--ballast-mb 1024] [--repeat 15]
@@ -64,7 +64,7 @@ def main(argv=None):
             assert report.process_count == args.workers + 1, report.process_count
             pids = [info.pid for info in model.discover(server.pid)]
             full = _time(lambda: model.collect(model.discover(server.pid)), args.repeat)
-            serial = _time(lambda: procfs.read_processes(pids, threads=1), args.repeat)
+            serial = _time(lambda: model.read_processes(pids, threads=1), args.repeat)
             one = _time(lambda: procfs.read_process(server.pid), args.repeat)
         finally:
             os.killpg(server.pid, 9)

@@ -1,6 +1,7 @@
 """What --worker-gc costs and saves: memory growth and copied pages per policy.
 
-For each app in benchmarks/gcapps.py (probe, flask, django) and each policy,
+For each app in benchmarks/gcapps.py (probe, flask, django, and django-404:
+the same Django app asked for a URL it does not have) and each policy,
 starts ``forkserve -w 2 --worker-gc POLICY``, sends REQUESTS requests over
 keep-alive connections, and reads from the stats endpoint:
 
@@ -50,14 +51,19 @@ def _stats(port):
     return [row for row in report["processes"] if row["role"] == "worker"]
 
 
-def _drive(port, requests, connections=4):
+#: app -> (GCAPP, path requested, status expected)
+APPS = {"probe": ("probe", "/", 200), "flask": ("flask", "/", 200),
+        "django": ("django", "/", 200), "django-404": ("django", "/missing", 404)}
+
+
+def _drive(port, requests, path="/", status=200, connections=4):
     def client(count):
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         for _ in range(count):
-            connection.request("GET", "/")
+            connection.request("GET", path)
             response = connection.getresponse()
             response.read()
-            assert response.status == 200, response.status
+            assert response.status == status, response.status
         connection.close()
 
     threads = [threading.Thread(target=client, args=(requests // connections,))
@@ -72,7 +78,8 @@ def _drive(port, requests, connections=4):
 
 def measure(app, policy, requests, log_dir):
     log_path = os.path.join(log_dir, f"{app}-{policy}.log")
-    env = dict(os.environ, GCAPP=app)
+    kind, path, status = APPS[app]
+    env = dict(os.environ, GCAPP=kind)
     with open(log_path, "w") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", "-w", "2",
@@ -84,9 +91,9 @@ def measure(app, policy, requests, log_dir):
         stats = _wait_for(_STATS, log_path, deadline)
         while len(_stats(stats)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        _drive(port, 400)  # warm up: imports and caches of the first requests
+        _drive(port, 400, path, status)  # warm up: imports and caches of the first requests
         before = {row["pid"]: row for row in _stats(stats)}
-        seconds = _drive(port, requests)
+        seconds = _drive(port, requests, path, status)
         after = _stats(stats)
         growth = sum(row["private"] - before[row["pid"]]["private"] for row in after
                      if row["pid"] in before)
@@ -106,7 +113,7 @@ def measure(app, policy, requests, log_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000)
-    parser.add_argument("--apps", default="probe,flask,django")
+    parser.add_argument("--apps", default=",".join(APPS))
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--log-dir", default="/tmp")
     args = parser.parse_args(argv)

@@ -31,7 +31,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from forkserve.memory import reporter, command, procfs
+from forkserve.memory import command, cow, model, procfs, reporter, why, workergc
 from forkserve.memory.reporter import ProcessInfo, ProcessMemory, ProcessRow, Report
 
 DATA = Path(__file__).parent / "data" / "proc"
@@ -323,7 +323,7 @@ def test_read_processes_keeps_the_order_and_reads_on_several_threads():
             together.wait()
         return pid * 10
 
-    assert procfs.read_processes(range(12), read=read, threads=3) == [n * 10 for n in range(12)]
+    assert model.read_processes(range(12), read=read, threads=3) == [n * 10 for n in range(12)]
 
 
 def test_read_processes_passes_an_error_on():
@@ -333,7 +333,7 @@ def test_read_processes_passes_an_error_on():
         return pid
 
     with pytest.raises(PermissionError):
-        procfs.read_processes(range(8), read=read, threads=2)
+        model.read_processes(range(8), read=read, threads=2)
 
 
 # -- The report -------------------------------------------------------------------
@@ -428,7 +428,6 @@ def _tree(titles, children):
 
 
 def test_tree_after_a_reload_lists_supervisor_serving_then_draining_generation():
-    from forkserve.memory import model
     titles = {1: "f: supervisor [a] serving generation 3", 20: "f: generation 2 [a]",
               30: "f: generation 3 [a]", 21: "f: worker 1 [a]", 31: "f: worker 1 [a]",
               32: "f: worker 2 [a] 5 req"}
@@ -440,7 +439,6 @@ def test_tree_after_a_reload_lists_supervisor_serving_then_draining_generation()
 
 
 def test_tree_with_a_starting_generation_and_untitled_processes():
-    from forkserve.memory import model
     titles = {1: "f: supervisor [a] serving generation 2", 20: "f: generation 2 [a]",
               30: "f: generation 3 [a]"}
     infos = model.tree_infos(1, **_tree(titles, {1: [20, 30], 20: [21]}))
@@ -454,7 +452,6 @@ def test_tree_with_a_starting_generation_and_untitled_processes():
 
 
 def test_tree_of_a_master_handing_over_to_its_first_generation():
-    from forkserve.memory import model
     titles = {1: "f: master [a] serving generation 2", 2: "f: worker 1 [a]",
               30: "f: generation 2 [a]", 31: "f: worker 1 [a]"}
     infos = model.tree_infos(1, **_tree(titles, {1: [2, 30], 30: [31]}))
@@ -471,7 +468,6 @@ def test_tree_of_a_master_handing_over_to_its_first_generation():
 
 
 def test_tree_of_a_plain_master_is_master_and_workers_with_their_ids():
-    from forkserve.memory import model
     titles = {1: "f: master [a]", 2: "f: worker 2 [a]", 3: "f: worker 1 [a]"}
     infos = model.tree_infos(1, **_tree(titles, {1: [2, 3], 2: [99]}))
     assert [(i.pid, i.label) for i in infos] == [(1, "master"), (2, "worker 2"),
@@ -1110,9 +1106,6 @@ def test_memory_command_watch_json_prints_one_document_per_line(tmp_path, monkey
 
 # -- forkserve memory --why ------------------------------------------------------------
 
-from forkserve.memory import why  # noqa: E402
-
-
 def test_why_reads_only_private_writable_mappings():
     maps = textwrap.dedent("""\
         55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0          [heap]
@@ -1190,9 +1183,6 @@ def test_why_blames_the_copied_pages_on_the_module_global_that_holds_them():
 
 
 # -- --worker-gc -----------------------------------------------------------------------------
-
-from forkserve.memory import cow, workergc  # noqa: E402
-
 
 @pytest.mark.parametrize("text, policy", [("off", "off"), (" Young ", "young"), ("idle", "idle")])
 def test_worker_gc_policy_names(text, policy):

@@ -30,14 +30,16 @@ totals, since the machine pays for them.
 """
 
 import dataclasses
+import os
+import sys
 import time
 
 from forkserve.memory import procfs
 from forkserve.memory.procfs import PROC, ProcessMemory, read_process
 
 __all__ = [
-    "ProcessInfo", "ProcessRow", "Report", "collect", "discover", "supervised_infos",
-    "tree_infos",
+    "ProcessInfo", "ProcessRow", "Report", "collect", "discover", "read_processes",
+    "supervised_infos", "tree_infos",
 ]
 
 ROLES = ("master", "worker", "single", "supervisor")
@@ -183,7 +185,60 @@ def collect(infos, now=None, *, proc=PROC, read=read_process):
 
 
 def _read_all(pids, proc, read):
-    return procfs.read_processes(pids, proc=proc, read=read)
+    return read_processes(pids, proc=proc, read=read)
+
+
+def read_processes(pids, *, proc=PROC, read=None, threads=None):
+    """read_process() of each pid, in order, reading several at once.
+
+    Each read is one kernel page walk (the PSS computation), and reading a
+    /proc file releases the GIL, so threads make the walks run on every CPU
+    at once. They are real OS threads even where gevent monkey-patched
+    threading (the master), since a greenlet would block on each read.
+    """
+    read = read or read_process
+    pids = list(pids)
+    threads = min(len(pids), threads or os.cpu_count() or 1)
+    if threads <= 1:
+        return [read(pid, proc=proc) for pid in pids]
+    start_thread, allocate_lock = _os_threads()
+    results = [None] * len(pids)
+    pending = list(enumerate(pids))
+    errors = []
+    done = []
+
+    def work(finished):
+        try:
+            while pending:
+                try:
+                    index, pid = pending.pop()
+                except IndexError:  # another thread took the last one
+                    break
+                results[index] = read(pid, proc=proc)
+        except BaseException as exc:  # handed to the caller below
+            errors.append(exc)
+        finally:
+            finished.release()
+
+    for _ in range(threads):
+        finished = allocate_lock()
+        finished.acquire()
+        done.append(finished)
+        start_thread(work, (finished,))
+    for finished in done:
+        finished.acquire()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _os_threads():
+    """(start_new_thread, allocate_lock) of the OS, even under gevent."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        return monkey.get_original("_thread", ["start_new_thread", "allocate_lock"])
+    import _thread
+    return _thread.start_new_thread, _thread.allocate_lock
 
 
 def _title_in(proc):

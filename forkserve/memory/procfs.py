@@ -28,7 +28,6 @@ import errno
 import functools
 import os
 import re
-import sys
 
 __all__ = [
     "MEMORY_FIELDS",
@@ -45,7 +44,6 @@ __all__ = [
     "parse_smaps_rollup",
     "parse_stat",
     "read_process",
-    "read_processes",
     "read_stat",
 ]
 
@@ -268,59 +266,6 @@ def read_process(pid, *, proc=PROC):
             return None
         raise
     return ProcessMemory.from_proc(stat, fields, boot_time(proc), _clock_ticks())
-
-
-def read_processes(pids, *, proc=PROC, read=None, threads=None):
-    """read_process() of each pid, in order, reading several at once.
-
-    Each read is one kernel page walk (the PSS computation), and reading a
-    /proc file releases the GIL, so threads make the walks run on every CPU
-    at once. They are real OS threads even where gevent monkey-patched
-    threading (the master), since a greenlet would block on each read.
-    """
-    read = read or read_process
-    pids = list(pids)
-    threads = min(len(pids), threads or os.cpu_count() or 1)
-    if threads <= 1:
-        return [read(pid, proc=proc) for pid in pids]
-    start_thread, allocate_lock = _os_threads()
-    results = [None] * len(pids)
-    pending = list(enumerate(pids))
-    errors = []
-    done = []
-
-    def work(finished):
-        try:
-            while pending:
-                try:
-                    index, pid = pending.pop()
-                except IndexError:  # another thread took the last one
-                    break
-                results[index] = read(pid, proc=proc)
-        except BaseException as exc:  # handed to the caller below
-            errors.append(exc)
-        finally:
-            finished.release()
-
-    for _ in range(threads):
-        finished = allocate_lock()
-        finished.acquire()
-        done.append(finished)
-        start_thread(work, (finished,))
-    for finished in done:
-        finished.acquire()
-    if errors:
-        raise errors[0]
-    return results
-
-
-def _os_threads():
-    """(start_new_thread, allocate_lock) of the OS, even under gevent."""
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None and monkey.is_module_patched("threading"):
-        return monkey.get_original("_thread", ["start_new_thread", "allocate_lock"])
-    import _thread
-    return _thread.start_new_thread, _thread.allocate_lock
 
 
 def _read_memory_fields(directory):
