@@ -1241,3 +1241,15 @@ def test_worker_gc_idle_collects_only_when_no_request_came_since_the_last_tick()
         assert held
         policy.tick(requests=9)  # idle since the last tick
         assert policy.stats.collections == 1
+
+
+def test_memory_why_of_a_process_that_is_not_a_worker_says_what_to_give(capsys):
+    assert command.main(["--why", str(os.getpid())]) == 1
+    assert "is not a forkserve worker" in capsys.readouterr().err
+
+
+def test_memory_why_of_a_pid_that_is_not_running_says_so(tmp_path, capsys):
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    assert command.main(["--why", str(exited.pid)]) == 1
+    assert f"no process {exited.pid}" in capsys.readouterr().err

@@ -290,7 +290,10 @@ def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
         held.join(60)
     poll(lambda: "continues as its supervisor" in server.log(), timeout=30,
          message="the master to become the supervisor")
-    assert "supervisor" in _title(server.pid) and "master" not in _title(server.pid)
+    # The line is logged before the exec: wait for the supervisor to title itself.
+    title = poll(lambda: "supervisor" in _title(server.pid) and _title(server.pid),
+                 message="the supervisor's process title")
+    assert "master" not in title
 
     # The second HUP: the supervisor serves generation 3, generation 2 drains.
     held, g3_master, g3_workers = _reload_while_a_request_is_held(

@@ -41,8 +41,8 @@ POLICIES = tuple(_THRESHOLDS)
 #: grew two workers by 75 MiB (a probe leaving an exception and two linked
 #: dicts per request) and 15 MiB (Flask's own request handling); with
 #: "young", by 0.2 and 0.1 MiB at 0.3-0.45 ms per collection, and none of the
-#: master's frozen 72 MiB dataset was copied. "idle" never ran under steady
-#: load, then paid one 193 ms collection.
+#: master's frozen 72 MiB dataset was copied. "idle" did not collect under
+#: steady load, and its one collection took 193 ms.
 DEFAULT = "young"
 
 

@@ -397,7 +397,7 @@ class Master:
         return None
 
     def master_fds(self):
-        fds = [self.queue.wake_r, self.queue.wake_w]
+        fds = [self.queue.wake_r, self.queue.wake_w] + self.why.filenos()
         if self.stats:
             fds.extend(self.stats.all_filenos())
         return fds
