@@ -68,7 +68,10 @@ def test_memory_json_agrees_with_an_independent_reading_of_proc(run_server, tmp_
     totals = report["totals"]
     assert totals["pss"] == sum(row["pss"] for row in report["processes"])
     assert totals["master_rss"] == rows[server.pid]["rss"]
-    assert totals["cost_ratio"] == pytest.approx(totals["pss"] / totals["master_rss"])
+    assert totals["ratio_basis"] == "anonymous"  # Linux >= 5.13 prints Pss_Anon
+    assert totals["master_base"] == rows[server.pid]["anonymous"]
+    assert totals["total_base"] == sum(row["pss_anon"] for row in report["processes"])
+    assert totals["cost_ratio"] == pytest.approx(totals["total_base"] / totals["master_base"])
 
     table = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--pid", str(pidfile)],
                            capture_output=True, text=True, timeout=30)
@@ -323,11 +326,12 @@ def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
                                  (g3_workers[1], "worker", 3, "serving")]
         rows = {row["pid"]: row for row in report["processes"]}
         assert report["totals"]["master_rss"] == rows[g3_master]["rss"]
+        assert report["totals"]["master_base"] == rows[g3_master]["anonymous"]
         assert report["totals"]["cost_ratio"] == pytest.approx(
-            report["totals"]["pss"] / rows[g3_master]["rss"])
+            report["totals"]["total_base"] / rows[g3_master]["anonymous"])
     table = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--pid", str(pidfile)],
                            capture_output=True, text=True, timeout=30).stdout
-    assert "master (g3) RSS" in table and "worker 2 g3" in table
+    assert "master (g3) anonymous" in table and "worker 2 g3" in table
     metrics = _fetch(_stats_port(server), "/metrics")[2]
     assert re.search(rf'pid="{g3_workers[0]}",role="worker",worker="\d",generation="3",'
                      r'state="serving"', metrics)

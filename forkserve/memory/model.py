@@ -16,10 +16,14 @@ forkserve.memory.procfs.ProcessMemory's):
   can drop its clean pages at any time, so it is shown apart and never
   limited. USS (Private_Clean + Private_Dirty) mixes the two and is kept
   only in JSON and Prometheus, for readers that want it.
-- The master's RSS is what the application costs in one process. What the
-  workers add on top is ``workers_cost = total PSS - master RSS`` and
-  ``cost_ratio = total PSS / master RSS``: 1.0 means the workers are free,
-  N + 1 means N workers share nothing.
+- The ratio compares the server with the application in one process, on the
+  memory forking can duplicate: anonymous memory. ``cost_ratio = sum of
+  Pss_Anon / master's Anonymous`` and ``workers_cost = sum of Pss_Anon -
+  master's Anonymous``: 1.0 means the workers are free, N + 1 means N
+  workers share nothing. File pages stay out of it: a worker that alone
+  reads 300 MB of a mapped store adds 300 MB of page cache (shown as file
+  PSS), not a copy. Kernels before 5.13 print no Pss_Anon; there the basis
+  is all memory, ``total PSS / master RSS`` (``ratio_basis`` says which).
 
 The server is a tree. Without reloads: a master and its workers (or a single
 process). After a HUP: a supervisor (no application), the master of the
@@ -106,6 +110,7 @@ class Report:
     total_uss = _total("uss")
     total_private = _total("private")
     total_file = _total("file")  # counts shared page-cache pages once per process
+    total_pss_anon = _total("pss_anon")
     total_pss_file = _total("pss_file")
     total_shared = _total("shared")
     total_swap = _total("swap")
@@ -158,14 +163,32 @@ class Report:
         return self.master.memory.rss if self.master else None
 
     @property
+    def ratio_basis(self):
+        """"anonymous" where the kernel prints Pss_Anon (5.13+), else "all"."""
+        return "anonymous" if any(row.memory.pss_anon for row in self.processes) else "all"
+
+    @property
+    def master_base(self):
+        """The master's memory the ratio divides by: Anonymous, or RSS."""
+        if self.master is None:
+            return None
+        memory = self.master.memory
+        return memory.anonymous if self.ratio_basis == "anonymous" else memory.rss
+
+    @property
+    def total_base(self):
+        """The server's memory the ratio measures: sum of Pss_Anon, or of PSS."""
+        return self.total_pss_anon if self.ratio_basis == "anonymous" else self.total_pss
+
+    @property
     def workers_cost(self):
-        """Bytes the workers add on top of one process: total PSS - master RSS."""
-        return self.total_pss - self.master_rss if self.master else None
+        """Bytes the workers add on top of one process: total_base - master_base."""
+        return self.total_base - self.master_base if self.master else None
 
     @property
     def cost_ratio(self):
-        """Total PSS / master RSS: 1.0 if workers cost nothing."""
-        return self.total_pss / self.master_rss if self.master_rss else None
+        """total_base / master_base: 1.0 if workers cost nothing."""
+        return self.total_base / self.master_base if self.master_base else None
 
 
 def _known_sum(values):

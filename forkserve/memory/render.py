@@ -74,11 +74,16 @@ def _summary(report):
     which = f"master (g{master.generation})" if master.state else "master"
     others = "workers" if all(row.info.role == "worker" or row.info is master
                               for row in report.processes) else "the other processes"
+    added = (f"({others} add {format_size(report.workers_cost)}; serving workers hold "
+             f"{format_size(report.copied)} of private copies)")
+    if report.ratio_basis == "all":
+        return (f"total PSS {format_size(report.total_pss)} = {which} RSS "
+                f"{format_size(report.master_rss)} x {report.cost_ratio:.2f} {added}")
     return (
-        f"total PSS {format_size(report.total_pss)} = {which} RSS "
-        f"{format_size(report.master_rss)} x {report.cost_ratio:.2f} "
-        f"({others} add {format_size(report.workers_cost)}; serving workers hold "
-        f"{format_size(report.copied)} of private copies)"
+        f"anonymous PSS {format_size(report.total_base)} = {which} anonymous "
+        f"{format_size(report.master_base)} x {report.cost_ratio:.2f} {added}; file PSS "
+        f"{format_size(report.total_pss_file)} (page cache: shared, reclaimable); total PSS "
+        f"{format_size(report.total_pss)}"
     )
 
 
@@ -166,9 +171,12 @@ _SERVER_METRICS = (
     ("server_swap_bytes", "gauge", "total_swap", "Sum of swap over the server."),
     ("master_rss_bytes", "gauge", "master_rss",
      "Serving master's RSS: the application in one process."),
-    ("workers_cost_bytes", "gauge", "workers_cost", "Server PSS - master RSS: what workers add."),
+    ("workers_cost_bytes", "gauge", "workers_cost",
+     "Server Pss_Anon - master Anonymous (PSS - RSS before Linux 5.13): what workers add."),
     ("workers_copied_bytes", "gauge", "copied", "Private memory of the serving workers."),
-    ("cost_ratio", "gauge", "cost_ratio", "Server PSS / master RSS; 1 means the workers are free."),
+    ("cost_ratio", "gauge", "cost_ratio",
+     "Server Pss_Anon / master Anonymous (PSS / RSS before Linux 5.13); 1: workers are free."),
+    ("server_anon_pss_bytes", "gauge", "total_pss_anon", "Sum of Pss_Anon (Linux >= 5.13)."),
 )
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")

@@ -76,7 +76,8 @@ def to_json(report):
                         "private", "file", "uss", "shared", "shared_fraction",
                         "minor_faults", "major_faults"}, ...],
          "totals": {"processes", "workers", "rss", "pss", "uss", "private",
-                    "file", "pss_file", "swap", "master_rss", "workers_cost",
+                    "file", "pss_file", "swap", "master_rss", "ratio_basis",
+                    "master_base", "total_base", "workers_cost",
                     "copied", "cost_ratio", "minor_faults", "major_faults",
                     "requests", "gc_collections", "gc_pause"}}
 
@@ -84,9 +85,12 @@ def to_json(report):
     and "file" resident file-backed memory; forkserve.memory.model defines
     both. state is "serving", "starting" or "draining" under a supervisor.
     gc_collections and gc_pause (seconds) are a worker's own garbage
-    collections (--worker-gc). Unknown values are null: worker_id,
-    generation, state, requests, gc_* (when the caller does not know them); master_rss, workers_cost, cost_ratio
-    (when there is no master). "private", "file", "uss", "shared",
+    collections (--worker-gc). cost_ratio = total_base / master_base, on
+    anonymous memory or, before Linux 5.13, on all (ratio_basis; see
+    forkserve.memory.model). Unknown values are null: worker_id,
+    generation, state, requests, gc_* (when the caller does not know them);
+    master_rss, master_base, workers_cost, cost_ratio (when there is no
+    master). "private", "file", "uss", "shared",
     "shared_fraction" and "totals" are derived, for readers' convenience;
     from_json() recomputes them.
     """
@@ -127,6 +131,9 @@ def to_json(report):
         "pss_file": report.total_pss_file,
         "swap": report.total_swap,
         "master_rss": report.master_rss,
+        "ratio_basis": report.ratio_basis,
+        "master_base": report.master_base,
+        "total_base": report.total_base,
         "workers_cost": report.workers_cost,
         "copied": report.copied,
         "cost_ratio": report.cost_ratio,
