@@ -335,6 +335,12 @@ def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
     metrics = _fetch(_stats_port(server), "/metrics")[2]
     assert re.search(rf'pid="{g3_workers[0]}",role="worker",worker="\d",generation="3",'
                      r'state="serving"', metrics)
+    # --why asks the worker's own master: generation 3's, under the supervisor.
+    why = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--why",
+                          str(g3_workers[0]), "--json"], capture_output=True, text=True,
+                         timeout=120)
+    assert why.returncode == 0, why.stderr
+    assert json.loads(why.stdout)["pid"] == g3_workers[0]
 
 
 @pytest.mark.parametrize("policy, collects", [("young", True), ("off", False)])
