@@ -90,6 +90,8 @@ class Sample:
     rss: int
     pss: int
     uss: int
+    private: int  # anonymous private: copies (forkserve.memory.model)
+    file: int  # resident file-backed pages, page cache
     shared: int
     swap: int
     minor_faults: int
@@ -117,6 +119,7 @@ def sample_group(root_pid, single):
             role = "master" if pid == root_pid else "worker"
         samples.append(Sample(
             pid=pid, role=role, rss=mem.rss, pss=mem.pss, uss=mem.uss,
+            private=mem.private, file=mem.file,
             shared=mem.shared_clean + mem.shared_dirty, swap=mem.swap,
             minor_faults=mem.minor_faults, major_faults=mem.major_faults, cpu_s=cpu,
         ))

@@ -12,7 +12,11 @@ fork):
 - total PSS: the sum of PSS over the server's processes; what the server
   costs the machine (shared pages are divided among their users).
 - worker USS: mean of Private_Clean + Private_Dirty over the workers at the
-  end: what each worker pays alone, the memory copy-on-write copied.
+  end: what each worker maps alone, file pages included.
+- worker private: mean over the workers at the end of their anonymous
+  private memory, min(Private_Dirty, Anonymous): the memory copy-on-write
+  copied (and new allocations). worker file: mean resident file-backed
+  memory (Rss - Anonymous), shared through the page cache and reclaimable.
 - shared: mean over the workers of (RSS - USS) / RSS at the end.
 - CoW faults: mean minor page faults per worker during the load phases
   (a copy-on-write copy is a minor fault; so is first touch of new memory).
@@ -51,7 +55,7 @@ MIB = 1024 * 1024
 
 SAMPLE_FIELDS = (
     "server", "phase", "point", "t_s", "responses", "pid", "role",
-    "rss", "pss", "uss", "shared", "swap", "minor_faults", "major_faults", "cpu_s",
+    "rss", "pss", "uss", "private", "file", "shared", "swap", "minor_faults", "major_faults", "cpu_s",
 )
 
 
@@ -98,16 +102,16 @@ def total_pss_by_phase(run):
     return points
 
 
-def mean_worker_uss_by_phase(run):
-    """[(cumulative responses, mean worker USS bytes)], like total_pss_by_phase."""
+def mean_worker_private_by_phase(run):
+    """[(cumulative responses, mean worker private bytes)], like total_pss_by_phase."""
     points = []
     loaded = _points(run, "loaded").get(0)
     if loaded and _serving(loaded):
-        points.append((0, statistics.fmean(r["uss"] for r in _serving(loaded))))
+        points.append((0, statistics.fmean(r["private"] for r in _serving(loaded))))
     for phase, rows in sorted(_points(run, "phase_end").items()):
         if _serving(rows):
             points.append((rows[0]["responses"],
-                           statistics.fmean(r["uss"] for r in _serving(rows))))
+                           statistics.fmean(r["private"] for r in _serving(rows))))
     return points
 
 
@@ -136,6 +140,8 @@ def figures(run):
         "pss_loaded": sum(r["pss"] for r in loaded) if loaded else None,
         "pss_final": pss_points[-1][1] if len(pss_points) > 1 else None,
         "worker_uss": statistics.fmean(r["uss"] for r in workers_end) if workers_end else None,
+        "worker_private": _mean_of(workers_end, "private"),
+        "worker_file": _mean_of(workers_end, "file"),
         "shared": None if single or not shared else statistics.fmean(shared),
         "cow_faults": statistics.fmean(faults) if faults else None,
         "rps": responses / duration if duration else None,
@@ -149,6 +155,10 @@ def figures(run):
         "stop_s": run.stop_s,
         "timed_out_phases": sum(1 for p in phases if p.timed_out),
     }
+
+
+def _mean_of(rows, key):
+    return statistics.fmean(r[key] for r in rows) if rows else None
 
 
 def ratio(value, base):
@@ -165,7 +175,8 @@ COLUMNS = (
     ("master_rss", "master RSS", lambda v: f"{v / MIB:,.0f} MiB", True),
     ("pss_loaded", "PSS before", lambda v: f"{v / MIB:,.0f} MiB", True),
     ("pss_final", "PSS after", lambda v: f"{v / MIB:,.0f} MiB", True),
-    ("worker_uss", "USS/worker", lambda v: f"{v / MIB:,.0f} MiB", True),
+    ("worker_private", "private/worker", lambda v: f"{v / MIB:,.0f} MiB", True),
+    ("worker_file", "file/worker", lambda v: f"{v / MIB:,.0f} MiB", True),
     ("shared", "shared", lambda v: f"{v:.0%}", True),
     ("cow_faults", "faults/worker", lambda v: f"{v:,.0f}", True),
     ("rps", "req/s", lambda v: f"{v:,.0f}", True),
@@ -294,7 +305,7 @@ def write_summary_csv(runs, stream):
 
 
 def plot(runs, path, title):
-    """Total PSS and mean worker USS against responses served, one line per server."""
+    """Total PSS and mean worker private memory against responses served, one line per server."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -310,7 +321,7 @@ def plot(runs, path, title):
         if not single:
             # A one-process server's "worker" is the whole process: leave it
             # out, so the panel shows what forking costs per worker.
-            panels.append((right, mean_worker_uss_by_phase(run)))
+            panels.append((right, mean_worker_private_by_phase(run)))
         for axis, points in panels:
             if points:
                 xs = [x / 1000 for x, _ in points]
@@ -318,7 +329,7 @@ def plot(runs, path, title):
                 style = "--" if run.name.startswith(("gunicorn", "uwsgi", "gevent")) else "-"
                 axis.plot(xs, ys, style, marker="o", markersize=4, label=run.name, color=color)
     left.set_title("Total PSS of the server (what it costs the machine)")
-    right.set_title("Mean private memory (USS) per worker, pre-fork servers")
+    right.set_title("Mean private (anonymous) memory per worker, pre-fork servers")
     for axis in (left, right):
         axis.set_xlabel("responses served (thousands)")
         axis.set_ylabel("MiB")

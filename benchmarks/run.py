@@ -212,7 +212,8 @@ class Sampler:
             self.run.samples.append({
                 "server": self.run.name, "phase": self.phase, "point": point,
                 "t_s": round(now, 3), "responses": responses, "pid": s.pid, "role": s.role,
-                "rss": s.rss, "pss": s.pss, "uss": s.uss, "shared": s.shared, "swap": s.swap,
+                "rss": s.rss, "pss": s.pss, "uss": s.uss,
+                "private": s.private, "file": s.file, "shared": s.shared, "swap": s.swap,
                 "minor_faults": s.minor_faults, "major_faults": s.major_faults,
                 "cpu_s": s.cpu_s,
             })

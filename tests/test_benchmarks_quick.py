@@ -32,11 +32,11 @@ def phase(responses=1000, duration_s=1.0, p50_us=1000, p99_us=5000, bad=0, read=
     )
 
 
-def sample(point, phase_no, responses, pid, role, rss, pss, uss, faults=0, cpu=0.0):
+def sample(point, phase_no, responses, pid, role, rss, pss, uss, faults=0, cpu=0.0, file=0):
     return {
         "server": "x", "phase": phase_no, "point": point, "t_s": 0.0, "responses": responses,
         "pid": pid, "role": role, "rss": rss * MIB, "pss": pss * MIB, "uss": uss * MIB,
-        "shared": (rss - uss) * MIB, "swap": 0, "minor_faults": faults, "major_faults": 0,
+        "private": (uss - file) * MIB, "file": file * MIB, "shared": (rss - uss) * MIB, "swap": 0, "minor_faults": faults, "major_faults": 0,
         "cpu_s": cpu,
     }
 
@@ -69,6 +69,7 @@ def test_figures_of_a_prefork_run():
     assert f["master_rss"] == 1000 * MIB
     assert f["pss_loaded"] == 1000 * MIB and f["pss_final"] == 1150 * MIB
     assert f["worker_uss"] == 110 * MIB
+    assert (f["worker_private"], f["worker_file"]) == (110 * MIB, 0)
     assert f["shared"] == pytest.approx(0.89)
     assert f["cow_faults"] == 1500
     assert f["rps"] == 1000  # 2000 responses in 2 s
@@ -79,12 +80,13 @@ def test_figures_of_a_prefork_run():
 
 def test_single_process_run_has_no_shared_fraction():
     run_ = report.ServerRun("single", "one process")
-    run_.samples = [sample("loaded", 0, 0, 9, "single", 500, 480, 470),
-                    sample("phase_end", 1, 10, 9, "single", 510, 490, 480)]
+    run_.samples = [sample("loaded", 0, 0, 9, "single", 500, 480, 470, file=300),
+                    sample("phase_end", 1, 10, 9, "single", 510, 490, 480, file=300)]
     run_.phases = [phase(10)]
     f = report.figures(run_)
     assert f["shared"] is None
     assert f["master_rss"] == 500 * MIB and f["worker_uss"] == 480 * MIB
+    assert (f["worker_private"], f["worker_file"]) == (180 * MIB, 300 * MIB)
 
 
 def test_ratio_handles_missing_and_zero():

@@ -6,9 +6,11 @@ README); the live tests fork real processes and compare our readings with an
 independent reading of /proc/PID/smaps_rollup.
 """
 
+import collections
 import contextlib
 import dataclasses
 import errno
+import gc
 import http.server
 import json
 import logging
@@ -17,6 +19,7 @@ import re
 import signal
 import socket
 import socketserver
+import struct
 import subprocess
 import sys
 import textwrap
@@ -28,7 +31,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from forkserve.memory import reporter, command, procfs
+from forkserve.memory import command, cow, model, procfs, reporter, why, workergc
 from forkserve.memory.reporter import ProcessInfo, ProcessMemory, ProcessRow, Report
 
 DATA = Path(__file__).parent / "data" / "proc"
@@ -49,10 +52,13 @@ def fixture_text(*parts):
 
 
 def make_memory(pid=1, *, rss, pss, shared_clean=0, shared_dirty=0, private_clean=0,
-                private_dirty=0, swap=0, minor_faults=0, major_faults=0, start_time=1000.0):
+                private_dirty=0, swap=0, anonymous=None, pss_anon=0, pss_file=0,
+                minor_faults=0, major_faults=0, start_time=1000.0):
     return ProcessMemory(
         pid=pid, rss=rss, pss=pss, shared_clean=shared_clean, shared_dirty=shared_dirty,
         private_clean=private_clean, private_dirty=private_dirty, swap=swap,
+        anonymous=rss if anonymous is None else anonymous, pss_anon=pss_anon,
+        pss_file=pss_file,
         minor_faults=minor_faults, major_faults=major_faults, start_time=start_time,
     )
 
@@ -61,15 +67,15 @@ def make_report():
     """A master of 100 MiB whose two workers share most of it."""
     master = make_memory(
         100, rss=100 * MIB, pss=40 * MIB, shared_clean=90 * MIB, private_dirty=10 * MIB,
-        minor_faults=5000, major_faults=3, start_time=1000.0,
+        anonymous=80 * MIB, minor_faults=5000, major_faults=3, start_time=1000.0,
     )
     worker1 = make_memory(
         101, rss=95 * MIB, pss=35 * MIB, shared_clean=90 * MIB, private_dirty=5 * MIB,
-        swap=4 * KIB, minor_faults=700, start_time=1010.0,
+        anonymous=75 * MIB, swap=4 * KIB, minor_faults=700, start_time=1010.0,
     )
     worker2 = make_memory(
         102, rss=95 * MIB, pss=35 * MIB, shared_clean=89 * MIB, shared_dirty=1 * MIB,
-        private_clean=1 * MIB, private_dirty=4 * MIB, minor_faults=650, start_time=1010.5,
+        private_clean=1 * MIB, private_dirty=4 * MIB, anonymous=75 * MIB, minor_faults=650, start_time=1010.5,
     )
     rows = (
         ProcessRow(ProcessInfo(100, "master"), master, 3723.0),
@@ -146,7 +152,8 @@ def test_smaps_sum_agrees_with_rollup_of_the_same_process():
     assert summed["Rss"] == rollup["Rss"]
     # smaps rounds each mapping's Pss down, and a page changed hands between reads.
     assert summed["Pss"] == pytest.approx(rollup["Pss"], rel=0.05)
-    assert set(name for name, _ in procfs.MEMORY_FIELDS) <= set(summed)
+    # Pss_Anon and Pss_File are rollup-only: smaps prints no per-mapping split.
+    assert set(name for name, _ in procfs.MEMORY_FIELDS) - {"Pss_Anon", "Pss_File"} <= set(summed)
 
 
 def test_parsers_accept_bytes_as_well_as_text():
@@ -210,7 +217,8 @@ def test_read_process_uses_smaps_rollup_and_stat():
     mem = reporter.read_process(SLEEP_PID, proc=DATA)
     assert mem == ProcessMemory(
         pid=SLEEP_PID, rss=1828 * KIB, pss=349 * KIB, shared_clean=1676 * KIB, shared_dirty=0,
-        private_clean=40 * KIB, private_dirty=112 * KIB, swap=0, minor_faults=104, major_faults=0,
+        private_clean=40 * KIB, private_dirty=112 * KIB, swap=0, anonymous=112 * KIB,
+        pss_anon=112 * KIB, pss_file=237 * KIB, minor_faults=104, major_faults=0,
         start_time=BOOT_TIME + 67347 / os.sysconf("SC_CLK_TCK"),
     )
 
@@ -305,6 +313,29 @@ def test_collect_drops_vanished_and_repeated_processes_and_derives_uptime():
     assert report.time == start + 90.0
 
 
+def test_read_processes_keeps_the_order_and_reads_on_several_threads():
+    # Reads are taken from the end; the last three wait for each other, so
+    # they only return if three threads read at once.
+    together = threading.Barrier(3, timeout=10)
+
+    def read(pid, proc):
+        if pid >= 9:
+            together.wait()
+        return pid * 10
+
+    assert model.read_processes(range(12), read=read, threads=3) == [n * 10 for n in range(12)]
+
+
+def test_read_processes_passes_an_error_on():
+    def read(pid, proc):
+        if pid == 5:
+            raise PermissionError(13, "Permission denied", f"/proc/{pid}/smaps_rollup")
+        return pid
+
+    with pytest.raises(PermissionError):
+        model.read_processes(range(8), read=read, threads=2)
+
+
 # -- The report -------------------------------------------------------------------
 
 
@@ -331,6 +362,26 @@ def test_cost_ratio_and_workers_cost_are_relative_to_master_rss():
     assert (report.minor_faults, report.major_faults) == (6350, 3)
 
 
+def test_cost_ratio_counts_anonymous_memory_where_the_kernel_splits_pss():
+    # A store server: the master maps the store; worker 2 alone read 296 MiB
+    # of it (file pages) and copied 1 MiB.
+    master = make_memory(100, rss=40 * MIB, pss=20 * MIB, anonymous=30 * MIB,
+                         pss_anon=12 * MIB, pss_file=8 * MIB)
+    worker = make_memory(101, rss=330 * MIB, pss=310 * MIB, anonymous=31 * MIB,
+                         private_dirty=1 * MIB, private_clean=296 * MIB, pss_anon=13 * MIB,
+                         pss_file=297 * MIB)
+    report = Report((ProcessRow(ProcessInfo(100, "master"), master, 1.0),
+                     ProcessRow(ProcessInfo(101, "worker", 2), worker, 1.0)), 0.0)
+    assert report.ratio_basis == "anonymous"
+    assert (report.master_base, report.total_base) == (30 * MIB, 25 * MIB)
+    assert report.cost_ratio == pytest.approx(25 / 30)
+    assert report.workers_cost == -5 * MIB
+    assert reporter.format_table(report).splitlines()[-1] == (
+        "anonymous PSS 25.0 MiB = master anonymous 30.0 MiB x 0.83 (workers add -5.0 MiB; "
+        "serving workers hold 1.0 MiB of private copies); file PSS 305.0 MiB (page cache: "
+        "shared, reclaimable); total PSS 330.0 MiB")
+
+
 def test_report_without_a_master_has_no_cost_ratio():
     report = make_report()
     workers_only = Report(report.processes[1:], report.time)
@@ -352,6 +403,123 @@ def test_requests_are_unknown_when_no_process_knows_them():
 def test_process_info_rejects_an_unknown_role():
     with pytest.raises(ValueError, match="master, worker, single"):
         ProcessInfo(1, "manager")
+
+
+def test_private_is_anonymous_private_memory_and_file_pages_are_apart():
+    # A worker that touched 296 MiB of a mapped store file alone (Private_Clean)
+    # and copied 6 MiB of the master's heap (Private_Dirty, anonymous).
+    worker = make_memory(rss=400 * MIB, pss=330 * MIB, shared_clean=90 * MIB,
+                         private_clean=296 * MIB, private_dirty=6 * MIB, anonymous=80 * MIB)
+    assert worker.uss == 302 * MIB
+    assert worker.private == 6 * MIB
+    assert worker.file == 320 * MIB
+
+
+def test_private_is_bounded_by_anonymous_when_a_shared_file_is_written():
+    writer = make_memory(rss=50 * MIB, pss=50 * MIB, private_dirty=40 * MIB, anonymous=10 * MIB)
+    assert writer.private == 10 * MIB
+
+
+def test_memory_without_an_anonymous_field_counts_private_dirty_as_private():
+    fields = {"Rss": 8 * KIB, "Private_Dirty": 4 * KIB, "Private_Clean": 2 * KIB}
+    stat = reporter.parse_stat(fixture_text(SLEEP_PID, "stat"))
+    mem = ProcessMemory.from_proc(stat, fields, boot_time=BOOT_TIME, clock_ticks=100)
+    assert (mem.private, mem.file) == (4 * KIB, 0)
+
+
+@pytest.mark.parametrize("title, expected", [
+    ("forkserve: master [app:app]", procfs.Title("master")),
+    ("persondb: worker 12 [persondb.app:app] 3 req, 1.0 MiB private",
+     procfs.Title("worker", worker_id=12)),
+    ("forkserve: generation 3 [app:app]", procfs.Title("master", generation=3)),
+    ("a: b: supervisor [app:app] serving generation 4", procfs.Title("supervisor", serving=4)),
+    ("forkserve: single [x]", procfs.Title("single")),
+    ("python -m forkserve app:app", None),
+    ("sleep 100", None),
+    ("", None),
+])
+def test_process_titles_say_role_worker_id_and_generation(title, expected):
+    assert procfs.parse_title(title) == expected
+
+
+def _tree(titles, children):
+    return dict(title_of=lambda pid: procfs.parse_title(titles.get(pid)),
+                children_of=lambda pid: children.get(pid, []))
+
+
+def test_tree_after_a_reload_lists_supervisor_serving_then_draining_generation():
+    titles = {1: "f: supervisor [a] serving generation 3", 20: "f: generation 2 [a]",
+              30: "f: generation 3 [a]", 21: "f: worker 1 [a]", 31: "f: worker 1 [a]",
+              32: "f: worker 2 [a] 5 req"}
+    infos = model.tree_infos(1, **_tree(titles, {1: [20, 30], 20: [21], 30: [31, 32]}))
+    assert [(i.pid, i.label) for i in infos] == [
+        (1, "supervisor"), (30, "master g3"), (31, "worker 1 g3"), (32, "worker 2 g3"),
+        (20, "master g2 draining"), (21, "worker 1 g2 draining"),
+    ]
+
+
+def test_tree_with_a_starting_generation_and_untitled_processes():
+    titles = {1: "f: supervisor [a] serving generation 2", 20: "f: generation 2 [a]",
+              30: "f: generation 3 [a]"}
+    infos = model.tree_infos(1, **_tree(titles, {1: [20, 30], 20: [21]}))
+    assert [(i.pid, i.role, i.state) for i in infos] == [
+        (1, "supervisor", None), (20, "master", "serving"), (21, "worker", "serving"),
+        (30, "single", "starting"),
+    ]
+    # Titles unreadable (setproctitle missing): the shape says it is a supervisor.
+    untitled = model.tree_infos(1, **_tree({}, {1: [20], 20: [21, 22]}))
+    assert [i.role for i in untitled] == ["supervisor", "master", "worker", "worker"]
+
+
+def test_tree_of_a_master_handing_over_to_its_first_generation():
+    titles = {1: "f: master [a] serving generation 2", 2: "f: worker 1 [a]",
+              30: "f: generation 2 [a]", 31: "f: worker 1 [a]"}
+    infos = model.tree_infos(1, **_tree(titles, {1: [2, 30], 30: [31]}))
+    assert [(i.pid, i.label) for i in infos] == [
+        (30, "master g2"), (31, "worker 1 g2"), (1, "master g1 draining"),
+        (2, "worker 1 g1 draining"),
+    ]
+    titles[1] = "f: master [a]"  # generation 2 is not serving yet
+    infos = model.tree_infos(1, **_tree(titles, {1: [2, 30], 30: [31]}))
+    assert [(i.pid, i.label) for i in infos] == [
+        (1, "master g1"), (2, "worker 1 g1"), (30, "master g2 starting"),
+        (31, "worker 1 g2 starting"),
+    ]
+
+
+def test_tree_of_a_plain_master_is_master_and_workers_with_their_ids():
+    titles = {1: "f: master [a]", 2: "f: worker 2 [a]", 3: "f: worker 1 [a]"}
+    infos = model.tree_infos(1, **_tree(titles, {1: [2, 3], 2: [99]}))
+    assert [(i.pid, i.label) for i in infos] == [(1, "master"), (2, "worker 2"),
+                                                 (3, "worker 1")]
+
+
+def test_ratio_after_a_reload_is_against_the_serving_master():
+    memory = make_memory(rss=100 * MIB, pss=50 * MIB)
+    small = make_memory(rss=10 * MIB, pss=10 * MIB)
+    rows = (
+        ProcessRow(ProcessInfo(1, "supervisor"), small, 1.0),
+        ProcessRow(ProcessInfo(30, "master", generation=3, state="serving"), memory, 1.0),
+        ProcessRow(ProcessInfo(31, "worker", generation=3, state="serving"), memory, 1.0),
+        ProcessRow(ProcessInfo(20, "master", generation=2, state="draining"), memory, 1.0),
+    )
+    report = Report(rows, 0.0)
+    assert report.master.info.pid == 30
+    assert report.cost_ratio == pytest.approx(160 / 100)
+    assert "master (g3) RSS 100.0 MiB x 1.60 (the other processes add" in \
+        reporter.format_table(report)
+    text = reporter.to_prometheus(report)
+    assert 'forkserve_process_private_bytes{pid="20",role="master",generation="2",' \
+           'state="draining"}' in text
+
+
+def test_json_from_a_server_without_the_anonymous_field_is_still_read():
+    data = reporter.to_json(make_report())
+    for entry in data["processes"]:
+        for key in ("anonymous", "pss_anon", "pss_file", "state"):
+            del entry[key]
+    report = reporter.from_json(data)
+    assert report.processes[0].memory.private == 10 * MIB
 
 
 # -- Table ---------------------------------------------------------------------------
@@ -377,21 +545,22 @@ def test_uptime_is_shown_in_its_two_largest_units(seconds, text):
 def test_table_has_a_row_per_process_a_total_row_and_a_summary():
     lines = reporter.format_table(make_report()).splitlines()
     assert lines[0].split() == [
-        "PID", "ROLE", "RSS", "PSS", "SHARED", "PRIVATE(USS)", "SWAP", "MINFLT", "MAJFLT", "REQS",
-        "UPTIME",
+        "PID", "ROLE", "RSS", "PSS", "SHARED", "PRIVATE", "FILE", "SWAP", "MINFLT", "MAJFLT",
+        "REQS", "UPTIME",
     ]
     assert lines[1].split() == [
-        "100", "master", "100.0", "MiB", "40.0", "MiB", "90.0", "MiB", "10.0", "MiB", "0", "B",
-        "5000", "3", "-", "1h02m",
+        "100", "master", "100.0", "MiB", "40.0", "MiB", "90.0", "MiB", "10.0", "MiB", "20.0",
+        "MiB", "0", "B", "5000", "3", "-", "1h02m",
     ]
     assert lines[2].split()[:3] == ["101", "worker", "1"]
     assert lines[2].split()[-2:] == ["1200", "1h01m"]
     assert lines[3].split()[-2:] == ["-", "1h01m"]
     assert lines[4].split() == [
-        "total", "290.0", "MiB", "110.0", "MiB", "270.0", "MiB", "20.0", "MiB", "4.0", "KiB",
-        "6350", "3", "1200",
+        "total", "290.0", "MiB", "110.0", "MiB", "270.0", "MiB", "19.0", "MiB", "60.0", "MiB",
+        "4.0", "KiB", "6350", "3", "1200",
     ]
-    assert lines[5] == "total PSS 110.0 MiB = master RSS 100.0 MiB x 1.10 (workers add 10.0 MiB)"
+    assert lines[5] == ("total PSS 110.0 MiB = master RSS 100.0 MiB x 1.10 (workers add "
+                        "10.0 MiB; serving workers hold 9.0 MiB of private copies)")
     assert len(lines) == 6
 
 
@@ -422,7 +591,7 @@ def test_log_report_logs_each_process_then_the_summary(caplog):
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0] == (
         "Memory of master (pid 100): RSS 100.0 MiB, PSS 40.0 MiB, shared 90.0 MiB (90%), "
-        "private 10.0 MiB, swap 0 B"
+        "private 10.0 MiB, file 20.0 MiB, swap 0 B"
     )
     assert messages[1].startswith("Memory of worker 1 (pid 101): ")
     assert messages[3] == "Memory: " + reporter.format_table(make_report()).splitlines()[-1]
@@ -442,14 +611,19 @@ def test_json_keys_are_the_documented_ones():
     data = reporter.to_json(make_report())
     assert list(data) == ["schema", "time", "processes", "totals"]
     assert list(data["processes"][0]) == [
-        "pid", "role", "worker_id", "generation", "requests", "start_time", "uptime",
+        "pid", "role", "worker_id", "generation", "state", "requests", "gc_collections",
+        "gc_pause", "start_time", "uptime",
         "rss", "pss", "shared_clean", "shared_dirty", "private_clean", "private_dirty", "swap",
-        "uss", "shared", "shared_fraction", "minor_faults", "major_faults",
+        "anonymous", "pss_anon", "pss_file", "private", "file", "uss", "shared",
+        "shared_fraction", "minor_faults", "major_faults",
     ]
     assert list(data["totals"]) == [
-        "processes", "workers", "rss", "pss", "uss", "swap", "master_rss", "workers_cost",
-        "cost_ratio", "minor_faults", "major_faults", "requests",
+        "processes", "workers", "rss", "pss", "uss", "private", "file", "pss_file", "swap",
+        "master_rss", "ratio_basis", "master_base", "total_base", "workers_cost", "copied",
+        "cost_ratio", "minor_faults", "major_faults",
+        "requests", "gc_collections", "gc_pause",
     ]
+    assert (data["processes"][2]["private"], data["processes"][2]["file"]) == (4 * MIB, 20 * MIB)
     assert data["processes"][1]["worker_id"] == 1
     assert data["processes"][0]["worker_id"] is None
     assert data["totals"]["pss"] == 110 * MIB
@@ -759,7 +933,7 @@ def test_memory_command_prints_a_table_by_default(pid_file, server, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["PID", "ROLE", "RSS"]
     assert lines[1].split()[:2] == [str(server.pid), "master"]
-    assert lines[-1].startswith("total PSS ")
+    assert lines[-1].startswith("anonymous PSS ")  # Linux >= 5.13; "total PSS " before
 
 
 def test_memory_command_without_pid_file_asks_whether_the_server_runs_with_pid(tmp_path, capsys):
@@ -949,3 +1123,154 @@ def test_memory_command_watch_json_prints_one_document_per_line(tmp_path, monkey
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3
     assert all(json.loads(line) == reporter.to_json(report) for line in lines)
+
+
+# -- forkserve memory --why ------------------------------------------------------------
+
+def test_why_reads_only_private_writable_mappings():
+    maps = textwrap.dedent("""\
+        55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0          [heap]
+        7f0000000000-7f0000100000 rw-p 00000000 00:00 0
+        7f0000100000-7f0000200000 r--p 00000000 08:01 42         /usr/lib/libc.so.6
+        7f0000200000-7f0000300000 rw-s 00000000 08:01 43         /tmp/store
+        7f0000300000-7f0000301000 rw-p 00010000 08:01 42         /usr/lib/libc.so.6
+        """)
+    assert why.parse_maps(maps) == [(0x55D0C0000000, 0x55D0C0021000),
+                                    (0x7F0000000000, 0x7F0000100000),
+                                    (0x7F0000300000, 0x7F0000301000)]
+
+
+def test_why_keeps_present_anonymous_exclusive_pagemap_entries():
+    present, exclusive, file_page = 1 << 63, 1 << 56, 1 << 61
+    entries = [present | exclusive | 0x1234,  # copied: kept
+               present | 0x99,  # still shared with the master
+               present | exclusive | file_page,  # a file page only this process maps
+               exclusive,  # not present (swapped out or never touched)
+               present | exclusive]
+    data = struct.pack(f"{len(entries)}Q", *entries)
+    assert why.decode_pagemap(data, first_page=1000) == [1000, 1004]
+
+
+def test_why_splits_each_page_evenly_among_the_object_headers_on_it():
+    counts = {7: collections.Counter({(0, "dict"): 1, (0, "str"): 2, (1, "str"): 1}),
+              9: collections.Counter({(1, "int"): 4})}
+    by_root, by_type = why.attribute(counts, page_size=4096)
+    assert by_root == {0: 3072, 1: 1024 + 4096}
+    assert by_type == {"dict": 1024, "str": 3072, "int": 4096}
+
+
+_COPIED = {}
+
+
+@linux_only
+def test_why_blames_the_copied_pages_on_the_module_global_that_holds_them():
+    # A "master" (this process) holding a dataset; a "worker" forked from it
+    # reads half the dataset (refcount writes copy those pages); an "auditor"
+    # forked from the master walks and reads the worker's pagemap.
+    _COPIED.clear()
+    _COPIED.update((f"key{n}", [f"value {n}" * 4, n * 1.5]) for n in range(60_000))
+    wrote_r, wrote_w = os.pipe()
+    worker = os.fork()
+    if worker == 0:
+        os.close(wrote_r)
+        touched = [value for n, value in enumerate(_COPIED.values()) if n % 2 == 0]
+        os.write(wrote_w, b"1")
+        signal.pause()
+        os._exit(0)
+    os.close(wrote_w)
+    try:
+        assert os.read(wrote_r, 1) == b"1"
+        answer_r, answer_w = os.pipe()
+        auditor = os.fork()
+        if auditor == 0:
+            os.close(answer_r)
+            with os.fdopen(answer_w, "w") as out:
+                json.dump(why.explain(worker, first_modules=[__name__]), out)
+            os._exit(0)
+        os.close(answer_w)
+        with os.fdopen(answer_r) as source:
+            answer = json.load(source)
+        os.waitpid(auditor, 0)
+    finally:
+        os.close(wrote_r)
+        os.kill(worker, signal.SIGKILL)
+        os.waitpid(worker, 0)
+        _COPIED.clear()
+    top = answer["owners"][0]
+    assert top["name"] == f"{__name__}._COPIED" and top["what"] == "dict of 60,000 entries"
+    assert top["bytes"] > 0.5 * answer["on_objects_bytes"]
+    assert answer["on_objects_bytes"] <= answer["exclusive_bytes"]
+    assert "_COPIED: dict of 60,000 entries" in why.format_why(answer)
+
+
+# -- --worker-gc -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, policy", [("off", "off"), (" Young ", "young"), ("idle", "idle")])
+def test_worker_gc_policy_names(text, policy):
+    assert workergc.parse_policy(text) == policy
+
+
+def test_worker_gc_policy_that_does_not_exist_lists_the_ones_that_do():
+    with pytest.raises(ValueError, match="off, young, normal, idle"):
+        workergc.parse_policy("sometimes")
+
+
+def test_gc_stats_count_collections_and_their_pause():
+    ticks = iter([100, 350, 1000, 1100])
+    published = []
+    stats = workergc.GcStats(lambda *figures: published.append(figures),
+                             clock=lambda: next(ticks))
+    stats("start", {"generation": 0})
+    stats("stop", {"generation": 0, "collected": 3})
+    stats("start", {"generation": 1})
+    stats("stop", {"generation": 1, "collected": 0})
+    assert (stats.collections, stats.pause_ns) == (2, 350)
+    assert published == [(1, 250), (2, 350)]
+
+
+@contextlib.contextmanager
+def _gc_state():
+    threshold, callbacks = gc.get_threshold(), list(gc.callbacks)
+    worker_threshold = cow._state["threshold"]
+    try:
+        yield
+    finally:
+        gc.callbacks[:] = callbacks
+        cow._state["threshold"] = worker_threshold
+        gc.set_threshold(*threshold)
+
+
+def test_worker_gc_young_collects_generations_0_and_1_and_check_keeps_it():
+    with _gc_state():
+        policy = workergc.apply("young")
+        assert gc.get_threshold()[:2] == (700, 10) and gc.get_threshold()[2] > 10**6
+        gc.set_threshold(0)  # a library turning collection off
+        assert cow.check() is True
+        assert gc.get_threshold()[0] == 700
+        gc.collect(0)
+        assert policy.stats.collections == 1 and policy.stats.pause_ns > 0
+
+
+def test_worker_gc_idle_collects_only_when_no_request_came_since_the_last_tick():
+    with _gc_state():
+        policy = workergc.apply("idle")
+        assert gc.get_threshold()[0] == 0
+        policy.tick(requests=5)  # first tick: nothing to compare with
+        policy.tick(requests=9)  # busy
+        assert policy.stats.collections == 0
+        held = [{} for _ in range(3)]  # something for generation 0 to hold
+        assert held
+        policy.tick(requests=9)  # idle since the last tick
+        assert policy.stats.collections == 1
+
+
+def test_memory_why_of_a_process_that_is_not_a_worker_says_what_to_give(capsys):
+    assert command.main(["--why", str(os.getpid())]) == 1
+    assert "is not a forkserve worker" in capsys.readouterr().err
+
+
+def test_memory_why_of_a_pid_that_is_not_running_says_so(tmp_path, capsys):
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    assert command.main(["--why", str(exited.pid)]) == 1
+    assert f"no process {exited.pid}" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """The reporter on a live server: figures, endpoints, and recycling on USS."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -66,7 +68,10 @@ def test_memory_json_agrees_with_an_independent_reading_of_proc(run_server, tmp_
     totals = report["totals"]
     assert totals["pss"] == sum(row["pss"] for row in report["processes"])
     assert totals["master_rss"] == rows[server.pid]["rss"]
-    assert totals["cost_ratio"] == pytest.approx(totals["pss"] / totals["master_rss"])
+    assert totals["ratio_basis"] == "anonymous"  # Linux >= 5.13 prints Pss_Anon
+    assert totals["master_base"] == rows[server.pid]["anonymous"]
+    assert totals["total_base"] == sum(row["pss_anon"] for row in report["processes"])
+    assert totals["cost_ratio"] == pytest.approx(totals["total_base"] / totals["master_base"])
 
     table = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--pid", str(pidfile)],
                            capture_output=True, text=True, timeout=30)
@@ -185,3 +190,183 @@ def test_worker_titles_show_requests_and_private_memory(run_server):
     for _ in range(5):
         assert server.get("/")[0] == 200
     poll(lambda: (served() or 0) >= before + 5, message=f"the title to count, now {title(worker)!r}")
+
+
+def _recycled_worker(server, old):
+    children = server.children()
+    return len(children) == 1 and children != [old] and children
+
+
+def test_max_worker_memory_counts_copies_not_mapped_file_pages(run_server, tmp_path):
+    # A 120 MiB file, written and flushed here: a stand-in for a store file.
+    # A worker that reads it all holds 120 MiB of file pages only it maps
+    # (Private_Clean, in its USS), which the kernel can drop at any time.
+    data = tmp_path / "store.bin"
+    with open(data, "wb") as handle:
+        for _ in range(120):
+            handle.write(os.urandom(1024 * 1024))
+        handle.flush()
+        os.fsync(handle.fileno())
+    server = run_server("-w", "1", "--max-worker-memory", "40", "--memory-log-interval", "0.25",
+                        app="hog:app")
+    [worker] = server.wait_workers(1)
+    assert server.get(f"/map?{data}") == (200, str(worker))
+    reading = _independent_reading(worker)
+    assert reading["private_clean"] > 100 * 1024 * 1024  # USS alone would be over the limit
+
+    # The master checks every 2 s; its memory log (every 0.25 s, same loop)
+    # paces the wait: after 16 more lines, it has checked at least once.
+    lines = server.log().count(f"(pid {worker}): ")
+    poll(lambda: server.log().count(f"(pid {worker}): ") >= lines + 16, timeout=30,
+         message="the master to log the mapped worker's memory 16 more times")
+    assert server.children() == [worker]
+    assert "over --max-worker-memory" not in server.log()
+    assert re.search(rf"worker 1 \(pid {worker}\): .* private [\d.]+ (KiB|MiB), "
+                     r"file 1[2-9]\d\.\d MiB", server.log())
+
+    assert server.get("/alloc?60") == (200, str(worker))  # 60 MiB of anonymous copies
+    poll(lambda: _recycled_worker(server, worker), timeout=20,
+         message="the worker that copied 60 MiB to be recycled")
+    recycled = re.search(r"has ([\d.]+) MiB private memory, over --max-worker-memory 40 MiB",
+                         server.log())
+    assert recycled and 60 <= float(recycled.group(1)) < 100, server.log()
+
+
+def _memory_json(*where):
+    out = subprocess.run([sys.executable, "-m", "forkserve", "memory", *where, "--json"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _tree(report):
+    return [(row["pid"], row["role"], row["generation"], row["state"])
+            for row in report["processes"]]
+
+
+def _children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as handle:
+        return sorted(int(child) for child in handle.read().split())
+
+
+def _title(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        return handle.read().replace(b"\0", b" ").decode().strip()
+
+
+def _generation_masters(supervisor):
+    return [pid for pid in _children(supervisor) if _title(pid).split(": ", 1)[1].startswith(
+        ("generation", "master"))]
+
+
+def _reload_while_a_request_is_held(server, release, new_generation):
+    """HUP with a request in flight; return (new master, its workers) once
+    the new generation serves and the old one is still draining."""
+    held = threading.Thread(target=server.get, args=(f"/hold?{release}",),
+                            kwargs={"timeout": 60})
+    held.start()
+    poll(lambda: os.path.exists(f"{release}.held"), message="the held request to arrive")
+    before = set(_children(server.pid))
+    server.signal(signal.SIGHUP)
+    poll(lambda: re.search(rf"Generation {new_generation} serves", server.log()),
+         timeout=30, message=f"generation {new_generation} to serve")
+    [new_master] = set(_children(server.pid)) - before
+    workers = poll(lambda: len(_children(new_master)) == 2 and _children(new_master),
+                   timeout=30, message=f"generation {new_generation}'s workers")
+    return held, new_master, workers
+
+
+def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
+        run_server, tmp_path):
+    pidfile = tmp_path / "server.pid"
+    server = run_server("-w", "2", "--pid", str(pidfile), "--stats", "127.0.0.1:0",
+                        app="hog:app")
+    first_workers = server.wait_workers(2)
+    stats = ("--stats", f"127.0.0.1:{_stats_port(server)}")
+
+    # The first HUP: the master drains its own workers under generation 2.
+    held, g2_master, g2_workers = _reload_while_a_request_is_held(
+        server, tmp_path / "release1", 2)
+    try:
+        tree = _tree(_memory_json("--pid", str(pidfile)))
+        assert tree[:4] == [(g2_master, "master", 2, "serving"),
+                            (g2_workers[0], "worker", 2, "serving"),
+                            (g2_workers[1], "worker", 2, "serving"),
+                            (server.pid, "master", 1, "draining")]
+        assert {row[0] for row in tree[4:]} <= set(first_workers)
+        assert {row[1:] for row in tree[4:]} == {("worker", 1, "draining")}
+        assert _tree(_memory_json(*stats))[:4] == tree[:4]
+    finally:
+        (tmp_path / "release1").touch()
+        held.join(60)
+    poll(lambda: "continues as its supervisor" in server.log(), timeout=30,
+         message="the master to become the supervisor")
+    # The line is logged before the exec: wait for the supervisor to title itself.
+    title = poll(lambda: "supervisor" in _title(server.pid) and _title(server.pid),
+                 message="the supervisor's process title")
+    assert "master" not in title
+
+    # The second HUP: the supervisor serves generation 3, generation 2 drains.
+    held, g3_master, g3_workers = _reload_while_a_request_is_held(
+        server, tmp_path / "release2", 3)
+    try:
+        assert "serving generation 3" in _title(server.pid)
+        tree = _tree(_memory_json("--pid", str(pidfile)))
+        assert tree[:5] == [(server.pid, "supervisor", None, None),
+                            (g3_master, "master", 3, "serving"),
+                            (g3_workers[0], "worker", 3, "serving"),
+                            (g3_workers[1], "worker", 3, "serving"),
+                            (g2_master, "master", 2, "draining")]
+        assert {row[0] for row in tree[5:]} <= set(g2_workers)
+        assert {row[1:] for row in tree[5:]} == {("worker", 2, "draining")}
+        assert _tree(_memory_json(*stats)) == tree
+    finally:
+        (tmp_path / "release2").touch()
+        held.join(60)
+    poll(lambda: g2_master not in _children(server.pid), timeout=30,
+         message="generation 2 to finish draining")
+
+    for where in (("--pid", str(pidfile)), stats):
+        report = _memory_json(*where)
+        assert _tree(report) == [(server.pid, "supervisor", None, None),
+                                 (g3_master, "master", 3, "serving"),
+                                 (g3_workers[0], "worker", 3, "serving"),
+                                 (g3_workers[1], "worker", 3, "serving")]
+        rows = {row["pid"]: row for row in report["processes"]}
+        assert report["totals"]["master_rss"] == rows[g3_master]["rss"]
+        assert report["totals"]["master_base"] == rows[g3_master]["anonymous"]
+        assert report["totals"]["cost_ratio"] == pytest.approx(
+            report["totals"]["total_base"] / rows[g3_master]["anonymous"])
+    table = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--pid", str(pidfile)],
+                           capture_output=True, text=True, timeout=30).stdout
+    assert "master (g3) anonymous" in table and "worker 2 g3" in table
+    metrics = _fetch(_stats_port(server), "/metrics")[2]
+    assert re.search(rf'pid="{g3_workers[0]}",role="worker",worker="\d",generation="3",'
+                     r'state="serving"', metrics)
+    # --why asks the worker's own master: generation 3's, under the supervisor.
+    why = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--why",
+                          str(g3_workers[0]), "--json"], capture_output=True, text=True,
+                         timeout=120)
+    assert why.returncode == 0, why.stderr
+    assert json.loads(why.stdout)["pid"] == g3_workers[0]
+
+
+@pytest.mark.parametrize("policy, collects", [("young", True), ("off", False)])
+def test_worker_gc_policy_collects_and_reports_collections_and_pauses(
+        run_server, policy, collects):
+    server = run_server("-w", "1", "--worker-gc", policy, "--stats", "127.0.0.1:0",
+                        app="hog:app")
+    [worker] = server.wait_workers(1)
+    assert server.get("/gc")[1].split()[0] == ("700" if collects else "0")
+    for _ in range(1000):  # 2 dicts left each: over gen 0's threshold of 700 several times
+        assert server.get("/cycle")[0] == 200
+    port = _stats_port(server)
+    [row] = [row for row in json.loads(_fetch(port, "/")[2])["processes"]
+             if row["pid"] == worker]
+    if collects:
+        assert row["gc_collections"] > 0 and row["gc_pause"] > 0
+        metrics = _fetch(port, "/metrics")[2]
+        assert re.search(rf'forkserve_process_gc_collections_total\{{pid="{worker}",'
+                         r'role="worker",worker="1"\} [1-9]', metrics)
+    else:
+        assert (row["gc_collections"], row["gc_pause"]) == (0, 0.0)

@@ -89,7 +89,7 @@ def test_worker_whose_loop_is_blocked_past_timeout_is_replaced(run_server):
 
 
 def test_workers_keep_the_memory_discipline(run_server):
-    server = run_server("-w", "2")
+    server = run_server("-w", "2", "--worker-gc", "off")  # other policies: test_memory_e2e
     server.wait_workers(2)
     for _ in range(4):
         info = server.get_json("/gc")

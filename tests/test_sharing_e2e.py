@@ -8,7 +8,9 @@ size is the plain-dict master's RSS minus that of the same app on ten rows.
 """
 
 import csv
+import json
 import pathlib
+import subprocess
 import random
 import sys
 
@@ -55,8 +57,17 @@ def dataset(tmp_path_factory):
     return path, emails
 
 
-def _uss(pid):
-    return procfs.read_process(pid).uss
+def _private(pid):
+    """Anonymous private memory: what the worker copied (not file pages)."""
+    return procfs.read_process(pid).private
+
+
+def _why(pid):
+    """`forkserve memory --why PID --json`: the objects the worker copied."""
+    out = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--why", str(pid),
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -78,18 +89,20 @@ def measured(tmp_path_factory, dataset):
             poll(lambda: len(server.children()) == 2, message="two workers")
             poll(lambda: server.get("/health")[0] == 200, message="a healthy server")
             workers = server.children()
-            before = {pid: _uss(pid) for pid in workers}
+            before = {pid: _private(pid) for pid in workers}
             try:
                 # 32 connections so that both workers get a fair share of them
                 statuses = blast(server.port, paths, connections=32, depth=16)
             except OSError as exc:
                 raise AssertionError(f"load failed ({exc!r}); server log:\n{server.log()}")
-            after = {pid: _uss(pid) for pid in workers}
+            after = {pid: _private(pid) for pid in workers}
+            busiest = max(workers, key=lambda pid: after[pid])
             figures[mode] = {"statuses": statuses,
                              "master_rss": procfs.read_process(server.pid).rss,
                              "total_pss": sum(procfs.read_process(pid).pss
                                               for pid in [server.pid, *workers]),
                              "growth": [after[pid] - before[pid] for pid in workers],
+                             "why": _why(busiest) if mode in ("dict", "share") else None,
                              "log": server.log()}
         finally:
             server.kill_group()
@@ -146,3 +159,18 @@ def test_the_compact_store_stays_shared_and_halves_the_master(measured):
     # server (PSS splits each shared page among the processes mapping it).
     assert measured["store"]["total_pss"] < 0.5 * measured["dict"]["total_pss"], (
         measured["store"]["total_pss"], measured["dict"]["total_pss"])
+
+
+def test_why_names_the_dataset_dict_as_what_the_workers_copied(measured):
+    answer = measured["dict"]["why"]
+    top = answer["owners"][0]
+    assert top["name"] == "examples.persondb.app.people", answer["owners"][:3]
+    assert top["what"] == f"dict of {ROWS:,} entries"
+    assert top["bytes"] > 0.3 * measured["dataset"], (top, _report(measured, "dict"))
+    assert top["bytes"] > 0.8 * answer["on_objects_bytes"]
+
+
+@pytest.mark.skipif(not IMMORTAL, reason="immortal objects need Python 3.12+")
+def test_why_finds_nearly_nothing_copied_from_a_shared_dataset(measured):
+    answer = measured["share"]["why"]
+    assert answer["on_objects_bytes"] < 0.05 * measured["dataset"], answer["owners"][:3]

@@ -21,6 +21,9 @@ import sys
 import tomllib
 from typing import Any, Callable
 
+from forkserve.memory.workergc import DEFAULT as _WORKER_GC_DEFAULT
+from forkserve.memory.workergc import parse_policy as _worker_gc_policy
+
 __all__ = ["Setting", "SETTINGS", "Config", "ConfigError", "parse", "settings_table"]
 
 
@@ -199,8 +202,15 @@ SETTINGS = (
             "Log every process's shared and private memory every this many seconds. 0 disables.",
             metavar="SECONDS", section="memory"),
     Setting("max_worker_memory", ("--max-worker-memory",), _whole(0), 0,
-            "Recycle a worker gracefully when its private memory (USS, not RSS) exceeds this "
-            "many MiB. 0 disables.", metavar="MB", section="memory"),
+            "Recycle a worker gracefully when its private anonymous memory (copy-on-write "
+            "copies and its own allocations; not RSS, not mapped file pages) exceeds this many "
+            "MiB. 0 disables.", metavar="MB", section="memory"),
+    # --worker-gc: forkserve.memory.workergc holds the policies and their reasons.
+    Setting("worker_gc", ("--worker-gc",), _worker_gc_policy, _WORKER_GC_DEFAULT,
+            "When workers collect their own cyclic garbage: off, young (generations 0-1 at "
+            "Python's thresholds), normal (Python's defaults) or idle (young generations "
+            "between requests). The master's frozen heap is never collected.",
+            metavar="POLICY", section="memory"),
     Setting("limit_request_line", ("--limit-request-line",), _whole(0), 4094,
             "Longest request line in bytes; longer gets 414. 0 means the built-in maximum (65536).",
             metavar="BYTES", section="http"),

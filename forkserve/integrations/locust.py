@@ -58,9 +58,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CSV_FIELDS = (
     "time", "elapsed_s", "locust_requests", "locust_failures", "locust_rps", "users",
-    "pid", "role", "worker_id", "server_requests",
-    "rss", "pss", "uss", "shared", "swap", "minor_faults", "major_faults",
+    "pid", "role", "worker_id", "generation", "state", "server_requests",
+    "rss", "pss", "private", "file", "uss", "shared", "swap", "minor_faults", "major_faults",
 )
+
+# Sizes per process; "private" is anonymous (copies, what --max-worker-memory
+# limits), "file" resident file-backed pages (page cache): forkserve.memory.model.
+_PROCESS_KEYS = ("rss", "pss", "private", "file", "uss", "shared", "swap", "minor_faults",
+                 "major_faults")
 
 #: Seconds forkserve gets to load the app and start listening.
 START_TIMEOUT = 300
@@ -98,15 +103,16 @@ def rows_for_csv(report, now, elapsed, locust_stats):
     for p in report["processes"]:
         rows.append({
             **common, "pid": p["pid"], "role": p["role"], "worker_id": p.get("worker_id"),
+            "generation": p.get("generation"), "state": p.get("state"),
             "server_requests": p.get("requests"),
-            **{key: p.get(key) for key in
-               ("rss", "pss", "uss", "shared", "swap", "minor_faults", "major_faults")},
+            **{key: p.get(key) for key in _PROCESS_KEYS},
         })
     totals = report["totals"]
     rows.append({
         **common, "pid": "", "role": "total", "worker_id": "",
         "server_requests": totals.get("requests"),
         "rss": totals.get("rss"), "pss": totals.get("pss"), "uss": totals.get("uss"),
+        "private": totals.get("private"), "file": totals.get("file"),
         "shared": sum(p.get("shared") or 0 for p in report["processes"]),
         "swap": totals.get("swap"), "minor_faults": totals.get("minor_faults"),
         "major_faults": totals.get("major_faults"),
@@ -124,7 +130,8 @@ def _ui_rows(report):
             "requests": p.get("requests") if p.get("requests") is not None else "",
             "rss_mib": round((p.get("rss") or 0) / MIB, 1),
             "pss_mib": round((p.get("pss") or 0) / MIB, 1),
-            "uss_mib": round((p.get("uss") or 0) / MIB, 1),
+            "private_mib": round((p.get("private") or 0) / MIB, 1),
+            "file_mib": round((p.get("file") or 0) / MIB, 1),
             "minor_faults": p.get("minor_faults", ""),
         })
     return rows
@@ -203,7 +210,7 @@ class MemorySampler:
         before = {p["pid"]: p for p in self.first["processes"]}
         for p in self.latest["processes"]:
             if p["role"] == "worker" and p["pid"] in before:
-                grown = (p["uss"] - before[p["pid"]]["uss"]) / MIB
+                grown = (p["private"] - before[p["pid"]]["private"]) / MIB
                 lines.append(f"worker {p.get('worker_id')} (pid {p['pid']}): private memory "
                              f"grew {grown:+,.1f} MiB during the test")
         if self.csv_path:
@@ -328,7 +335,8 @@ def _extend_web_ui(web_ui, sampler):
         {"key": "requests", "title": "requests"},
         {"key": "rss_mib", "title": "RSS (MiB)"},
         {"key": "pss_mib", "title": "PSS (MiB)"},
-        {"key": "uss_mib", "title": "USS (MiB)"},
+        {"key": "private_mib", "title": "private (MiB)"},
+        {"key": "file_mib", "title": "file (MiB)"},
         {"key": "minor_faults", "title": "minor faults"},
     ]}]
     if sampler.csv_path:

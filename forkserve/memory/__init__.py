@@ -3,7 +3,11 @@
 cow       the gc recipe: disable while loading, freeze before fork, never
           collect the frozen heap, leave through os._exit
 sharing   forkserve.share(): make a loaded dataset immortal (3.12+)
-procfs    pure parsers of /proc/PID/smaps_rollup, smaps and stat
-reporter  per-process shared/private memory, as a table, JSON or Prometheus
+procfs    pure parsers of /proc/PID/smaps_rollup, smaps, stat and titles
+model     the report: the server's process tree, private vs file memory
+render    the report as a table, log lines or Prometheus text
+reporter  the report as JSON, and the names the rest of forkserve imports
+why       `forkserve memory --why PID`: which objects a worker copied
+workergc  --worker-gc: when workers collect their own cyclic garbage
 command   `forkserve memory`, the command-line reporter
 """

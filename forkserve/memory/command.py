@@ -29,7 +29,7 @@ class ServerNotFound(Exception):
 
 
 def main(argv=None):
-    """`forkserve memory [--pid FILE | --stats ADDRESS] [--json] [--watch SECONDS]`.
+    """`forkserve memory [--pid FILE | --stats ADDRESS | --why PID] [--json] [--watch SECONDS]`.
 
     Returns 0 on success, 1 when the server cannot be found or read, 2 on
     a usage error.
@@ -38,6 +38,8 @@ def main(argv=None):
         args = _parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # argparse printed the usage or --help
         return exc.code
+    if args.why is not None:
+        return _why(args.why, args.json)
     if args.pid is not None:
         load = functools.partial(report_from_pid_file, args.pid)
     else:
@@ -55,6 +57,18 @@ def main(argv=None):
     except ServerNotFound as exc:
         print(f"forkserve memory: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _why(pid, as_json):
+    from forkserve.memory import why
+
+    try:
+        answer = why.ask(pid)
+    except why.WhyError as exc:
+        print(f"forkserve memory --why: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=2) if as_json else why.format_why(answer))
     return 0
 
 
@@ -87,14 +101,17 @@ def _parse_args(argv):
     where.add_argument("--stats", metavar="ADDRESS",
                        help="the server's stats endpoint (--stats ADDRESS): "
                        "HOST:PORT, http://HOST:PORT or unix:PATH")
+    where.add_argument("--why", metavar="PID", type=int,
+                       help="explain a worker's private memory: which of the master's objects "
+                       "it copied, by module-level name and by type")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--watch", metavar="SECONDS", type=_positive_seconds,
                         help="refresh every SECONDS until Ctrl-C")
     args = parser.parse_args(argv)
-    if args.pid is None and args.stats is None:
+    if args.pid is None and args.stats is None and args.why is None:
         parser.error(
             "say where the server is: --pid FILE (the pid file it was started with) "
-            "or --stats ADDRESS (its stats endpoint)"
+            "or --stats ADDRESS (its stats endpoint), or --why PID (a worker)"
         )
     if args.stats is not None:
         try:

@@ -16,10 +16,12 @@ can be prevented, and when:
    collection ever examines, so a worker's GC never rewrites the headers of
    the master's objects. gc.set_threshold(0) then turns automatic collection
    off in a way that survives libraries calling gc.enable().
-3. Workers inherit both. They never collect (not at boot, not ever):
-   `check()` restores threshold 0 if a library changed it. Cyclic garbage
-   made while serving is not reclaimed; recycle workers with --max-requests
-   or --max-worker-memory instead.
+3. Workers inherit both, then apply their --worker-gc policy
+   (forkserve.memory.workergc) through `set_worker_threshold()`: no policy
+   collects the frozen heap, since no collection examines the permanent
+   generation. `check()` restores the policy's threshold if a library
+   changed it (with "off", cyclic garbage stays until the worker is
+   recycled by --max-requests or --max-worker-memory).
 4. Processes end through `exit_process()`: the application's atexit handlers
    run, logs and stdio are flushed, then os._exit. Interpreter finalization
    (a final collection and module teardown that touches every object, hence
@@ -37,11 +39,11 @@ import logging
 import os
 import sys
 
-__all__ = ["begin_load", "harden", "check", "exit_process"]
+__all__ = ["begin_load", "harden", "check", "exit_process", "set_worker_threshold"]
 
 log = logging.getLogger("forkserve.error")
 
-_state = {"hook": False, "exiting": False}
+_state = {"hook": False, "exiting": False, "threshold": (0, 10, 10)}
 
 
 def begin_load():
@@ -60,14 +62,20 @@ def harden():
     gc.enable()  # harmless with threshold 0, and what libraries expect to find
 
 
+def set_worker_threshold(threshold):
+    """In a worker: the gc thresholds its --worker-gc policy chose."""
+    _state["threshold"] = tuple(threshold)
+    gc.set_threshold(*threshold)
+
+
 def check():
-    """Restore threshold 0 if something changed it. Returns True if it had to."""
+    """Restore the worker's thresholds if something changed them (threshold 0
+    unless a --worker-gc policy chose others). Returns True if it had to."""
     threshold = gc.get_threshold()
-    if threshold[0] != 0:
-        gc.set_threshold(0, *threshold[1:])
-        log.warning("something set gc threshold to %s; forkserve set it back to 0 so the "
-                    "garbage collector does not copy shared pages into this process",
-                    threshold)
+    if threshold != _state["threshold"]:
+        gc.set_threshold(*_state["threshold"])
+        log.warning("something set gc threshold to %s; forkserve set it back to %s "
+                    "(--worker-gc)", threshold, _state["threshold"])
         return True
     return False
 

@@ -30,6 +30,7 @@ import signal
 import time
 
 from forkserve import exits
+from forkserve.memory import why
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.exits import HaltServer
 from forkserve.process.generations import Driver, Generations
@@ -103,6 +104,7 @@ class Master(Driver, WorkerMemory):
         self.handover = Handover(serving=self.generation, owner_serves=True,
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=self._fork, kill=kill)
+        self.why = None  # the --why listener, opened by run()
 
     # --- the loop ---
 
@@ -110,6 +112,7 @@ class Master(Driver, WorkerMemory):
         role = "master" if self.reloadable else f"generation {self.generation}"
         procname.set_title(self.cfg, role, self.app_name)
         self.queue.install(MASTER_SIGNALS, setter=original("signal", "signal"))
+        self.why = why.listen(self.app_name, fork=self._fork)  # forkserve memory --why
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         try:
@@ -144,6 +147,7 @@ class Master(Driver, WorkerMemory):
             timeout = min(timeout, self.next_spawn_at - now)
         watched = [self.queue.wake_r, *self.generations.waiting_fds()]
         watched += self.stats.filenos() if self.stats else []
+        watched += self.why.filenos() if self.why else []
         try:
             readable, writable, _ = self._select(
                 watched, self.stats.writable_filenos() if self.stats else [], [],
@@ -152,6 +156,8 @@ class Master(Driver, WorkerMemory):
             return
         if self.queue.wake_r in readable:
             self.queue.drain_wakeups()
+        if self.why:
+            self.why.service(readable)
         if self.stats:
             self.stats.service(readable, writable, self.report)
 
@@ -194,6 +200,9 @@ class Master(Driver, WorkerMemory):
 
     def retire(self, number):
         if number == self.generation:
+            # `forkserve memory --pid` reads from the title which generation serves
+            procname.set_title(self.cfg, "master", self.app_name,
+                               f"serving generation {self.handover.serving}")
             self.stop_all(signal.SIGTERM)
         else:
             self.generations.signal(number, signal.SIGTERM)
@@ -368,7 +377,7 @@ class Master(Driver, WorkerMemory):
         return None
 
     def master_fds(self):
-        fds = [self.queue.wake_r, self.queue.wake_w]
+        fds = [self.queue.wake_r, self.queue.wake_w] + (self.why.filenos() if self.why else [])
         if self.stats:
             fds.extend(self.stats.all_filenos())
         return fds

@@ -1,8 +1,9 @@
 """What the master reads about its workers' memory.
 
---max-worker-memory (recycle a worker whose private memory, USS, is over the
-limit; one at a time, replacement first), --memory-log-interval, and the
-report the --stats endpoint serves. A mixin of Master: it uses the master's
+--max-worker-memory (recycle a worker whose private memory is over the
+limit: anonymous memory, its copies, not the file pages it maps; one at a
+time, replacement first), --memory-log-interval, and the report the --stats
+endpoint serves. A mixin of Master: it uses the master's
 workers, scoreboard and clock.
 """
 
@@ -28,10 +29,10 @@ class WorkerMemory:
             if record.state != "ready":
                 continue
             reading = reporter.read_process(record.pid)
-            if reading is not None and reading.uss > limit:
+            if reading is not None and reading.private > limit:  # anonymous: copies, not files
                 log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
                             "--max-worker-memory %d MiB; recycling it", record.worker_id,
-                            record.pid, reading.uss / 2**20, self.cfg.max_worker_memory)
+                            record.pid, reading.private / 2**20, self.cfg.max_worker_memory)
                 record.state = "retiring"
                 return
 
@@ -43,10 +44,14 @@ class WorkerMemory:
             infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
                                             worker_id=record.worker_id,
                                             requests=slot.requests,
-                                            generation=record.generation))
+                                            generation=record.generation,
+                                            gc_collections=slot.gc_collections,
+                                            gc_pause=slot.gc_pause_ns / 1e9))
         return infos
 
     def report(self):
+        if self.generations.pids:  # first reload: the tree has a generation under us
+            return reporter.collect(reporter.discover(os.getpid()))
         return reporter.collect(self.process_infos())
 
     def log_memory(self):

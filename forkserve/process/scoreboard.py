@@ -23,11 +23,12 @@ __all__ = ["Scoreboard", "Slot", "BOOTING", "READY", "RETIRE", "STOPPING",
 
 FREE, BOOTING, READY, RETIRE, STOPPING = 0, 1, 2, 3, 4
 
-#: state, beat (monotonic), requests; the rest of the 64-byte slot is padding
-#: so that two workers never write to the same cache line
-_LAYOUT = struct.Struct("=qdQ")
+#: state, beat (monotonic), requests, gc collections, gc pause (ns); the
+#: rest of the 64-byte slot is padding so that two workers never write to
+#: the same cache line
+_LAYOUT = struct.Struct("=qdQQQ")
 _SLOT_SIZE = 64
-_STATE, _BEAT, _REQUESTS = 0, 8, 16
+_STATE, _BEAT, _REQUESTS, _GC = 0, 8, 16, 24
 
 
 def heartbeat_interval(timeout: float) -> float:
@@ -38,13 +39,15 @@ def heartbeat_interval(timeout: float) -> float:
 
 
 class Slot:
-    __slots__ = ("index", "state", "beat", "requests")
+    __slots__ = ("index", "state", "beat", "requests", "gc_collections", "gc_pause_ns")
 
-    def __init__(self, index, state, beat, requests):
+    def __init__(self, index, state, beat, requests, gc_collections=0, gc_pause_ns=0):
         self.index = index
         self.state = state
         self.beat = beat
         self.requests = requests
+        self.gc_collections = gc_collections
+        self.gc_pause_ns = gc_pause_ns
 
 
 class Scoreboard:
@@ -60,10 +63,10 @@ class Scoreboard:
 
     def prepare(self, index):
         """Reset a slot for a worker about to be forked."""
-        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, BOOTING, time.monotonic(), 0)
+        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, BOOTING, time.monotonic(), 0, 0, 0)
 
     def release(self, index):
-        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, FREE, 0.0, 0)
+        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, FREE, 0.0, 0, 0, 0)
 
     def read(self, index) -> Slot:
         return Slot(index, *_LAYOUT.unpack_from(self._mem, index * _SLOT_SIZE))
@@ -80,6 +83,9 @@ class Scoreboard:
         offset = index * _SLOT_SIZE + _REQUESTS
         (count,) = struct.unpack_from("=Q", self._mem, offset)
         struct.pack_into("=Q", self._mem, offset, count + 1)
+
+    def set_gc(self, index, collections, pause_ns):
+        struct.pack_into("=QQ", self._mem, index * _SLOT_SIZE + _GC, collections, pause_ns)
 
     def close(self):
         self._mem.close()

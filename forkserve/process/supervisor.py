@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 
-from forkserve.memory import cow, reporter, procfs
+from forkserve.memory import cow, model, reporter
 from forkserve import exits, logs
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.config.settings import Config
@@ -66,7 +66,7 @@ class Supervisor(Driver):
             self.queue.push(signum)  # arrived while the master was handing over
 
     def run(self) -> int:
-        procname.set_title(self.cfg, "master", self.app_name)
+        self.set_title()
         self.queue.install(MASTER_SIGNALS)
         signals.release()
         try:
@@ -80,6 +80,7 @@ class Supervisor(Driver):
                 now = self.clock()
                 for _ in self.generations.newly_ready():
                     self.apply(self.handover.ready(now))
+                    self.set_title()
                 self.apply(self.handover.tick(now))
                 self.sleep()
         except exits.HaltServer as halt:
@@ -168,15 +169,19 @@ class Supervisor(Driver):
 
     # --- memory ---
 
+    def set_title(self):
+        """'forkserve: supervisor [app] serving generation 3': `forkserve memory
+        --pid` reads which generation serves from it."""
+        number = self.handover.serving
+        procname.set_title(self.cfg, "supervisor", self.app_name,
+                           f"serving generation {number}" if number else "")
+
     def report(self):
-        infos = [reporter.ProcessInfo(os.getpid(), "supervisor")]
-        for number, pid in sorted(self.generations.pids.items()):
-            children = procfs.child_pids(pid)
-            infos.append(reporter.ProcessInfo(pid, "master" if children else "single",
-                                            generation=number))
-            infos.extend(reporter.ProcessInfo(child, "worker", generation=number)
-                         for child in children)
-        return reporter.collect(infos)
+        handover = self.handover
+        generations = [(pid, number, "serving" if number == handover.serving else
+                        "starting" if number == handover.starting else "draining")
+                       for number, pid in self.generations.pids.items()]
+        return reporter.collect(model.supervised_infos(os.getpid(), generations))
 
 
 def main():

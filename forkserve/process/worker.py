@@ -11,6 +11,7 @@ requests, and asks the master to recycle it when --max-requests is reached.
 It ends only through cow.exit_process(): never into the master's code.
 """
 
+import functools
 import logging
 import os
 import random
@@ -18,7 +19,7 @@ import signal
 import time
 import traceback
 
-from forkserve.memory import cow, reporter, procfs
+from forkserve.memory import cow, reporter, procfs, workergc
 from forkserve import exits, logs
 from forkserve.process import privileges, procname
 from forkserve.process.serving import make_servers
@@ -96,6 +97,8 @@ class Worker:
         procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name)
         privileges.drop(self.cfg.user, self.cfg.group)
         cow.check()
+        self.gc = workergc.apply(self.cfg.worker_gc, functools.partial(self.scoreboard.set_gc,
+                                                                        self.index))
         gevent.signal_handler(signal.SIGTERM, self._request_stop, "graceful")
         gevent.signal_handler(signal.SIGINT, self._request_stop, "fast")
         gevent.signal_handler(signal.SIGQUIT, self._request_stop, "fast")
@@ -118,6 +121,7 @@ class Worker:
         while self.stop_mode is None:
             self.scoreboard.beat(self.index)
             cow.check()
+            self.gc.tick(self.requests)
             now = time.monotonic()
             if now >= next_reading:
                 next_reading = now + self.title_interval
@@ -138,7 +142,7 @@ class Worker:
 
     def read_private(self):
         reading = procfs.read_process(os.getpid())
-        self.private = f", {reporter.format_size(reading.uss)} private" if reading else ""
+        self.private = f", {reporter.format_size(reading.private)} private" if reading else ""
         self.titled = None  # shown on the next update_title()
 
     def update_title(self):

@@ -1,0 +1,89 @@
+"""How long a full memory report takes: 16 workers sharing 1 GiB each.
+
+Starts ``forkserve -w 16`` on an app holding BALLAST_MB (default 1024) of
+touched memory, preloaded in the master so every worker maps all of it, then
+times ``collect(discover(master))`` (what ``forkserve memory --pid`` does)
+REPEAT times and prints the median and the spread, next to the same reads
+made one process at a time and one process's read (the kernel's page walk,
+which computes PSS, is most of the cost; model.read_processes runs the
+walks of several processes at once, one per CPU).
+
+    python -m benchmarks.report_time [--workers 16] [--ballast-mb 1024] [--repeat 15]
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from forkserve.memory import model, procfs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+APPS = os.path.join(REPO, "tests", "apps")
+_LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
+
+
+def _time(function, repeat):
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--ballast-mb", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=15)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        version = os.path.join(scratch, "version")
+        with open(version, "w") as handle:
+            handle.write("v1")
+        log_path = os.path.join(scratch, "server.log")
+        env = dict(os.environ, VERSION_FILE=version, BALLAST_MB=str(args.ballast_mb))
+        with open(log_path, "w") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", "-w",
+                 str(args.workers), "versioned:app"],
+                cwd=APPS, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while len(procfs.child_pids(server.pid)) < args.workers:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit(f"server did not start; see {log_path}")
+                time.sleep(0.2)
+            report = model.collect(model.discover(server.pid))
+            assert report.process_count == args.workers + 1, report.process_count
+            pids = [info.pid for info in model.discover(server.pid)]
+            full = _time(lambda: model.collect(model.discover(server.pid)), args.repeat)
+            serial = _time(lambda: model.read_processes(pids, threads=1), args.repeat)
+            one = _time(lambda: procfs.read_process(server.pid), args.repeat)
+        finally:
+            os.killpg(server.pid, 9)
+            server.wait()
+    with open("/proc/loadavg") as handle:
+        load = handle.read().split()[0]
+    print(f"{args.workers} workers x {args.ballast_mb} MiB shared, {os.cpu_count()} CPUs, "
+          f"load average {load}:")
+    with open("/proc/stat") as handle:
+        steal = handle.readline().split()[8]
+    print(f"  (cumulative CPU steal in /proc/stat: {steal} ticks)")
+    print(f"  the same reads one process at a time: median {statistics.median(serial) * 1000:.0f} ms "
+          f"(min {min(serial) * 1000:.0f}, max {max(serial) * 1000:.0f})")
+    print(f"  full report: median {statistics.median(full) * 1000:.0f} ms "
+          f"(min {min(full) * 1000:.0f}, max {max(full) * 1000:.0f}) over {args.repeat}")
+    print(f"  one process read: median {statistics.median(one) * 1000:.1f} ms; x "
+          f"{args.workers + 1} processes = {statistics.median(one) * 1000 * (args.workers + 1):.0f}"
+          " ms read one after another")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""What --worker-gc costs and saves: memory growth and copied pages per policy.
+
+For each app in benchmarks/gcapps.py (probe, flask, django, and django-404:
+the same Django app asked for a URL it does not have) and each policy,
+starts ``forkserve -w 2 --worker-gc POLICY``, sends REQUESTS requests over
+keep-alive connections, and reads from the stats endpoint:
+
+- growth: the workers' private (anonymous) memory after minus before, MiB,
+  summed over both workers. With collection off, cyclic garbage piles up
+  here; a policy that copied the master's frozen dataset would show it here
+  too (requests never read the dataset).
+- collections, pause: the workers' garbage collections and the time spent
+  in them, from the scoreboard (forkserve.memory.workergc).
+
+    python -m benchmarks.worker_gc [--requests 20000] [--apps probe,flask,django]
+"""
+
+import argparse
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+from forkserve.memory.workergc import POLICIES
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 1024 * 1024
+_STATS = re.compile(r"Stats at: http://127\.0\.0\.1:(\d+)")
+_LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
+
+
+def _wait_for(pattern, log_path, deadline):
+    while time.monotonic() < deadline:
+        with open(log_path) as handle:
+            match = pattern.search(handle.read())
+        if match:
+            return int(match.group(1))
+        time.sleep(0.1)
+    raise RuntimeError(f"server did not start; see {log_path}")
+
+
+def _stats(port):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", "/")
+    report = json.loads(connection.getresponse().read())
+    connection.close()
+    return [row for row in report["processes"] if row["role"] == "worker"]
+
+
+#: app -> (GCAPP, path requested, status expected)
+APPS = {"probe": ("probe", "/", 200), "flask": ("flask", "/", 200),
+        "django": ("django", "/", 200), "django-404": ("django", "/missing", 404)}
+
+
+def _drive(port, requests, path="/", status=200, connections=4):
+    def client(count):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(count):
+            connection.request("GET", path)
+            response = connection.getresponse()
+            response.read()
+            assert response.status == status, response.status
+        connection.close()
+
+    threads = [threading.Thread(target=client, args=(requests // connections,))
+               for _ in range(connections)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started
+
+
+def measure(app, policy, requests, log_dir):
+    log_path = os.path.join(log_dir, f"{app}-{policy}.log")
+    kind, path, status = APPS[app]
+    env = dict(os.environ, GCAPP=kind)
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", "-w", "2",
+             "--stats", "127.0.0.1:0", "--worker-gc", policy, "benchmarks.gcapps:app"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        port = _wait_for(_LISTENING, log_path, deadline)
+        stats = _wait_for(_STATS, log_path, deadline)
+        while len(_stats(stats)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _drive(port, 400, path, status)  # warm up: imports and caches of the first requests
+        before = {row["pid"]: row for row in _stats(stats)}
+        seconds = _drive(port, requests, path, status)
+        after = _stats(stats)
+        growth = sum(row["private"] - before[row["pid"]]["private"] for row in after
+                     if row["pid"] in before)
+        return {
+            "app": app, "policy": policy, "requests": requests,
+            "growth_mib": growth / MIB,
+            "private_mib": sum(row["private"] for row in after) / MIB,
+            "collections": sum(row["gc_collections"] or 0 for row in after),
+            "pause_ms": sum(row["gc_pause"] or 0 for row in after) * 1000,
+            "req_s": requests / seconds,
+        }
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--apps", default=",".join(APPS))
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--log-dir", default="/tmp")
+    args = parser.parse_args(argv)
+    print("| app | policy | private growth, 2 workers | private after | collections | "
+          "pause total | pause per collection | req/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for app in args.apps.split(","):
+        for policy in args.policies.split(","):
+            r = measure(app, policy, args.requests, args.log_dir)
+            per = r["pause_ms"] / r["collections"] if r["collections"] else 0
+            print(f"| {app} | {policy} | {r['growth_mib']:+.1f} MiB | {r['private_mib']:.1f} MiB "
+                  f"| {r['collections']:,} | {r['pause_ms']:.1f} ms | {per * 1000:.0f} µs "
+                  f"| {r['req_s']:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

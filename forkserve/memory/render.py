@@ -1,0 +1,232 @@
+"""A memory report (forkserve.memory.model.Report) as people and Prometheus read it.
+
+The table and the log lines show, per process, PRIVATE (anonymous memory the
+process alone holds: copy-on-write copies and its own allocations, what
+--max-worker-memory limits) and FILE (resident file-backed pages, shared
+through the page cache and reclaimable) apart; see model's definitions.
+"""
+
+import logging
+import math
+import operator
+import re
+
+__all__ = ["format_duration", "format_size", "format_table", "log_report", "to_prometheus"]
+
+_COLUMNS = (
+    "PID", "ROLE", "RSS", "PSS", "SHARED", "PRIVATE", "FILE", "SWAP",
+    "MINFLT", "MAJFLT", "REQS", "UPTIME",
+)
+
+
+def format_table(report):
+    """A fixed-width table, one row per process plus a total row and summary."""
+    lines = [_COLUMNS]
+    for row in report.processes:
+        info, memory = row.info, row.memory
+        lines.append((
+            str(info.pid),
+            info.label,
+            format_size(memory.rss),
+            format_size(memory.pss),
+            format_size(memory.shared),
+            format_size(memory.private),
+            format_size(memory.file),
+            format_size(memory.swap),
+            str(memory.minor_faults),
+            str(memory.major_faults),
+            _or_dash(info.requests),
+            format_duration(row.uptime),
+        ))
+    lines.append((
+        "",
+        "total",
+        format_size(report.total_rss),
+        format_size(report.total_pss),
+        format_size(report.total_shared),
+        format_size(report.total_private),
+        format_size(report.total_file),
+        format_size(report.total_swap),
+        str(report.minor_faults),
+        str(report.major_faults),
+        _or_dash(report.requests),
+        "",
+    ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(_COLUMNS))]
+    text = [
+        "  ".join(
+            cell.ljust(width) if i == 1 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(line, widths))
+        ).rstrip()
+        for line in lines
+    ]
+    return "\n".join(text + [_summary(report)])
+
+
+def _summary(report):
+    if not report.processes:
+        return "no processes: the server has exited"
+    if report.master is None:
+        return f"total PSS {format_size(report.total_pss)} (no master process, so no cost ratio)"
+    if report.master.info.role == "single":
+        return f"total PSS {format_size(report.total_pss)}: a single process, no workers"
+    master = report.master.info
+    which = f"master (g{master.generation})" if master.state else "master"
+    others = "workers" if all(row.info.role == "worker" or row.info is master
+                              for row in report.processes) else "the other processes"
+    added = (f"({others} add {format_size(report.workers_cost)}; serving workers hold "
+             f"{format_size(report.copied)} of private copies)")
+    if report.ratio_basis == "all":
+        return (f"total PSS {format_size(report.total_pss)} = {which} RSS "
+                f"{format_size(report.master_rss)} x {report.cost_ratio:.2f} {added}")
+    return (
+        f"anonymous PSS {format_size(report.total_base)} = {which} anonymous "
+        f"{format_size(report.master_base)} x {report.cost_ratio:.2f} {added}; file PSS "
+        f"{format_size(report.total_pss_file)} (page cache: shared, reclaimable); total PSS "
+        f"{format_size(report.total_pss)}"
+    )
+
+
+def log_report(logger, report, level=logging.INFO):
+    """Log each process's shared, private and file memory, then the summary line."""
+    for row in report.processes:
+        memory = row.memory
+        logger.log(
+            level, "Memory of %s (pid %d): RSS %s, PSS %s, shared %s (%.0f%%), private %s, "
+            "file %s, swap %s",
+            row.info.label, row.info.pid, format_size(memory.rss), format_size(memory.pss),
+            format_size(memory.shared), 100 * memory.shared_fraction,
+            format_size(memory.private), format_size(memory.file), format_size(memory.swap),
+        )
+    logger.log(level, "Memory: %s", _summary(report))
+
+
+def _or_dash(value):
+    return "-" if value is None else str(value)
+
+
+def format_size(n):
+    """Bytes in binary units: "512 B", "1.5 KiB", "260.1 MiB", "1.0 GiB"."""
+    sign, n = ("-", -n) if n < 0 else ("", n)
+    if n < 1024:
+        return f"{sign}{n} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.1f} {unit}"
+
+
+def format_duration(seconds):
+    """Seconds as "42s", "5m03s", "2h05m", "3d04h"."""
+    s = int(seconds)
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{s:02d}s"
+    return f"{s}s"
+
+
+# -- Prometheus ---------------------------------------------------------------
+
+# (name after "<prefix>_process_", type, attribute of a ProcessRow, help)
+_PROCESS_METRICS = (
+    ("rss_bytes", "gauge", "memory.rss", "Resident set size; shared pages counted in full."),
+    ("pss_bytes", "gauge", "memory.pss", "Proportional set size; shared pages split up."),
+    ("private_bytes", "gauge", "memory.private",
+     "Anonymous private memory (copies and own allocations): min(Private_Dirty, Anonymous)."),
+    ("file_bytes", "gauge", "memory.file",
+     "Resident file-backed memory (page cache, reclaimable): Rss - Anonymous."),
+    ("uss_bytes", "gauge", "memory.uss",
+     "Unique set size: Private_Clean + Private_Dirty (file pages included)."),
+    ("shared_clean_bytes", "gauge", "memory.shared_clean", "Shared_Clean from smaps."),
+    ("shared_dirty_bytes", "gauge", "memory.shared_dirty", "Shared_Dirty from smaps."),
+    ("private_clean_bytes", "gauge", "memory.private_clean", "Private_Clean from smaps."),
+    ("private_dirty_bytes", "gauge", "memory.private_dirty", "Private_Dirty from smaps."),
+    ("anonymous_bytes", "gauge", "memory.anonymous", "Anonymous from smaps."),
+    ("swap_bytes", "gauge", "memory.swap", "Swapped-out memory."),
+    ("shared_ratio", "gauge", "memory.shared_fraction", "Shared part of resident memory, 0 to 1."),
+    ("start_time_seconds", "gauge", "memory.start_time", "Start time since the Unix epoch."),
+    ("minor_faults_total", "counter", "memory.minor_faults", "Minor page faults."),
+    ("major_faults_total", "counter", "memory.major_faults", "Major page faults (read from disk)."),
+    ("requests_total", "counter", "info.requests", "Requests served."),
+    ("gc_collections_total", "counter", "info.gc_collections",
+     "Garbage collections in the worker (--worker-gc)."),
+    ("gc_pause_seconds_total", "counter", "info.gc_pause",
+     "Time the worker spent in garbage collections."),
+)
+
+# (name after "<prefix>_", type, attribute of the Report, help)
+_SERVER_METRICS = (
+    ("server_processes", "gauge", "process_count", "Processes in the server, master included."),
+    ("server_pss_bytes", "gauge", "total_pss", "Sum of PSS: what the server costs the machine."),
+    ("server_private_bytes", "gauge", "total_private", "Sum of anonymous private memory."),
+    ("server_file_pss_bytes", "gauge", "total_pss_file",
+     "Sum of Pss_File: the server's share of the page cache (Linux >= 5.13)."),
+    ("server_uss_bytes", "gauge", "total_uss", "Sum of USS over the server."),
+    ("server_swap_bytes", "gauge", "total_swap", "Sum of swap over the server."),
+    ("master_rss_bytes", "gauge", "master_rss",
+     "Serving master's RSS: the application in one process."),
+    ("workers_cost_bytes", "gauge", "workers_cost",
+     "Server Pss_Anon - master Anonymous (PSS - RSS before Linux 5.13): what workers add."),
+    ("workers_copied_bytes", "gauge", "copied", "Private memory of the serving workers."),
+    ("cost_ratio", "gauge", "cost_ratio",
+     "Server Pss_Anon / master Anonymous (PSS / RSS before Linux 5.13); 1: workers are free."),
+    ("server_anon_pss_bytes", "gauge", "total_pss_anon", "Sum of Pss_Anon (Linux >= 5.13)."),
+)
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+
+
+def to_prometheus(report, prefix="forkserve"):
+    """The report in Prometheus text exposition format 0.0.4.
+
+    Per-process series are labelled pid and role, plus worker, generation
+    and state when known; unknown values (requests, the ratio without a
+    master) are left out rather than reported as 0.
+    """
+    if not _METRIC_NAME.match(prefix):
+        raise ValueError(f"prefix {prefix!r} is not a valid Prometheus metric name")
+    out = []
+    for suffix, kind, attribute, help_text in _PROCESS_METRICS:
+        name = f"{prefix}_process_{suffix}"
+        out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        value_of = operator.attrgetter(attribute)
+        for row in report.processes:
+            value = value_of(row)
+            if value is not None:
+                out.append(f"{name}{{{_labels(row.info)}}} {_number(value)}")
+    for suffix, kind, attribute, help_text in _SERVER_METRICS:
+        name = f"{prefix}_{suffix}"
+        out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        value = getattr(report, attribute)
+        if value is not None:
+            out.append(f"{name} {_number(value)}")
+    return "\n".join(out) + "\n"
+
+
+def _labels(info):
+    labels = [("pid", str(info.pid)), ("role", info.role)]
+    if info.worker_id is not None:
+        labels.append(("worker", str(info.worker_id)))
+    if info.state is not None:  # under a supervisor, where generations differ
+        labels += [("generation", str(info.generation)), ("state", info.state)]
+    return ",".join(f'{key}="{_escape_label(value)}"' for key, value in labels)
+
+
+def _escape_label(value):
+    return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
+
+
+def _number(value):
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
