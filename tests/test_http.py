@@ -23,7 +23,7 @@ from httpcorpus import GOOD, LIMITS, REJECTED, chunked, post, request
 
 def test_request_line_parses_method_target_and_version():
     assert request_line(b"GET /a?b HTTP/1.1\r\n", 100) == ("GET", "/a?b", "HTTP/1.1")
-    assert request_line(b"PATCH /\xe9 HTTP/1.0\r\n", 100) == ("PATCH", "/\xe9", "HTTP/1.0")
+    assert request_line(b"PATCH /%E9 HTTP/1.0\r\n", 100) == ("PATCH", "/%E9", "HTTP/1.0")
     assert request_line(b"GET / HTTP/1.7\r\n", 100) == ("GET", "/", "HTTP/1.1")
 
 
@@ -39,6 +39,7 @@ def test_request_line_cut_by_eof_is_not_a_request():
     (b"GET / HTTP/1.10\r\n", 400),
     (b"G T / HTTP/1.1\r\n", 400),
     (b"GET /\x00 HTTP/1.1\r\n", 400),
+    (b"GET /\xe9 HTTP/1.1\r\n", 400),
 ])
 def test_request_line_rejections_carry_their_status(line, status):
     with pytest.raises(RequestError) as caught:
@@ -96,7 +97,8 @@ def test_escape_leaves_only_printable_ascii():
 def test_limits_refuse_negative_values():
     with pytest.raises(ValueError, match="keep_alive"):
         Limits(keep_alive=-1)
-    assert Limits(limit_request_line=0).line_max == 65536
+    assert Limits(limit_request_line=0).line_max == 1 << 20  # "unlimited", with a ceiling
+    assert Limits(limit_request_line=9000).line_max == 8190  # gunicorn's maximum
 
 
 # --- unit: wsgi.input --------------------------------------------------------
@@ -343,6 +345,24 @@ def test_request_target_not_a_path_or_http_url_gets_400_and_close(server, raw):
 
 
 @e2e
+@pytest.mark.parametrize("raw", refused("connect_method", 501))
+def test_connect_gets_501_and_close(server, raw):
+    assert_refused(server, raw, 501)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("missing_or_invalid_host", 400))
+def test_http11_without_a_valid_host_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("duplicate_content_type", 400))
+def test_duplicate_content_type_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
 @pytest.mark.parametrize("raw", refused("misplaced_spaces_in_request_line", 400))
 def test_misplaced_whitespace_in_request_line_gets_400_and_close(server, raw):
     assert_refused(server, raw, 400)
@@ -557,12 +577,14 @@ def test_app_exception_after_headers_closes_connection_and_logs_traceback(fresh_
 
 
 @e2e
-def test_head_response_carries_headers_but_no_body(server):
+@pytest.mark.parametrize("path, framing", [("/generator", ("transfer-encoding", "chunked")),
+                                           ("/echo", ("content-length", "0"))])
+def test_head_response_carries_the_get_headers_but_no_body(server, path, framing):
     with server.connect() as sock:
-        sock.sendall(request("HEAD /generator HTTP/1.1") + request())
+        sock.sendall(request(f"HEAD {path} HTTP/1.1") + request())
         reader = Reader(sock)
         head = read_response(sock, reader, head_request=True)
-        assert head.status == 200
+        assert head.status == 200 and head.headers[framing[0]] == framing[1]
         assert read_response(sock, reader).body == b"ok"  # framing intact
 
 
@@ -602,13 +624,113 @@ def test_access_log_escapes_client_text_and_never_logs_credentials(fresh_server)
         "Proxy-Authorization: Basic PROXY-SECRET",
         "Connection: close",
     )
-    assert live.exchange(request('GET /a"b\\c\xe9?q=" HTTP/1.1', headers))[0].status == 200
+    assert live.exchange(request('GET /a"b\\c?q=" HTTP/1.1', headers))[0].status == 200
     assert live.exchange(request("GET /boom HTTP/1.1", headers))[0].status == 500
     line = live.access().splitlines()[0]
     assert re.fullmatch(
         r'INFO 127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\] '
-        r'"GET /a\\x22b\\x5cc\\xe9\?q=\\x22 HTTP/1\.1" 200 2 '
+        r'"GET /a\\x22b\\x5cc\?q=\\x22 HTTP/1\.1" 200 2 '
         r'"http://r/\\x22" "evil\\x22 200 \\x22x\\x09\\x5c \\xff" \d+', line), line
     everything = live.access() + live.errors() + live.stderr()
     for secret in ("AUTH-SECRET", "COOKIE-SECRET", "PROXY-SECRET"):
         assert secret not in everything
+
+
+# --- e2e: the WSGI contract (PEP 3333) --------------------------------------------
+
+
+@e2e
+@pytest.mark.parametrize("path", ["/twice", "/twice?swallow=1"])
+def test_second_start_response_without_exc_info_gets_500_and_a_logged_error(fresh_server, path):
+    live = fresh_server()
+    reply, closed = live.exchange(request(f"GET {path} HTTP/1.1"))
+    assert (reply.status, closed) == (500, True)
+    assert "start_response() called a second time without exc_info" in live.errors()
+    assert live.get("/").status == 200
+
+
+@e2e
+def test_start_response_with_exc_info_replaces_headers_not_yet_sent(server):
+    reply = server.get("/replace")
+    assert (reply.status, reply.body) == (503, b"replaced")
+
+
+@e2e
+def test_start_response_with_exc_info_after_headers_sent_reraises_and_cuts_the_response(
+        fresh_server):
+    live = fresh_server()
+    with live.connect() as sock:
+        sock.sendall(request("GET /late-exc-info HTTP/1.1"))
+        reply = read_response(sock)
+        assert (reply.status, reply.body, reply.complete) == (200, b"first", False)
+    assert "ValueError: late error" in live.errors()
+
+
+@e2e
+def test_write_callable_output_precedes_the_returned_body(server):
+    reply = server.get("/write")
+    assert (reply.status, reply.body) == (200, b"written and returned")
+    assert reply.headers["transfer-encoding"] == "chunked"
+
+
+@e2e
+@pytest.mark.parametrize("name, value", [
+    ("X-Bad", "a\r\nInjected: yes"), ("X-Bad", "a\x00"), ("X Bad", "v"), ("X:Bad", "v"),
+    ("", "v"), ("X-Bad", "\u20ac"),
+])
+def test_invalid_response_header_from_the_app_gets_500_never_reaches_the_wire(
+        fresh_server, name, value):
+    from urllib.parse import quote
+    live = fresh_server()
+    reply = live.get(f"/header?name={quote(name)}&value={quote(value)}")
+    assert reply.status == 500 and "injected" not in reply.headers
+    assert "invalid response header" in live.errors() or "latin-1" in live.errors()
+
+
+@e2e
+@pytest.mark.parametrize("status", ["204 No Content", "304 Not Modified"])
+def test_204_and_304_responses_carry_no_body_and_keep_the_connection(server, status):
+    from urllib.parse import quote
+    with server.connect() as sock:
+        sock.sendall(request(f"GET /status?status={quote(status)} HTTP/1.1") + request())
+        reader = Reader(sock)
+        reply = read_response(sock, reader)
+        assert reply.status == int(status[:3]) and "transfer-encoding" not in reply.headers
+        assert ("content-length" in reply.headers) == (status.startswith("304"))
+        assert read_response(sock, reader).body == b"ok"  # no body bytes in between
+
+
+@e2e
+def test_file_wrapper_sends_the_file_and_keeps_the_connection(server, tmp_path):
+    from urllib.parse import quote
+    data = bytes(range(256)) * 1000
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    with server.connect() as sock:
+        reader = Reader(sock)
+        for method in ("GET", "HEAD", "GET"):
+            sock.sendall(request(f"{method} /file?path={quote(str(path))} HTTP/1.1"))
+            reply = read_response(sock, reader, head_request=method == "HEAD")
+            assert reply.status == 200 and reply.headers["content-length"] == str(len(data))
+            assert reply.body == (data if method == "GET" else b"")
+        sock.sendall(request())
+        assert read_response(sock, reader).body == b"ok"
+
+
+@e2e
+def test_environ_carries_raw_uri_request_uri_and_absolute_form_host(server):
+    import json
+    reply = server.get("/environ/%41b?x=%20")
+    env = json.loads(reply.body)
+    assert (env["PATH_INFO"], env["QUERY_STRING"]) == ("/environ/Ab", "x=%20")
+    with server.connect() as sock:
+        sock.sendall(request("GET http://other.example:8080/environ?q HTTP/1.1"))
+        env = json.loads(read_response(sock).body)
+    assert (env["HTTP_HOST"], env["PATH_INFO"], env["QUERY_STRING"]) == (
+        "other.example:8080", "/environ", "q")
+
+
+@e2e
+def test_options_asterisk_reaches_the_app_with_path_info_asterisk(server):
+    reply = server.exchange(request("OPTIONS * HTTP/1.1"))[0]
+    assert (reply.status, reply.body) == (200, b"ok")
