@@ -55,14 +55,13 @@ def cpu_times():
     return sum(fields), fields[7]  # total, steal
 
 
-def start(tree, app, env, log_path):
-    environment = dict(os.environ, PYTHONPATH=f"{tree}:{env.pop('EXTRA_PATH')}",
-                       PYTHONUNBUFFERED="1", **env)
+def start_logged(command, cwd, env, log_path):
+    """Start `command` in its own process group, logging to `log_path`; wait
+    for its "Listening at" line and return (process, port)."""
     log = open(log_path, "w+b")
-    proc = subprocess.Popen(
-        ["taskset", "-c", "0", sys.executable, "-m", "forkserve", "-w", "0",
-         "-b", "127.0.0.1:0", app],
-        cwd=tree, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    log.close()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         match = LISTENING.search(Path(log_path).read_text(errors="replace"))
@@ -71,7 +70,14 @@ def start(tree, app, env, log_path):
         if proc.poll() is not None:
             break
         time.sleep(0.05)
-    raise SystemExit(f"{tree}: server did not start:\n{Path(log_path).read_text()}")
+    raise SystemExit(f"{command} did not start:\n{Path(log_path).read_text()}")
+
+
+def start(tree, app, env, log_path):
+    environment = dict(os.environ, PYTHONPATH=f"{tree}:{env.pop('EXTRA_PATH')}",
+                       PYTHONUNBUFFERED="1", **env)
+    return start_logged(["taskset", "-c", "0", sys.executable, "-m", "forkserve", "-w", "0",
+                         "-b", "127.0.0.1:0", app], tree, environment, log_path)
 
 
 def stop(proc):
