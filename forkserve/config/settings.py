@@ -202,20 +202,30 @@ SETTINGS = (
             "Recycle a worker gracefully when its private memory (USS, not RSS) exceeds this "
             "many MiB. 0 disables.", metavar="MB", section="memory"),
     Setting("limit_request_line", ("--limit-request-line",), _whole(0), 4094,
-            "Longest request line in bytes; longer gets 414. 0 means the built-in maximum (65536).",
+            "Longest request line in bytes, CRLF not counted (as Gunicorn); longer gets 414. "
+            "At most 8190; 0 means no limit (a 1 MiB ceiling remains).",
             metavar="BYTES", section="http"),
     Setting("limit_request_fields", ("--limit-request-fields",), _whole(0), 100,
-            "Most header fields in a request; more gets 431. 0 means the built-in maximum (32768).",
+            "Most header fields in a request; more gets 431. 0 means the maximum, 32768.",
             metavar="N", section="http"),
     Setting("limit_request_field_size", ("--limit-request-field_size", "--limit-request-field-size"),
             _whole(0), 8190,
-            "Largest header field in bytes; larger gets 431. 0 means the built-in maximum (65536).",
+            "Largest header line in bytes, its CRLF counted (as Gunicorn); larger gets 431. "
+            "0 means no limit (a 1 MiB ceiling remains).",
             metavar="BYTES", section="http"),
     Setting("limit_request_body", ("--limit-request-body",), _whole(0), 0,
             "Largest request body in bytes; larger gets 413. 0 means no limit.",
             metavar="BYTES", section="http"),
     Setting("header_timeout", ("--header-timeout",), _seconds, 10.0,
             "Seconds a client has to send the request line and headers.",
+            metavar="SECONDS", section="http"),
+    Setting("body_timeout", ("--body-timeout",), _seconds, 30.0,
+            "Seconds a client has to send the request body, counted from the application's "
+            "first read: bounds each wait and the whole body; 408 and close after. 0 disables.",
+            metavar="SECONDS", section="http"),
+    Setting("send_timeout", ("--send-timeout",), _seconds, 30.0,
+            "Seconds one send of the response may wait for a client that does not read; "
+            "the connection is closed after. 0 disables.",
             metavar="SECONDS", section="http"),
     Setting("user", ("-u", "--user"), _text, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",

@@ -9,8 +9,8 @@ Only gevent's public API is used: its sockets, Pool, spawn and loop timers.
 Stopping: drain() stops accepting and lets every connection end on its own
 (see the handler's drain rules: the next response says Connection: close, an
 idle connection closes after keep_alive) until a timeout, then close_now()
-cuts what remains. end_keep_alive() keeps accepting but makes every further
-response close its connection (--max-requests reached).
+cuts what remains. retire() stops accepting and makes every further response
+close its connection, without waiting (--max-requests reached).
 """
 
 import errno
@@ -187,16 +187,19 @@ class Server:
                                f"{t.tm_year} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
         return self._date[1]
 
-    def end_keep_alive(self):
-        """Keep serving, but close each connection after its next response
-        (a request already pipelined behind it is answered first)."""
+    def retire(self):
+        """Stop accepting, and close each connection after its next response
+        (a request already pipelined behind it is answered first). Another
+        worker sharing the listener takes the new connections; with none,
+        they wait in the listen queue for the replacement."""
         self.keep_alive_ended = True
+        self.stop_accepting()
 
     def stop_accepting(self):
         """Stop taking new connections; those already accepted are served."""
         if self._acceptor is not None:
             self._acceptor.kill()
-        self.socket.close()
+        self.socket.close()  # closing twice is harmless
 
     def drain(self, timeout):
         """Stop accepting and let every connection end by the handler's drain
@@ -207,8 +210,8 @@ class Server:
             raise RuntimeError("drain() waits for every connection's greenlet, so it cannot "
                                "run in one (e.g. from on_request); call it from another "
                                "greenlet: gevent.spawn(server.drain, timeout)")
-        self.draining = self.keep_alive_ended = True
-        self.stop_accepting()
+        self.draining = True
+        self.retire()
         finished = self.pool.join(timeout=timeout)
         if not finished:
             self.close_now()

@@ -156,6 +156,8 @@ class Worker:
             log.info("worker %d served %d requests (--max-requests): asking to be recycled",
                      self.worker_id, self.requests)
             self.scoreboard.set_state(self.index, RETIRE)
+            for server in self.servers:  # no new connections; each closes after its next response
+                server.retire()
 
     def _beat_forever(self, interval):
         import gevent
@@ -192,7 +194,8 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
                     limit_request_field_size=cfg.limit_request_field_size,
                     limit_request_body=cfg.limit_request_body,
                     header_timeout=cfg.header_timeout,
-                    keep_alive=cfg.keep_alive)
+                    keep_alive=cfg.keep_alive,
+                    body_timeout=cfg.body_timeout, send_timeout=cfg.send_timeout)
     access = logs.access_log if cfg.access_logfile else None
     pool = Pool(cfg.worker_connections)  # one cap for the worker, across its listeners
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
