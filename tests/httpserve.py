@@ -33,6 +33,7 @@ ENVIRON_KEYS = ("RAW_URI", "REQUEST_URI", "SERVER_NAME", "SERVER_PORT", "SERVER_
                 "CONTENT_LENGTH", "CONTENT_TYPE", "wsgi.multithread", "wsgi.multiprocess")
 
 
+BLOCK = b"x" * 65536
 SERVER = None
 COMPLETED = 0  # responses reported through on_request
 
@@ -131,6 +132,10 @@ def app(environ, start_response):
         body = open(query["path"], "rb")
         start_response("200 OK", text)
         return environ["wsgi.file_wrapper"](body)
+    if path == "/big":  # for clients that do not read: far more than socket buffers hold
+        blocks = int(query.get("mib", 64)) * 16
+        start_response("200 OK", text + [("Content-Length", str(blocks * len(BLOCK)))])
+        return (BLOCK for _ in range(blocks))
     if path == "/short":  # declares more than it sends
         start_response("200 OK", text + [("Content-Length", "10")])
         return [b"short"]

@@ -5,6 +5,7 @@ streams; e2e tests run tests/httpserve.py in a subprocess and talk raw HTTP.
 """
 
 import io
+import json
 import re
 import socket
 import time
@@ -734,3 +735,109 @@ def test_environ_carries_raw_uri_request_uri_and_absolute_form_host(server):
 def test_options_asterisk_reaches_the_app_with_path_info_asterisk(server):
     reply = server.exchange(request("OPTIONS * HTTP/1.1"))[0]
     assert (reply.status, reply.body) == (200, b"ok")
+
+
+# --- e2e: slow request bodies and clients that do not read --------------------------
+
+
+def slots_freed_in_time(live, timeout):
+    """Connect a new client while held connections take every slot; return
+    (seconds until it was answered, seconds until the server held no other
+    connection: its /counters request is then the only one open)."""
+    started = time.monotonic()
+    with live.connect(timeout=timeout + 5) as newcomer:
+        newcomer.sendall(request())
+        assert read_response(newcomer).status == 200
+        answered = time.monotonic() - started
+    deadline = started + timeout + 5
+    while json.loads(live.get("/counters").body)["open"] > 1:
+        assert time.monotonic() < deadline, "held connections still open"
+        time.sleep(0.05)
+    return round(answered, 2), round(time.monotonic() - started, 2)
+
+
+@e2e
+def test_stalled_request_bodies_are_cut_after_body_timeout_and_a_new_client_gets_a_slot(
+        fresh_server):
+    live = fresh_server(worker_connections=4, body_timeout=1.0)
+    stalled = hold_every_slot(
+        live, 4, lambda sock: sock.sendall(post(["Content-Length: 100"], b"only ten b")))
+    answered, freed = slots_freed_in_time(live, 1.0)
+    print(f"\nstalled bodies: new client answered after {answered}s, all slots free after {freed}s")
+    assert 0.8 < answered < 3.0 and freed < 3.0, (answered, freed)
+    for sock in stalled:
+        assert read_response(sock).status == 408
+    for sock in stalled:
+        sock.close()
+    assert live.errors().count("408 request body not received within 1 s") == 4
+
+
+@e2e
+def test_stalled_body_that_trickles_is_cut_at_the_total_body_timeout(fresh_server):
+    live = fresh_server(body_timeout=1.0)
+    with live.connect() as sock:
+        sock.sendall(post(["Content-Length: 100"], b""))
+        started = time.monotonic()
+        cut = None
+        for _ in range(30):  # one byte every 0.2 s: each wait is short, the total is not
+            try:
+                sock.sendall(b"x")
+            except (BrokenPipeError, ConnectionResetError):
+                cut = time.monotonic() - started
+                break
+            time.sleep(0.2)
+            sock.setblocking(False)
+            try:
+                if sock.recv(65536).startswith(b"HTTP/1.1 408 "):
+                    cut = time.monotonic() - started
+                    break
+            except BlockingIOError:
+                pass
+            finally:
+                sock.setblocking(True)
+    assert cut is not None and 0.8 < cut < 2.5, cut
+
+
+@e2e
+def test_clients_that_do_not_read_are_cut_after_send_timeout_and_never_block_others(fresh_server):
+    live = fresh_server(worker_connections=5, send_timeout=1.0)
+
+    def request_and_never_read(sock):
+        sock.sendall(request("GET /big HTTP/1.1"))  # 64 MiB: far more than socket buffers
+    deaf = hold_every_slot(live, 4, request_and_never_read)
+    # the fifth slot serves other clients at once while four sends are stuck
+    for _ in range(5):
+        started = time.monotonic()
+        assert live.get("/").status == 200
+        assert time.monotonic() - started < 0.5
+    deaf.append(live.connect())
+    request_and_never_read(deaf[-1])
+    answered, freed = slots_freed_in_time(live, 1.0)
+    print(f"\nnon-reading clients: new client answered after {answered}s, "
+          f"all slots free after {freed}s")
+    assert 0.8 < answered < 3.0 and freed < 3.0, (answered, freed)
+    for sock in deaf:
+        sock.close()
+    # their slots are free again
+    socks = [live.connect() for _ in range(5)]
+    for sock in socks:
+        sock.sendall(request())
+    assert all(read_response(sock).status == 200 for sock in socks)
+    for sock in socks:
+        sock.close()
+
+
+def hold_every_slot(live, slots, send):
+    """Open `slots` connections and call send(sock) on each; return them once
+    the server holds all of them (checked through the last free slot before
+    the last one is taken)."""
+    held = [live.connect() for _ in range(slots - 1)]
+    for sock in held:
+        send(sock)
+    deadline = time.monotonic() + 5
+    while json.loads(live.get("/counters").body)["open"] < slots:  # the held + this request
+        assert time.monotonic() < deadline, "the server did not take the held connections"
+        time.sleep(0.05)
+    held.append(live.connect())
+    send(held[-1])
+    return held
