@@ -90,6 +90,62 @@ def test_chunk_size_accepts_extensions_and_refuses_garbage():
             chunk_size(line)
 
 
+@pytest.mark.parametrize("method, target, expected", [
+    ("GET", "/a/b?x=1", ("/a/b", "x=1", None)),
+    ("GET", "/a?", ("/a", "", None)),
+    ("OPTIONS", "*", ("*", "", None)),
+    ("GET", "http://h.test:81/p?q", ("/p", "q", "h.test:81")),
+    ("GET", "HTTPS://h.test", ("/", "", "h.test")),
+    ("GET", "http://h.test?q", ("/", "q", "h.test")),
+    ("GET", "http://[::1]:8/", ("/", "", "[::1]:8")),
+])
+def test_request_target_splits_every_form_rfc9112_3_2(method, target, expected):
+    from forkserve.http.h1 import request_target
+    assert request_target(method, target) == expected
+
+
+@pytest.mark.parametrize("method, target, status", [
+    ("GET", "/p#f", 400), ("GET", "*", 400), ("CONNECT", "h.test:443", 501),
+    ("GET", "h.test:443", 400), ("GET", "ftp://h.test/", 400), ("GET", "http:///p", 400),
+    ("GET", "http://u@h.test/", 400), ("GET", "http://h test/", 400),
+])
+def test_request_target_refusals_carry_their_status(method, target, status):
+    from forkserve.http.h1 import request_target
+    with pytest.raises(RequestError) as caught:
+        request_target(method, target)
+    assert caught.value.status == status
+
+
+def test_valid_host_follows_rfc9110_7_2():
+    from forkserve.http.h1 import valid_host
+    for good in ("a.test", "a.test:80", "127.0.0.1", "[::1]", "[::1]:8000", "", "xn--e-9a.test:"):
+        assert valid_host(good), good
+    for bad in ("a b", "a/b", "a:8x", "u@a", "a\tb", "[::1", "caf\xe9"):
+        assert not valid_host(bad), bad
+
+
+def test_trailers_may_not_carry_framing_routing_or_authentication_fields():
+    from forkserve.http.h1 import trailer_allowed
+    assert trailer_allowed("X-Checksum") and trailer_allowed("Server-Timing")
+    for name in ("Content-Length", "transfer-encoding", "Host", "Authorization", "Trailer"):
+        assert not trailer_allowed(name), name
+
+
+def test_header_field_size_counts_the_crlf_as_gunicorn_does():
+    line = b"X-A: " + b"v" * 93 + b"\r\n"  # 100 bytes with its CRLF
+    assert header_field(line, 100) == ("X-A", "v" * 93)
+    longer = b"X-A: " + b"v" * 94 + b"\r\n"  # 101 bytes: readline(100) stops before its LF
+    with pytest.raises(RequestError) as caught:
+        header_field(longer[:100], 100)
+    assert caught.value.status == 431
+
+
+def test_limit_zero_means_what_gunicorn_documents():
+    limits = Limits(limit_request_line=0, limit_request_fields=0, limit_request_field_size=0)
+    assert (limits.line_max, limits.fields_max, limits.field_size_max) == (1 << 20, 32768, 1 << 20)
+    assert Limits(limit_request_fields=40000).fields_max == 32768
+
+
 def test_escape_leaves_only_printable_ascii():
     assert escape("GET /plain HTTP/1.1") == "GET /plain HTTP/1.1"
     assert escape('a"b\\c\nd\x1b\xe9\x7f') == "a\\x22b\\x5cc\\x0ad\\x1b\\xe9\\x7f"
@@ -841,3 +897,22 @@ def hold_every_slot(live, slots, send):
     held.append(live.connect())
     send(held[-1])
     return held
+
+
+# --- e2e: every response after which the server closes says so -------------------------
+
+
+@e2e
+def test_unhonoured_expect_100_continue_gets_connection_close(server):
+    raw = b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+    reply, closed = server.exchange(raw)  # the app never reads: no 100 Continue is sent
+    assert (reply.status, reply.headers["connection"], closed) == (200, "close", True)
+
+
+@e2e
+def test_unread_body_not_yet_received_gets_connection_close(fresh_server):
+    live = fresh_server(limit_request_body=0)
+    with live.connect() as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+        reply = read_response(sock)
+        assert (reply.status, reply.headers["connection"]) == (200, "close")
