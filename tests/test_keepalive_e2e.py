@@ -13,6 +13,7 @@ import time
 import pytest
 
 from forkserve_testing import poll
+from loadgen import blast
 from test_reload_e2e import HANDED_OVER
 
 pytestmark = pytest.mark.e2e
@@ -81,3 +82,14 @@ def test_keep_alive_clients_lose_no_request_across_reloads_and_max_requests_recy
     assert len(clients.served) > 20  # the load ran across the replacements
     # once a worker reaches 400 it closes each connection after its next response
     assert max(clients.served.values()) <= 400 + 2 * 4, clients.served.most_common(3)
+
+
+def test_pipelining_clients_never_starve_the_worker_heartbeat(run_server):
+    # With data always waiting, a connection's greenlet never blocked, so it
+    # never yielded: the heartbeat stalled and the master killed the worker
+    # mid-blast (ConnectionResetError in tests/test_sharing_e2e.py).
+    server = run_server("-w", "1", "--timeout", "1")
+    server.wait_workers(1)
+    statuses = blast(server.port, ["/pid"] * 20000, connections=32, depth=16)
+    assert statuses == {200: 20000}
+    assert "timed out" not in server.log()
