@@ -10,10 +10,11 @@ wrk pinned to CPU 1 against two apps:
   hello     a WSGI hello world (one 13-byte body, Content-Length set)
   persondb  examples.persondb (dict mode, 2,000 rows), GET /person/<email>
 
-and prints req/s per tree, the after/before ratio of the medians, and the
-CPU steal seen during the run (from /proc/stat): a steal above a few percent
-means the ratio is not worth trusting. The machine may be shared: run it
-twice and compare.
+and prints req/s and the server's CPU time per request (user + system, from
+/proc/PID/stat, which shared-machine load disturbs far less than req/s) per
+tree, the after/before ratios of the medians, and the CPU steal seen during
+the run (from /proc/stat): a steal above a few percent means the ratios are
+not worth trusting. The machine may be shared: run it twice and compare.
 """
 
 import argparse
@@ -89,6 +90,13 @@ def stop(proc):
         proc.wait()
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds the process has used (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wrk(port, path, duration, connections, script=None, env=None):
     command = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{duration}s"]
     if script:
@@ -98,7 +106,8 @@ def wrk(port, path, duration, connections, script=None, env=None):
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out)
     if errors:
         raise SystemExit(f"wrk saw errors:\n{out}")
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    return (float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            int(re.search(r"(\d+) requests in", out).group(1)))
 
 
 def main():
@@ -130,23 +139,27 @@ def main():
                                    dict(env, EXTRA_PATH=f"{work}:{ROOT}"), work / f"{name}.log")
                 try:
                     urllib.request.urlopen(f"http://127.0.0.1:{port}{path}").read()
+                    cpu = cpu_seconds(proc.pid)
                     if app == "persondb":
-                        rate = wrk(port, "/", args.duration, args.connections,
-                                   str(work / "lookup.lua"), {"BENCH_EMAILS": str(emails)})
+                        rate, count = wrk(port, "/", args.duration, args.connections,
+                                          str(work / "lookup.lua"), {"BENCH_EMAILS": str(emails)})
                     else:
-                        rate = wrk(port, path, args.duration, args.connections)
+                        rate, count = wrk(port, path, args.duration, args.connections)
+                    micros = (cpu_seconds(proc.pid) - cpu) * 1e6 / count
                 finally:
                     stop(proc)
-                results[name, app].append(rate)
-                print(f"round {round_ + 1} {app:9} {name:8} {rate:10.0f} req/s", flush=True)
+                results[name, app].append((rate, micros))
+                print(f"round {round_ + 1} {app:9} {name:8} {rate:10.0f} req/s "
+                      f"{micros:7.1f} CPU us/request", flush=True)
     total1, steal1 = cpu_times()
     names = list(trees)
     print(f"\nCPU steal during the run: {100 * (steal1 - steal0) / max(1, total1 - total0):.1f}%")
     for app in apps:
-        medians = {name: statistics.median(results[name, app]) for name in names}
-        line = "  ".join(f"{name} {medians[name]:.0f}" for name in names)
-        ratio = medians[names[-1]] / medians[names[0]]
-        print(f"{app:9} median req/s: {line}  ratio {names[-1]}/{names[0]} {ratio:.3f}")
+        for i, unit in ((0, "req/s"), (1, "CPU us/request")):
+            medians = {name: statistics.median(r[i] for r in results[name, app]) for name in names}
+            line = "  ".join(f"{name} {medians[name]:.1f}" for name in names)
+            ratio = medians[names[-1]] / medians[names[0]]
+            print(f"{app:9} median {unit}: {line}  ratio {names[-1]}/{names[0]} {ratio:.3f}")
 
 
 if __name__ == "__main__":
