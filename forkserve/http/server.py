@@ -163,6 +163,10 @@ class Server:
                     continue
                 raise
             pool.spawn(self._serve, sock, address)
+            # Let the new connection's greenlet run before taking another:
+            # accepting back to back would let one worker take a whole burst
+            # of connections that the workers sharing the listener could split.
+            gevent.sleep(0)
 
     def _serve(self, sock, address):
         if self._nodelay:
