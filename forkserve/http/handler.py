@@ -37,31 +37,27 @@ Invariants, and why:
 
 import logging
 import os
-import re
 import stat
 import time
-from socket import SHUT_RDWR, SHUT_WR
 from urllib.parse import unquote
 
-from gevent import getcurrent, sleep
+from gevent import sleep
 from gevent import Timeout
-from gevent.socket import wait_write
 
+from forkserve.http.connection import Connection
 from forkserve.http.h1 import (  # the grammar; re-exported names are in __all__
     _Expired, BLANK_LINES, Body, body_framing,
     chunk_size, ClientDisconnected, escape, GONE_ERRNOS, header_field,
-    Limits, LINGER_BYTES, LINGER_SECONDS, REASONS, request_line, request_target,
-    RequestError, TCHAR, valid_host, DISCARD_BYTES,
+    Limits, request_line, request_target, RequestError, valid_host, DISCARD_BYTES,
 )
+from forkserve.http.response import (ApplicationError, check_start_response, encode_head,
+                                     FileWrapper, plan_head)
 
 __all__ = ["Limits", "Handler", "FileWrapper", "RequestError", "ClientDisconnected",
            "ApplicationError", "request_line", "header_field", "body_framing", "chunk_size",
            "escape"]
 
 IDLE, HEAD, BUSY = "idle", "head", "busy"
-
-#: Bytes read from the socket at a time into the connection's buffer.
-READ_BUFFER = 16384
 
 #: A connection yields to the event loop after this many requests in a row.
 #: gevent only switches greenlets when a socket would block, and a client
@@ -70,35 +66,8 @@ READ_BUFFER = 16384
 #: the master killed the "blocked" worker (connections reset mid-blast).
 YIELD_EVERY = 16
 
-_NAME = re.compile(f"[{TCHAR}]+")
-_VALUE = re.compile("[\t\x20-\x7e\x80-\xff]*")
-_FRAMING = frozenset({"content-length", "connection", "transfer-encoding", "date"})
 _EMPTY_BODY = Body(None, 0, False, Limits())  # shared: a length-0 Body never reads
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-class ApplicationError(Exception):
-    """The application broke the WSGI contract (PEP 3333); answered with 500."""
-
-
-class FileWrapper:
-    """wsgi.file_wrapper: a file the handler sends with os.sendfile() when it
-    is a regular file and the socket allows it, else by reading it in blocks."""
-
-    def __init__(self, filelike, blksize=8192):
-        self.filelike = filelike
-        self.blksize = blksize
-        if hasattr(filelike, "close"):
-            self.close = filelike.close
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        data = self.filelike.read(self.blksize)
-        if data:
-            return data
-        raise StopIteration
 
 
 class _BodyInput:
@@ -119,7 +88,7 @@ class _BodyInput:
         return self._handler.read_body(self, True, size)
 
 
-class Handler:
+class Handler(Connection):
     """Serves one connection: a loop of read head -> run app -> respond.
 
     `state` is IDLE while waiting for a request, HEAD while reading one,
@@ -127,11 +96,8 @@ class Handler:
     """
 
     def __init__(self, sock, address, server):
-        self.socket = sock
-        self.client_address = address
-        self.server = server
+        super().__init__(sock, address, server)
         self.application = server.application
-        self.rfile = sock.makefile("rb", READ_BUFFER)
         self.state = IDLE
         self.close_connection = False
         self.environ = None
@@ -148,14 +114,8 @@ class Handler:
         self._cl_left = None
         self._body_sent = 0
         self._fatal = None
-        self._linger = False
         self._served = 0
         self._started = 0.0
-        self._throw = getcurrent().throw
-        limits = server.limits
-        self._head_timer = _timer(server.loop, limits.header_timeout)
-        self._idle_timer = _timer(server.loop, limits.keep_alive)
-        self._send_timer = _timer(server.loop, limits.send_timeout)
 
     # -- connection loop
 
@@ -385,11 +345,7 @@ class Handler:
             self._fatal = ApplicationError(
                 "start_response() called a second time without exc_info (PEP 3333)")
             raise self._fatal
-        if type(status) is not str or len(status) < 4 or status[3] != " " \
-                or not status[:3].isdigit() or not status.isprintable():
-            raise ApplicationError(f"invalid status {status!r}: must be a str like '200 OK'")
-        if type(headers) is not list:
-            raise ApplicationError(f"response headers must be a list, not {type(headers).__name__}")
+        check_start_response(status, headers)
         self.status = status
         self._response_headers = headers
         return self.write
@@ -454,63 +410,14 @@ class Handler:
                                    "before returning or writing")
         if type(data) is not bytes and not isinstance(data, (bytes, bytearray)):
             raise ApplicationError(f"response body items must be bytes, not {type(data).__name__}")
-        code = int(status[:3])
-        if code < 200:
-            raise ApplicationError(f"status {status!r}: 1xx responses are the server's to send")
-        parts = ["HTTP/1.1 ", status, "\r\n"]
-        length = None
-        close = False
-        dated = False
-        try:
-            for name, value in self._response_headers:
-                if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
-                    raise ApplicationError(f"invalid response header {name!r}: {value!r}")
-                lname = name.lower()
-                if lname in _FRAMING:
-                    if lname == "content-length":
-                        if length is not None or not value.isdigit() or not value.isascii():
-                            raise ApplicationError(f"invalid or repeated Content-Length {value!r}")
-                        length = int(value)
-                        if code == 204:
-                            continue
-                    elif lname == "date":
-                        dated = True
-                    else:  # hop-by-hop: the server frames the response and owns the connection
-                        close = close or (lname == "connection" and "close" in value.lower())
-                        continue
-                parts += (name, ": ", value, "\r\n")
-        except (TypeError, ValueError) as ex:
-            if isinstance(ex, ApplicationError):
-                raise
-            raise ApplicationError(f"response headers must be (str, str) tuples: {ex}") from ex
-        no_body = self._no_body or code in (204, 304)
-        if code in (204, 304):
-            pass  # never a body, never framing of our own (RFC 9110 8.6, 15.4.5)
-        elif length is not None:
-            if not no_body:
-                self._cl_left = length
-        elif total is not None:
-            parts += ("Content-Length: ", str(total), "\r\n")
-        elif self._version == "HTTP/1.1":
-            parts.append("Transfer-Encoding: chunked\r\n")
-            self._chunked = not no_body
-        elif not no_body:
-            close = True  # HTTP/1.0: the close ends the body
+        code, lines, dated, self._cl_left, self._chunked, close = plan_head(
+            status, self._response_headers, total, self._version, self._no_body)
         if close or not self._keep_alive():
-            self.close_connection = True
-            parts.append("Connection: close\r\n")
-        elif self._version == "HTTP/1.0":
-            parts.append("Connection: keep-alive\r\n")
-        if not dated:
-            parts += ("Date: ", self.server.http_date(), "\r\n")
-        parts.append("\r\n")
-        try:
-            head = "".join(parts).encode("latin-1")
-        except UnicodeEncodeError as ex:
-            raise ApplicationError(f"response status or header not latin-1: {ex}") from ex
+            self.close_connection = close = True
+        head = encode_head(lines, close, self._version, None if dated else self.server.http_date())
         self.code = code
         self.headers_sent = True
-        if no_body or not data:
+        if self._no_body or code in (204, 304) or not data:
             self._send(head)
         else:
             self._send(head + self._frame(data))
@@ -532,17 +439,6 @@ class Handler:
         if self.server.keep_alive_ended and not self._buffered():
             return False  # draining: unless a pipelined request waits, this is the last
         return True
-
-    def _buffered(self):
-        """What the client already sent and nobody read yet, without waiting."""
-        sock = self.socket
-        sock.settimeout(0.0)
-        try:
-            return self.rfile.peek(1)
-        except OSError:
-            return b""
-        finally:
-            sock.settimeout(None)
 
     def _send_body(self, data):
         if self._no_body or self.code in (204, 304):
@@ -593,115 +489,12 @@ class Handler:
             self._send(b"\r\n")
         return True
 
-    def _sendfile(self, fileno, offset, count):
-        out = self.socket.fileno()
-        while count > 0:
-            try:
-                sent = os.sendfile(out, fileno, offset, count)
-            except BlockingIOError:
-                wait_write(out)
-                continue
-            if sent == 0:
-                break  # the file shrank
-            offset += sent
-            count -= sent
-
-    def _send(self, data):
-        self._guarded(self.socket.sendall, data)
-
-    def _guarded(self, send, *args):
-        """Run a send under send_timeout; a client that is gone or does not
-        read becomes ClientDisconnected."""
-        timer = self._send_timer
-        try:
-            if timer is not None:
-                timer.again(self._throw, _Expired)
-            send(*args)
-        except _Expired:
-            raise ClientDisconnected("client did not read the response within send_timeout") \
-                from None
-        except OSError as ex:
-            if ex.errno not in GONE_ERRNOS:
-                raise
-            raise ClientDisconnected("client went away during the response") from ex
-        finally:
-            if timer is not None:
-                timer.stop()
-
     def _answer(self, status):
         """Send an error response if the status line hasn't gone out yet; close."""
         self.close_connection = True
         if not self.headers_sent:
             self.code = status
             self._send_error(status)
-
-    def _send_error(self, status):
-        body = REASONS[status].encode()
-        head = (f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: text/plain\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-        try:
-            self._send(head.encode() + body)
-        except ClientDisconnected:
-            pass
-
-    # -- timers, closing, logging
-
-    def _arm(self, timer):
-        if timer is not None:
-            timer.again(self._throw, _Expired)
-
-    @staticmethod
-    def _disarm(timer):
-        if timer is not None:
-            timer.stop()
-
-    def abort(self):
-        """Shut the connection down; a greenlet blocked on it wakes with EBADF."""
-        sock = self.socket
-        if sock is not None:
-            try:
-                sock.shutdown(SHUT_RDWR)
-            except OSError as ex:
-                if ex.errno not in GONE_ERRNOS:
-                    raise
-
-    def _close(self):
-        sock = self.socket
-        if sock is None:
-            return
-        if self._linger:
-            timer = _timer(self.server.loop, LINGER_SECONDS)
-            try:
-                self._arm(timer)
-                try:
-                    self._linger_read()
-                finally:
-                    self._disarm(timer)
-            except _Expired:
-                pass
-            finally:
-                timer.close()
-        self.rfile.close()
-        sock.close()
-        self.socket = None
-
-    def _linger_read(self):
-        sock = self.socket
-        try:
-            sock.shutdown(SHUT_WR)
-            received = 0
-            while received < LINGER_BYTES:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                received += len(data)
-        except OSError as ex:
-            if ex.errno not in GONE_ERRNOS:
-                raise
-
-    def _peer(self):
-        address = self.client_address
-        return address[0] if isinstance(address, tuple) and address else "unix"
 
     def _log_refusal(self, error):
         self.server.logger.info("refused request from %s: %d %s",
@@ -720,14 +513,6 @@ class Handler:
                  escape(self.requestline), self.code or "-", self._body_sent or "-",
                  escape(env.get("HTTP_REFERER", "-")), escape(env.get("HTTP_USER_AGENT", "-")),
                  micros)
-
-
-def _timer(loop, seconds):
-    """A loop timer for _arm(), or None for 0 seconds. Armed with again(),
-    which restarts the full interval: libev's stop() keeps only the time
-    *remaining*, so a timer reused with start() would count down across
-    requests and expire on a busy keep-alive connection."""
-    return loop.timer(seconds, seconds) if seconds else None
 
 
 _MONTHS = (None, "Jan", "Feb", "Mar", "Apr", "May", "Jun",
