@@ -117,6 +117,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=int, default=5, help="seconds of wrk per measurement")
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--apps", default="hello,persondb", help="comma-separated: hello,persondb")
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree)
     work = Path(tempfile.mkdtemp(prefix="http-throughput-"))
@@ -130,6 +131,7 @@ def main():
     for extra, path in (([], rows), (["--emails"], emails)):
         subprocess.run([sys.executable, "-m", "examples.persondb.generate", "--rows", "2000",
                         "-o", str(path), *extra], cwd=ROOT, check=True)
+    apps = {name: apps[name] for name in args.apps.split(",")}
     results = {(name, app): [] for name in trees for app in apps}
     total0, steal0 = cpu_times()
     for round_ in range(args.rounds):
