@@ -30,6 +30,8 @@ GOOD = [
     request("GET / HTTP/1.0", ()),
     request("GET http://example.com/abs?x=1 HTTP/1.1"),
     request("GET / HTTP/1.2"),  # a higher minor version is served as HTTP/1.1
+    request("OPTIONS * HTTP/1.1"),
+    b"\r\n" + request(),  # one empty line before the request line is ignored
     post(["Content-Length: 11", "Content-Type: text/plain"], b"hello world"),
     chunked(b"5\r\nhello\r\n", b"6;ext=1;q=\"a b\"\r\n world\r\n", b"0\r\n", trailer=b"X-T: 1\r\n\r\n"),
     request() + request("GET /generator HTTP/1.1"),  # pipelined
@@ -150,10 +152,24 @@ REJECTED = {
         request(headers=("Host: a", "host: a")),
     ]),
     "unsupported_request_target": (400, [
-        request("OPTIONS * HTTP/1.1"),
-        request("CONNECT example.com:443 HTTP/1.1"),
+        request("GET * HTTP/1.1"),
         request("GET relative/path HTTP/1.1"),
         request("GET ftp://example.com/ HTTP/1.1"),
+        request("GET /p?q=1#frag HTTP/1.1"),
+        request("GET /caf\xe9 HTTP/1.1"),
+        request("GET http://user@example.com/ HTTP/1.1"),
+    ]),
+    "connect_method": (501, [
+        request("CONNECT example.com:443 HTTP/1.1", ("Host: example.com:443",)),
+    ]),
+    "missing_or_invalid_host": (400, [
+        request(headers=()),
+        request(headers=("Host: a b",)),
+        request(headers=("Host: a/b",)),
+        request(headers=("Host: a:8x",)),
+    ]),
+    "duplicate_content_type": (400, [
+        post(["Content-Length: 2", "Content-Type: a/b", "Content-Type: a/b"], b"hi"),
     ]),
     "misplaced_spaces_in_request_line": (400, [
         request(line) for line in ("GET  / HTTP/1.1", " GET / HTTP/1.1", "GET / HTTP/1.1 ",

@@ -28,11 +28,12 @@ from gevent.event import Event  # noqa: E402
 from forkserve.http.handler import Handler, Limits  # noqa: E402
 from forkserve.http.server import Server  # noqa: E402
 
-ENVIRON_KEYS = ("SERVER_NAME", "SERVER_PORT", "SERVER_SOFTWARE", "SERVER_PROTOCOL",
+ENVIRON_KEYS = ("RAW_URI", "REQUEST_URI", "SERVER_NAME", "SERVER_PORT", "SERVER_SOFTWARE", "SERVER_PROTOCOL",
                 "REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "REMOTE_ADDR",
                 "CONTENT_LENGTH", "CONTENT_TYPE", "wsgi.multithread", "wsgi.multiprocess")
 
 
+BLOCK = b"x" * 65536
 SERVER = None
 COMPLETED = 0  # responses reported through on_request
 
@@ -44,7 +45,7 @@ def count_request():
 
 def app(environ, start_response):
     path = environ["PATH_INFO"]
-    query = {k: v[0] for k, v in parse_qs(environ["QUERY_STRING"]).items()}
+    query = {k: v[0] for k, v in parse_qs(environ["QUERY_STRING"], keep_blank_values=True).items()}
     text = [("Content-Type", "text/plain")]
     if path == "/echo":
         parts = []
@@ -93,11 +94,71 @@ def app(environ, start_response):
     if path == "/generator":
         start_response("200 OK", text)
         return (part for part in (b"gen", b"erated"))
+    if path == "/twice":  # PEP 3333: a second call without exc_info is an error
+        start_response("200 OK", text)
+        try:
+            start_response("201 Created", text)
+        except Exception:
+            if query.get("swallow"):
+                return [b"swallowed"]
+            raise
+        return [b"twice"]
+    if path == "/replace":  # an error handler replacing headers not yet sent
+        start_response("200 OK", text)
+        try:
+            raise ValueError("replaced")
+        except ValueError:
+            start_response("503 Service Unavailable", text, sys.exc_info())
+        return [b"replaced"]
+    if path == "/late-exc-info":  # exc_info once the headers went out: re-raised
+        write = start_response("200 OK", text)
+        write(b"first")
+        try:
+            raise ValueError("late error")
+        except ValueError:
+            start_response("500 Internal Server Error", text, sys.exc_info())
+        return [b"never"]
+    if path == "/write":
+        write = start_response("200 OK", text)
+        write(b"written ")
+        return [b"and returned"]
+    if path == "/header":
+        start_response("200 OK", text + [(query["name"], query["value"])])
+        return [b"bad"]
+    if path == "/status":
+        start_response(query["status"], text + [("Content-Length", "4")])
+        return [b"body"]
+    if path == "/file":
+        body = open(query["path"], "rb")
+        start_response("200 OK", text)
+        return environ["wsgi.file_wrapper"](body)
+    if path == "/big":  # for clients that do not read: far more than socket buffers hold
+        blocks = int(query.get("mib", 64)) * 16
+        start_response("200 OK", text + [("Content-Length", str(blocks * len(BLOCK)))])
+        return (BLOCK for _ in range(blocks))
     if path == "/short":  # declares more than it sends
         start_response("200 OK", text + [("Content-Length", "10")])
         return [b"short"]
     start_response("200 OK", text)
     return [b"ok"]
+
+
+#: Served without the validator: OPTIONS * (PATH_INFO "*", as Gunicorn gives
+#: it, is one the validator does not know) and the routes that break the WSGI
+#: contract on purpose, to see what the server (not the validator) does, and
+#: /file, whose wsgi.file_wrapper result the validator would hide.
+UNCHECKED = frozenset({"*", "/twice", "/late-exc-info", "/header", "/status", "/file"})
+
+
+def checked(app):
+    """`app` behind wsgiref's validator, except for the UNCHECKED paths."""
+    validated = validator(app)
+
+    def dispatch(environ, start_response):
+        if environ["PATH_INFO"] in UNCHECKED:
+            return app(environ, start_response)
+        return validated(environ, start_response)
+    return dispatch
 
 
 def boom_late():
@@ -114,12 +175,11 @@ def slow_body(chunks, delay):
 class ProbeHandler(Handler):
     """Exposes the accepted socket's TCP_NODELAY to the app (tests only)."""
 
-    def _read_head(self):
-        env = super()._read_head()
-        if env is not None and self.socket.family != socket.AF_UNIX:
+    def make_environ(self, env, method, target, version):
+        super().make_environ(env, method, target, version)
+        if self.socket.family != socket.AF_UNIX:
             flag = self.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
             env["forkserve.test.nodelay"] = str(flag)
-        return env
 
 
 def file_logger(name, path):
@@ -157,7 +217,7 @@ def main():
     listener.listen(128)
     access_log = file_logger("test.access", args.access_log) if args.access_log else None
     global SERVER
-    SERVER = server = Server(listener, validator(app), worker_connections=args.worker_connections,
+    SERVER = server = Server(listener, checked(app), worker_connections=args.worker_connections,
                              limits=limits, on_request=count_request, access_log=access_log,
                              server_name=args.server_name,
                              error_log=file_logger("test.error", args.error_log))

@@ -5,6 +5,7 @@ streams; e2e tests run tests/httpserve.py in a subprocess and talk raw HTTP.
 """
 
 import io
+import json
 import re
 import socket
 import time
@@ -23,7 +24,7 @@ from httpcorpus import GOOD, LIMITS, REJECTED, chunked, post, request
 
 def test_request_line_parses_method_target_and_version():
     assert request_line(b"GET /a?b HTTP/1.1\r\n", 100) == ("GET", "/a?b", "HTTP/1.1")
-    assert request_line(b"PATCH /\xe9 HTTP/1.0\r\n", 100) == ("PATCH", "/\xe9", "HTTP/1.0")
+    assert request_line(b"PATCH /%E9 HTTP/1.0\r\n", 100) == ("PATCH", "/%E9", "HTTP/1.0")
     assert request_line(b"GET / HTTP/1.7\r\n", 100) == ("GET", "/", "HTTP/1.1")
 
 
@@ -39,6 +40,7 @@ def test_request_line_cut_by_eof_is_not_a_request():
     (b"GET / HTTP/1.10\r\n", 400),
     (b"G T / HTTP/1.1\r\n", 400),
     (b"GET /\x00 HTTP/1.1\r\n", 400),
+    (b"GET /\xe9 HTTP/1.1\r\n", 400),
 ])
 def test_request_line_rejections_carry_their_status(line, status):
     with pytest.raises(RequestError) as caught:
@@ -88,6 +90,62 @@ def test_chunk_size_accepts_extensions_and_refuses_garbage():
             chunk_size(line)
 
 
+@pytest.mark.parametrize("method, target, expected", [
+    ("GET", "/a/b?x=1", ("/a/b", "x=1", None)),
+    ("GET", "/a?", ("/a", "", None)),
+    ("OPTIONS", "*", ("*", "", None)),
+    ("GET", "http://h.test:81/p?q", ("/p", "q", "h.test:81")),
+    ("GET", "HTTPS://h.test", ("/", "", "h.test")),
+    ("GET", "http://h.test?q", ("/", "q", "h.test")),
+    ("GET", "http://[::1]:8/", ("/", "", "[::1]:8")),
+])
+def test_request_target_splits_every_form_rfc9112_3_2(method, target, expected):
+    from forkserve.http.h1 import request_target
+    assert request_target(method, target) == expected
+
+
+@pytest.mark.parametrize("method, target, status", [
+    ("GET", "/p#f", 400), ("GET", "*", 400), ("CONNECT", "h.test:443", 501),
+    ("GET", "h.test:443", 400), ("GET", "ftp://h.test/", 400), ("GET", "http:///p", 400),
+    ("GET", "http://u@h.test/", 400), ("GET", "http://h test/", 400),
+])
+def test_request_target_refusals_carry_their_status(method, target, status):
+    from forkserve.http.h1 import request_target
+    with pytest.raises(RequestError) as caught:
+        request_target(method, target)
+    assert caught.value.status == status
+
+
+def test_valid_host_follows_rfc9110_7_2():
+    from forkserve.http.h1 import valid_host
+    for good in ("a.test", "a.test:80", "127.0.0.1", "[::1]", "[::1]:8000", "", "xn--e-9a.test:"):
+        assert valid_host(good), good
+    for bad in ("a b", "a/b", "a:8x", "u@a", "a\tb", "[::1", "caf\xe9"):
+        assert not valid_host(bad), bad
+
+
+def test_trailers_may_not_carry_framing_routing_or_authentication_fields():
+    from forkserve.http.h1 import trailer_allowed
+    assert trailer_allowed("X-Checksum") and trailer_allowed("Server-Timing")
+    for name in ("Content-Length", "transfer-encoding", "Host", "Authorization", "Trailer"):
+        assert not trailer_allowed(name), name
+
+
+def test_header_field_size_counts_the_crlf_as_gunicorn_does():
+    line = b"X-A: " + b"v" * 93 + b"\r\n"  # 100 bytes with its CRLF
+    assert header_field(line, 100) == ("X-A", "v" * 93)
+    longer = b"X-A: " + b"v" * 94 + b"\r\n"  # 101 bytes: readline(100) stops before its LF
+    with pytest.raises(RequestError) as caught:
+        header_field(longer[:100], 100)
+    assert caught.value.status == 431
+
+
+def test_limit_zero_means_what_gunicorn_documents():
+    limits = Limits(limit_request_line=0, limit_request_fields=0, limit_request_field_size=0)
+    assert (limits.line_max, limits.fields_max, limits.field_size_max) == (1 << 20, 32768, 1 << 20)
+    assert Limits(limit_request_fields=40000).fields_max == 32768
+
+
 def test_escape_leaves_only_printable_ascii():
     assert escape("GET /plain HTTP/1.1") == "GET /plain HTTP/1.1"
     assert escape('a"b\\c\nd\x1b\xe9\x7f') == "a\\x22b\\x5cc\\x0ad\\x1b\\xe9\\x7f"
@@ -96,7 +154,8 @@ def test_escape_leaves_only_printable_ascii():
 def test_limits_refuse_negative_values():
     with pytest.raises(ValueError, match="keep_alive"):
         Limits(keep_alive=-1)
-    assert Limits(limit_request_line=0).line_max == 65536
+    assert Limits(limit_request_line=0).line_max == 1 << 20  # "unlimited", with a ceiling
+    assert Limits(limit_request_line=9000).line_max == 8190  # gunicorn's maximum
 
 
 # --- unit: wsgi.input --------------------------------------------------------
@@ -343,6 +402,24 @@ def test_request_target_not_a_path_or_http_url_gets_400_and_close(server, raw):
 
 
 @e2e
+@pytest.mark.parametrize("raw", refused("connect_method", 501))
+def test_connect_gets_501_and_close(server, raw):
+    assert_refused(server, raw, 501)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("missing_or_invalid_host", 400))
+def test_http11_without_a_valid_host_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
+@pytest.mark.parametrize("raw", refused("duplicate_content_type", 400))
+def test_duplicate_content_type_gets_400_and_close(server, raw):
+    assert_refused(server, raw, 400)
+
+
+@e2e
 @pytest.mark.parametrize("raw", refused("misplaced_spaces_in_request_line", 400))
 def test_misplaced_whitespace_in_request_line_gets_400_and_close(server, raw):
     assert_refused(server, raw, 400)
@@ -557,12 +634,14 @@ def test_app_exception_after_headers_closes_connection_and_logs_traceback(fresh_
 
 
 @e2e
-def test_head_response_carries_headers_but_no_body(server):
+@pytest.mark.parametrize("path, framing", [("/generator", ("transfer-encoding", "chunked")),
+                                           ("/echo", ("content-length", "0"))])
+def test_head_response_carries_the_get_headers_but_no_body(server, path, framing):
     with server.connect() as sock:
-        sock.sendall(request("HEAD /generator HTTP/1.1") + request())
+        sock.sendall(request(f"HEAD {path} HTTP/1.1") + request())
         reader = Reader(sock)
         head = read_response(sock, reader, head_request=True)
-        assert head.status == 200
+        assert head.status == 200 and head.headers[framing[0]] == framing[1]
         assert read_response(sock, reader).body == b"ok"  # framing intact
 
 
@@ -602,13 +681,238 @@ def test_access_log_escapes_client_text_and_never_logs_credentials(fresh_server)
         "Proxy-Authorization: Basic PROXY-SECRET",
         "Connection: close",
     )
-    assert live.exchange(request('GET /a"b\\c\xe9?q=" HTTP/1.1', headers))[0].status == 200
+    assert live.exchange(request('GET /a"b\\c?q=" HTTP/1.1', headers))[0].status == 200
     assert live.exchange(request("GET /boom HTTP/1.1", headers))[0].status == 500
     line = live.access().splitlines()[0]
     assert re.fullmatch(
         r'INFO 127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\] '
-        r'"GET /a\\x22b\\x5cc\\xe9\?q=\\x22 HTTP/1\.1" 200 2 '
+        r'"GET /a\\x22b\\x5cc\?q=\\x22 HTTP/1\.1" 200 2 '
         r'"http://r/\\x22" "evil\\x22 200 \\x22x\\x09\\x5c \\xff" \d+', line), line
     everything = live.access() + live.errors() + live.stderr()
     for secret in ("AUTH-SECRET", "COOKIE-SECRET", "PROXY-SECRET"):
         assert secret not in everything
+
+
+# --- e2e: the WSGI contract (PEP 3333) --------------------------------------------
+
+
+@e2e
+@pytest.mark.parametrize("path", ["/twice", "/twice?swallow=1"])
+def test_second_start_response_without_exc_info_gets_500_and_a_logged_error(fresh_server, path):
+    live = fresh_server()
+    reply, closed = live.exchange(request(f"GET {path} HTTP/1.1"))
+    assert (reply.status, closed) == (500, True)
+    assert "start_response() called a second time without exc_info" in live.errors()
+    assert live.get("/").status == 200
+
+
+@e2e
+def test_start_response_with_exc_info_replaces_headers_not_yet_sent(server):
+    reply = server.get("/replace")
+    assert (reply.status, reply.body) == (503, b"replaced")
+
+
+@e2e
+def test_start_response_with_exc_info_after_headers_sent_reraises_and_cuts_the_response(
+        fresh_server):
+    live = fresh_server()
+    with live.connect() as sock:
+        sock.sendall(request("GET /late-exc-info HTTP/1.1"))
+        reply = read_response(sock)
+        assert (reply.status, reply.body, reply.complete) == (200, b"first", False)
+    assert "ValueError: late error" in live.errors()
+
+
+@e2e
+def test_write_callable_output_precedes_the_returned_body(server):
+    reply = server.get("/write")
+    assert (reply.status, reply.body) == (200, b"written and returned")
+    assert reply.headers["transfer-encoding"] == "chunked"
+
+
+@e2e
+@pytest.mark.parametrize("name, value", [
+    ("X-Bad", "a\r\nInjected: yes"), ("X-Bad", "a\x00"), ("X Bad", "v"), ("X:Bad", "v"),
+    ("", "v"), ("X-Bad", "\u20ac"),
+])
+def test_invalid_response_header_from_the_app_gets_500_never_reaches_the_wire(
+        fresh_server, name, value):
+    from urllib.parse import quote
+    live = fresh_server()
+    reply = live.get(f"/header?name={quote(name)}&value={quote(value)}")
+    assert reply.status == 500 and "injected" not in reply.headers
+    assert "invalid response header" in live.errors() or "latin-1" in live.errors()
+
+
+@e2e
+@pytest.mark.parametrize("status", ["204 No Content", "304 Not Modified"])
+def test_204_and_304_responses_carry_no_body_and_keep_the_connection(server, status):
+    from urllib.parse import quote
+    with server.connect() as sock:
+        sock.sendall(request(f"GET /status?status={quote(status)} HTTP/1.1") + request())
+        reader = Reader(sock)
+        reply = read_response(sock, reader)
+        assert reply.status == int(status[:3]) and "transfer-encoding" not in reply.headers
+        assert ("content-length" in reply.headers) == (status.startswith("304"))
+        assert read_response(sock, reader).body == b"ok"  # no body bytes in between
+
+
+@e2e
+def test_file_wrapper_sends_the_file_and_keeps_the_connection(server, tmp_path):
+    from urllib.parse import quote
+    data = bytes(range(256)) * 1000
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    with server.connect() as sock:
+        reader = Reader(sock)
+        for method in ("GET", "HEAD", "GET"):
+            sock.sendall(request(f"{method} /file?path={quote(str(path))} HTTP/1.1"))
+            reply = read_response(sock, reader, head_request=method == "HEAD")
+            assert reply.status == 200 and reply.headers["content-length"] == str(len(data))
+            assert reply.body == (data if method == "GET" else b"")
+        sock.sendall(request())
+        assert read_response(sock, reader).body == b"ok"
+
+
+@e2e
+def test_environ_carries_raw_uri_request_uri_and_absolute_form_host(server):
+    import json
+    reply = server.get("/environ/%41b?x=%20")
+    env = json.loads(reply.body)
+    assert (env["PATH_INFO"], env["QUERY_STRING"]) == ("/environ/Ab", "x=%20")
+    with server.connect() as sock:
+        sock.sendall(request("GET http://other.example:8080/environ?q HTTP/1.1"))
+        env = json.loads(read_response(sock).body)
+    assert (env["HTTP_HOST"], env["PATH_INFO"], env["QUERY_STRING"]) == (
+        "other.example:8080", "/environ", "q")
+
+
+@e2e
+def test_options_asterisk_reaches_the_app_with_path_info_asterisk(server):
+    reply = server.exchange(request("OPTIONS * HTTP/1.1"))[0]
+    assert (reply.status, reply.body) == (200, b"ok")
+
+
+# --- e2e: slow request bodies and clients that do not read --------------------------
+
+
+def slots_freed_in_time(live, timeout):
+    """Connect a new client while held connections take every slot; return
+    (seconds until it was answered, seconds until the server held no other
+    connection: its /counters request is then the only one open)."""
+    started = time.monotonic()
+    with live.connect(timeout=timeout + 5) as newcomer:
+        newcomer.sendall(request())
+        assert read_response(newcomer).status == 200
+        answered = time.monotonic() - started
+    deadline = started + timeout + 5
+    while json.loads(live.get("/counters").body)["open"] > 1:
+        assert time.monotonic() < deadline, "held connections still open"
+        time.sleep(0.05)
+    return round(answered, 2), round(time.monotonic() - started, 2)
+
+
+@e2e
+def test_stalled_request_bodies_are_cut_after_body_timeout_and_a_new_client_gets_a_slot(
+        fresh_server):
+    live = fresh_server(worker_connections=4, body_timeout=1.0)
+    stalled = hold_every_slot(
+        live, 4, lambda sock: sock.sendall(post(["Content-Length: 100"], b"only ten b")))
+    answered, freed = slots_freed_in_time(live, 1.0)
+    print(f"\nstalled bodies: new client answered after {answered}s, all slots free after {freed}s")
+    assert 0.8 < answered < 3.0 and freed < 3.0, (answered, freed)
+    for sock in stalled:
+        assert read_response(sock).status == 408
+    for sock in stalled:
+        sock.close()
+    assert live.errors().count("408 request body not received within 1 s") == 4
+
+
+@e2e
+def test_stalled_body_that_trickles_is_cut_at_the_total_body_timeout(fresh_server):
+    live = fresh_server(body_timeout=1.0)
+    with live.connect() as sock:
+        sock.sendall(post(["Content-Length: 100"], b""))
+        started = time.monotonic()
+        cut = None
+        for _ in range(30):  # one byte every 0.2 s: each wait is short, the total is not
+            try:
+                sock.sendall(b"x")
+            except (BrokenPipeError, ConnectionResetError):
+                cut = time.monotonic() - started
+                break
+            time.sleep(0.2)
+            sock.setblocking(False)
+            try:
+                if sock.recv(65536).startswith(b"HTTP/1.1 408 "):
+                    cut = time.monotonic() - started
+                    break
+            except BlockingIOError:
+                pass
+            finally:
+                sock.setblocking(True)
+    assert cut is not None and 0.8 < cut < 2.5, cut
+
+
+@e2e
+def test_clients_that_do_not_read_are_cut_after_send_timeout_and_never_block_others(fresh_server):
+    live = fresh_server(worker_connections=5, send_timeout=1.0)
+
+    def request_and_never_read(sock):
+        sock.sendall(request("GET /big HTTP/1.1"))  # 64 MiB: far more than socket buffers
+    deaf = hold_every_slot(live, 4, request_and_never_read)
+    # the fifth slot serves other clients at once while four sends are stuck
+    for _ in range(5):
+        started = time.monotonic()
+        assert live.get("/").status == 200
+        assert time.monotonic() - started < 0.5
+    deaf.append(live.connect())
+    request_and_never_read(deaf[-1])
+    answered, freed = slots_freed_in_time(live, 1.0)
+    print(f"\nnon-reading clients: new client answered after {answered}s, "
+          f"all slots free after {freed}s")
+    assert 0.8 < answered < 3.0 and freed < 3.0, (answered, freed)
+    for sock in deaf:
+        sock.close()
+    # their slots are free again
+    socks = [live.connect() for _ in range(5)]
+    for sock in socks:
+        sock.sendall(request())
+    assert all(read_response(sock).status == 200 for sock in socks)
+    for sock in socks:
+        sock.close()
+
+
+def hold_every_slot(live, slots, send):
+    """Open `slots` connections and call send(sock) on each; return them once
+    the server holds all of them (checked through the last free slot before
+    the last one is taken)."""
+    held = [live.connect() for _ in range(slots - 1)]
+    for sock in held:
+        send(sock)
+    deadline = time.monotonic() + 5
+    while json.loads(live.get("/counters").body)["open"] < slots:  # the held + this request
+        assert time.monotonic() < deadline, "the server did not take the held connections"
+        time.sleep(0.05)
+    held.append(live.connect())
+    send(held[-1])
+    return held
+
+
+# --- e2e: every response after which the server closes says so -------------------------
+
+
+@e2e
+def test_unhonoured_expect_100_continue_gets_connection_close(server):
+    raw = b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+    reply, closed = server.exchange(raw)  # the app never reads: no 100 Continue is sent
+    assert (reply.status, reply.headers["connection"], closed) == (200, "close", True)
+
+
+@e2e
+def test_unread_body_not_yet_received_gets_connection_close(fresh_server):
+    live = fresh_server(limit_request_body=0)
+    with live.connect() as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+        reply = read_response(sock)
+        assert (reply.status, reply.headers["connection"]) == (200, "close")

@@ -90,35 +90,58 @@ def test_drain_refuses_to_run_inside_a_connection_greenlet(fresh_server):
 
 
 @e2e
-def test_drain_finishes_in_flight_requests_and_closes_idle_connections_at_once(fresh_server):
-    live = fresh_server(keep_alive=10, header_timeout=10, drain_timeout=5)
+def test_drain_answers_in_flight_and_next_requests_with_close_and_idle_ones_close_after_keep_alive(
+        fresh_server):
+    live = fresh_server(keep_alive=1.5, header_timeout=10, drain_timeout=8)
     with ExitStack() as stack:
-        idle, fresh, streaming, waiting = (stack.enter_context(live.connect()) for _ in range(4))
-        idle.sendall(request())
-        assert read_response(idle).status == 200
-        # fresh: connected but has not sent its request yet, so it is not idle
+        idle, quiet, fresh, streaming, waiting, piped = (
+            stack.enter_context(live.connect()) for _ in range(6))
+        for sock in (idle, quiet):
+            sock.sendall(request())
+            assert read_response(sock).status == 200
+        # fresh: connected but has not sent its request yet
         streaming.sendall(request("GET /slow?chunks=5&delay=0.2 HTTP/1.1"))  # body under way
         waiting.sendall(request("GET /slow-start?delay=0.6 HTTP/1.1"))  # no response yet
-        wait_for_active(live, 2)
+        # piped: two requests sent together; both are answered, the second says close
+        piped.sendall(request("GET /slow-start?delay=0.6 HTTP/1.1") + request())
+        wait_for_active(live, 3)
 
         started = time.monotonic()
         live.signal(signal.SIGTERM)
-        assert wait_closed(idle, 2) < 0.5
-        with pytest.raises(ConnectionRefusedError):
-            live.connect()
+        poll_refused = time.monotonic() + 2
+        while True:  # the listener closes at once
+            try:
+                live.connect().close()
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() < poll_refused, "still accepting while draining"
+            time.sleep(0.02)
 
+        # an idle keep-alive connection is not cut: its next request is answered, with close
+        idle.sendall(request())
+        reply = read_response(idle)
+        assert (reply.status, reply.headers["connection"]) == (200, "close")
+        assert is_closed(idle)
         fresh.sendall(request())
         reply = read_response(fresh)
         assert (reply.status, reply.headers["connection"]) == (200, "close")
         assert is_closed(fresh)
-        reply = read_response(streaming)
+        reply = read_response(streaming)  # its head went out before the drain
         assert (reply.status, reply.body, reply.complete) == (200, b"chunk0chunk1chunk2chunk3chunk4", True)
-        assert is_closed(streaming)
         reply = read_response(waiting)
         assert (reply.status, reply.body, reply.headers["connection"]) == (200, b"done", "close")
         assert is_closed(waiting)
+        reader = Reader(piped)
+        first, second = read_response(piped, reader), read_response(piped, reader)
+        assert (first.status, first.body, "connection" in first.headers) == (200, b"done", False)
+        assert (second.status, second.headers["connection"]) == (200, "close")
+        assert is_closed(piped)
+        # a connection that stays idle closes after keep_alive, not at once
+        closed_after = time.monotonic() - started + wait_closed(quiet, 4)
+        assert 1.0 < closed_after < 3.5, closed_after
+        assert is_closed(streaming)
 
-    drained = live.read_line("DRAINED", deadline=started + 6).split()
+    drained = live.read_line("DRAINED", deadline=started + 10).split()
     assert drained[1] == "True" and float(drained[2]) < 5
     assert live.proc.wait(timeout=5) == 0
 

@@ -1,16 +1,36 @@
 """The HTTP/1.x wire format, strictly: what forkserve.http.handler accepts as a request.
 
-Pure functions of bytes decide the request line, each header field and the
-body framing (RFC 9112); `Body` is the WSGI input stream that reads exactly
-the framed body (Content-Length or chunked) and refuses anything ambiguous.
-Nothing here touches a socket except through the buffered file `Body` reads.
+Pure functions of bytes decide the request line, the request target, each
+header field and the body framing (RFC 9110/9112); `Body` is the WSGI input
+stream that reads exactly the framed body (Content-Length or chunked) and
+refuses anything ambiguous. Nothing here sends anything or keeps time: `Body`
+only reads from the file-like object it is given (the handler's, which adds
+the body timeout and the 100 Continue), so the rules are unit-tested on bytes.
 
 Invariants:
 - A request reaches the application only when its request line and every
   header field match the grammar and its body framing is unambiguous
   (Content-Length xor chunked, exactly once).
-- Limits are counted in bytes as received; a limit of 0 means the built-in
-  ceiling, never "unbounded".
+- Limits are counted as Gunicorn counts them, so the same number means the
+  same limit: the request line without its CRLF (<= limit_request_line, at
+  most 8190), each header line *with* its CRLF (<= limit_request_field_size),
+  the number of header lines (<= limit_request_fields, at most 32768). 0 means
+  what Gunicorn documents: no limit on the line or field size (a 1 MiB
+  ceiling per line remains, so one connection cannot hold unbounded memory),
+  32768 fields.
+
+Decisions where the RFCs leave a choice (also in README "HTTP"):
+- Leading empty lines: one CRLF before the request line is ignored (RFC 9112
+  2.2 SHOULD); a second one is refused with 400, as Gunicorn does.
+- Trailer fields of a chunked body are parsed with the header grammar and
+  limits, then discarded (never in the environ); the framing, routing and
+  authentication fields RFC 9110 6.5.1 forbids there get 400.
+- A method is any RFC 9110 token (`-bl`, lower case included): the server
+  does not know the application's methods; the application answers 405/501.
+- Raw bytes outside visible ASCII in the request target get 400 (RFC 9112
+  3.2 and RFC 3986 allow only ASCII; clients percent-encode).
+- A fragment (`#`) in the target gets 400: clients never send one, and it
+  must not leak into QUERY_STRING. CONNECT (authority-form) gets 501.
 """
 
 import errno
@@ -19,12 +39,15 @@ from dataclasses import dataclass
 
 
 __all__ = ["Limits", "Body", "RequestError", "ClientDisconnected", "escape",
-           "request_line", "header_field", "body_framing", "chunk_size"]
+           "request_line", "request_target", "valid_host", "header_field",
+           "body_framing", "chunk_size", "trailer_allowed"]
 
-#: What a limit of 0 means for the head limits: gunicorn calls 0 "unlimited";
-#: we keep a ceiling so one connection's head can't hold unbounded memory.
-LINE_CEILING = 65536
-FIELDS_CEILING = 32768
+#: Gunicorn's ceilings: limit_request_line above 8190 means 8190, and
+#: limit_request_fields 0 or above 32768 means 32768.
+LINE_MAX = 8190
+FIELDS_MAX = 32768
+#: What "no limit" (0) means for the request line or one header line.
+LINE_CEILING = 1 << 20
 
 #: Longest chunk-size line (size plus extensions) accepted in a chunked body.
 CHUNK_LINE_MAX = 4096
@@ -39,8 +62,8 @@ LINGER_BYTES = 1 << 20
 #: a larger one closes it, which is cheaper than reading it.
 DISCARD_BYTES = 64 * 1024
 
-#: Stray CRLFs tolerated before a request line (RFC 9112 section 2.2).
-BLANK_LINES = 2
+#: Empty lines (CRLF) ignored before a request line (RFC 9112 section 2.2).
+BLANK_LINES = 1
 
 # errnos that only mean "the client went away"; anything else is a real error.
 GONE_ERRNOS = frozenset({
@@ -60,7 +83,7 @@ REASONS = {
 class Limits:
     """Per-request limits and connection timeouts (gunicorn's names and defaults).
 
-    A head limit of 0 means the ceiling (LINE_CEILING, FIELDS_CEILING);
+    Head limits count as described at the top of this module;
     limit_request_body=0 means no limit; a timeout of 0 disables it
     (keep_alive=0 also answers every request with Connection: close).
     """
@@ -71,6 +94,8 @@ class Limits:
     limit_request_body: int = 0
     header_timeout: float = 10.0
     keep_alive: float = 5.0
+    body_timeout: float = 30.0
+    send_timeout: float = 30.0
 
     def __post_init__(self):
         for name, value in vars(self).items():
@@ -79,15 +104,17 @@ class Limits:
 
     @property
     def line_max(self):
-        return min(self.limit_request_line or LINE_CEILING, LINE_CEILING)
+        """Longest request line, without its CRLF."""
+        return min(self.limit_request_line, LINE_MAX) or LINE_CEILING
 
     @property
     def field_size_max(self):
+        """Longest header line, with its CRLF."""
         return min(self.limit_request_field_size or LINE_CEILING, LINE_CEILING)
 
     @property
     def fields_max(self):
-        return min(self.limit_request_fields or FIELDS_CEILING, FIELDS_CEILING)
+        return min(self.limit_request_fields or FIELDS_MAX, FIELDS_MAX)
 
 
 class RequestError(Exception):
@@ -104,20 +131,22 @@ class ClientDisconnected(OSError):
 
 
 class _Expired(BaseException):
-    """Thrown into a connection's greenlet by its header or idle timer."""
+    """Thrown into a connection's greenlet by one of its timers."""
 
 
 # --- The grammar (RFC 9110/9112), as pure functions --------------------------
 
 TCHAR = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
 _TOKEN = re.compile(f"[{TCHAR}]+")
-# Request target: visible ASCII or obs-text, no whitespace or controls.
-_REQUEST_LINE = re.compile(
-    f"([{TCHAR}]+) ([\x21-\x7e\x80-\xff]+) HTTP/([0-9])\\.([0-9])\r\n")
-_TARGET = re.compile("[\x21-\x7e\x80-\xff]+")
+# Request target: visible ASCII only (RFC 9112 3.2, RFC 3986).
+_REQUEST_LINE = re.compile(f"([{TCHAR}]+) ([\x21-\x7e]+) HTTP/([0-9])\\.([0-9])\r\n")
+_TARGET = re.compile("[\x21-\x7e]+")
 # Field value: VCHAR, obs-text, SP and HTAB; OWS is stripped afterwards.
 _FIELD = re.compile(f"([{TCHAR}]+):([\t\x20-\x7e\x80-\xff]*)\r\n")
-_ABSOLUTE = re.compile(r"https?://[^/?]*", re.IGNORECASE)
+_ABSOLUTE = re.compile(r"(https?)://([^/?]*)(.*)", re.IGNORECASE | re.DOTALL)
+# Host (RFC 9110 7.2 / RFC 3986 3.2.2): IP-literal or reg-name, optional port.
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|\[[vV][0-9A-Fa-f]+\.[\w.~!$&'()*+,;=:-]+\]"
+                   r"|[\w.~%!$&'()*+,;=-]*)(?::[0-9]*)?", re.ASCII)
 _QUOTED = rb'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
 _BTOKEN = f"[{TCHAR}]+".encode()
 _CHUNK_LINE = re.compile(
@@ -125,6 +154,16 @@ _CHUNK_LINE = re.compile(
     rb"(?:[ \t]*;[ \t]*" + _BTOKEN + rb"(?:[ \t]*=[ \t]*(?:" + _BTOKEN + rb"|" + _QUOTED + rb"))?)*"
     rb"\r\n")
 _DIGITS = re.compile("[0-9]{1,18}")
+
+#: Fields a chunked body's trailer section may not carry (RFC 9110 6.5.1:
+#: framing, routing, request modifiers, authentication, payload processing).
+FORBIDDEN_TRAILERS = frozenset({
+    "content-length", "transfer-encoding", "host", "content-type", "content-encoding",
+    "content-range", "trailer", "te", "connection", "keep-alive", "upgrade", "expect",
+    "range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since",
+    "if-range", "max-forwards", "cache-control", "pragma", "authorization",
+    "proxy-authorization", "cookie", "set-cookie", "www-authenticate", "proxy-authenticate",
+})
 
 
 def request_line(line, line_max):
@@ -154,22 +193,57 @@ def request_line(line, line_max):
     if not _TOKEN.fullmatch(method):
         raise RequestError(400, f"invalid method {escape(method[:40])}")
     if not _TARGET.fullmatch(target):
-        raise RequestError(400, "invalid character in request target")
+        raise RequestError(400, "request target has a byte outside visible ASCII "
+                                "(percent-encode it)")
     raise RequestError(400, f"invalid HTTP version {escape(version[:20])}")
 
 
-def header_field(line, size_max):
-    """Parse one header (or trailer) line read with readline(size_max + 2).
+def request_target(method, target):
+    """Split a request target (RFC 9112 3.2): returns (path, query, authority).
 
-    Returns (name, value), or None if the client closed mid-line.
+    `authority` is the host of an absolute-form target (which RFC 9112 3.2.2
+    says replaces any Host header), else None. OPTIONS * gives path "*".
+    """
+    if "#" in target:
+        raise RequestError(400, "fragment (#) in the request target")
+    if method == "CONNECT":
+        raise RequestError(501, "CONNECT is not supported (this is not a proxy)")
+    authority = None
+    if target[0] != "/":
+        if target == "*":
+            if method != "OPTIONS":
+                raise RequestError(400, f"asterisk-form target with {escape(method)}, not OPTIONS")
+            return "*", "", None
+        match = _ABSOLUTE.fullmatch(target)
+        if match is None:
+            raise RequestError(400, "request target must be a path, an absolute http(s) URL "
+                                    "or * (OPTIONS)")
+        _, authority, target = match.groups()
+        if not authority or "@" in authority or not _HOST.fullmatch(authority):
+            raise RequestError(400, f"invalid authority {escape(authority[:60])} in the target")
+        if not target or target[0] == "?":
+            target = "/" + target
+    path, _, query = target.partition("?")
+    return path, query, authority
+
+
+def valid_host(value):
+    """True if `value` is a valid Host field value (RFC 9110 7.2)."""
+    return _HOST.fullmatch(value) is not None
+
+
+def header_field(line, size_max):
+    """Parse one header (or trailer) line read with readline(size_max);
+    `size_max` counts the CRLF. Returns (name, value), or None if the client
+    closed mid-line.
     """
     text = line.decode("latin-1")
     match = _FIELD.fullmatch(text)
     if match is not None:
         return match.group(1), match.group(2).strip(" \t")
     if not text.endswith("\n"):
-        if len(line) >= size_max + 2:
-            raise RequestError(431, f"header field longer than {size_max} bytes")
+        if len(line) >= size_max:
+            raise RequestError(431, f"header field longer than {size_max} bytes (CRLF included)")
         return None
     if not text.endswith("\r\n"):
         raise RequestError(400, "header line not terminated by CRLF")
@@ -183,6 +257,11 @@ def header_field(line, size_max):
     if not _TOKEN.fullmatch(name):
         raise RequestError(400, f"invalid header name {escape(name[:40])}")
     raise RequestError(400, f"control character in header {escape(name)}")
+
+
+def trailer_allowed(name):
+    """False for a field RFC 9110 6.5.1 forbids in a trailer section."""
+    return name.lower() not in FORBIDDEN_TRAILERS
 
 
 def body_framing(version, transfer_encoding, content_lengths, body_max):
@@ -248,23 +327,24 @@ def escape(text):
 class Body:
     """wsgi.input: reads exactly the request body, then returns b"".
 
-    Raises RequestError (400, or 413 past limit_request_body for chunked
-    bodies) or ClientDisconnected; the first error is kept in `error` and
-    re-raised by later reads, so the handler closes the connection even if
-    the application swallowed it.
+    `rfile` needs read(n) and readline(n); the handler's adds the body
+    timeout and the 100 Continue. Raises RequestError (400, or 413 past
+    limit_request_body for chunked bodies, or whatever `rfile` raises) or
+    ClientDisconnected; the first error is kept in `error` and re-raised by
+    later reads, so the handler closes the connection even if the
+    application swallowed it. A body of length 0 never touches `rfile`, so
+    one empty Body can serve every request without a body.
     """
 
-    __slots__ = ("_rfile", "_left", "_chunked", "_done", "_total", "_limits",
-                 "_continue", "error")
+    __slots__ = ("_rfile", "_left", "_chunked", "_done", "_total", "_limits", "error")
 
-    def __init__(self, rfile, length, chunked, limits, continue_socket=None):
+    def __init__(self, rfile, length, chunked, limits):
         self._rfile = rfile
         self._left = length or 0  # bytes left (in the current chunk if chunked)
         self._chunked = chunked
         self._done = not chunked and not length
         self._total = 0
         self._limits = limits
-        self._continue = continue_socket if not self._done else None
         self.error = None
 
     def read(self, size=-1):
@@ -297,9 +377,6 @@ class Body:
         if self.error is not None:
             raise self.error
         try:
-            if self._continue is not None:
-                sock, self._continue = self._continue, None
-                sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             if size is None or size < 0:
                 size = None
             return self._read_chunked(size, line) if self._chunked else self._read_fixed(size, line)
@@ -359,11 +436,14 @@ class Body:
         limits = self._limits
         size_max = limits.field_size_max
         for _ in range(limits.fields_max + 1):
-            line = self._rfile.readline(size_max + 2)
+            line = self._rfile.readline(size_max)
             if line == b"\r\n":
                 return
-            if header_field(line, size_max) is None:
+            field = header_field(line, size_max)
+            if field is None:
                 raise ClientDisconnected("client closed the connection in the trailers")
+            if not trailer_allowed(field[0]):
+                raise RequestError(400, f"{escape(field[0])} is not allowed in a trailer")
         raise RequestError(431, "too many trailer fields")
 
     @property
@@ -371,15 +451,22 @@ class Body:
         """True once the body was read to its end."""
         return self._done
 
+    @property
+    def unread_length(self):
+        """Bytes of a Content-Length body not read yet; None if chunked."""
+        return None if self._chunked else self._left
+
+    @property
+    def small(self):
+        """True if what is left unread is small enough to skip (see finish)."""
+        return self._chunked or self._left <= DISCARD_BYTES
+
     def finish(self):
         """Skip what the application left unread; True if the connection can
-        carry another request (body consumed exactly, no error, no pending
-        100-continue the client may still be waiting for)."""
+        carry another request (body consumed exactly, no error)."""
         if self.done:
             return True
-        if self.error is not None or self._continue is not None:
-            return False
-        if not self._chunked and self._left > DISCARD_BYTES:
+        if self.error is not None or not self.small:
             return False
         skipped = 0
         try:

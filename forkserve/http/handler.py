@@ -1,5 +1,9 @@
-"""HTTP/1.x request handling for a forkserve worker: limits, strict parsing,
-timeouts and the access log, on top of gevent's WSGIHandler.
+"""One HTTP/1.x connection of a forkserve worker: read a request, run the WSGI
+application (PEP 3333), send the response, repeat while keep-alive allows.
+
+gevent provides the socket, the greenlet this runs in and the loop's timers;
+everything HTTP is here or in forkserve.http.h1 (the grammar, which does no
+I/O). Nothing here subclasses or reaches into a gevent class.
 
 Invariants, and why:
 
@@ -10,66 +14,108 @@ Invariants, and why:
   same bytes differently, and whatever we read next could be a smuggled request.
 - A refused connection is never read from again as HTTP. Its close lingers
   briefly (LINGER_SECONDS) so the client reads the error instead of a reset.
-- A connection is reused only if the request body was consumed to its exact
-  end and the response was framed exactly (Content-Length kept, or chunked).
-- Timers bound the time before a request arrives: the header timer runs from
-  the connection's start (first request) or the request's first byte (later
-  requests) until the last header line; the idle timer runs between requests.
-  Neither runs while the application does, so they never interrupt it.
-- Parsing rules are pure functions of bytes (request_line, header_field,
-  body_framing, chunk_size), so unit tests drive them without sockets; they
-  live in forkserve.http.h1 with the request body reader, and are re-exported here.
+- Every response after which the connection closes says `Connection: close`:
+  the decision is made once, when the response head is built
+  (`_keep_alive`), and never changed afterwards except by an error that cuts
+  the response short. A connection is reused only if the request body was
+  consumed to its exact end and the response was framed exactly.
+- Draining (reload, stop, --max-requests reached): the next response on every
+  connection says `Connection: close`, unless the client already sent another
+  request on it (pipelined), which is answered too. Idle connections are not
+  closed early: the client may be sending its next request right now; they
+  close after `keep_alive` idle seconds like any other, and the server's
+  graceful timeout force-closes what remains.
+- Timers bound every wait on the client, and none runs while the application
+  does: idle (keep_alive) between requests, header_timeout from a request's
+  first byte (or the connection's start) to its last header line,
+  body_timeout for the whole request body from the application's first read,
+  send_timeout for each send of the response.
+- One response is one send where possible: head and body joined when the
+  application returns a list (the usual case), head and first chunk joined
+  when it returns an iterator.
 """
 
 import logging
+import os
+import stat
 import time
-from socket import SHUT_RDWR, SHUT_WR
 from urllib.parse import unquote
 
-from gevent import getcurrent
+from gevent import sleep
 from gevent import Timeout
-from gevent.pywsgi import WSGIHandler
 
+from forkserve.http.connection import Connection
 from forkserve.http.h1 import (  # the grammar; re-exported names are in __all__
-    _ABSOLUTE, _Expired, BLANK_LINES, Body, body_framing,
+    _Expired, BLANK_LINES, Body, body_framing,
     chunk_size, ClientDisconnected, escape, GONE_ERRNOS, header_field,
-    Limits, LINGER_BYTES, LINGER_SECONDS, REASONS, request_line,
-    RequestError,
+    Limits, request_line, request_target, RequestError, valid_host, DISCARD_BYTES,
 )
+from forkserve.http.response import (ApplicationError, check_start_response, encode_head,
+                                     FileWrapper, plan_head)
 
-__all__ = ["Limits", "Handler", "RequestError", "ClientDisconnected",
-           "request_line", "header_field", "body_framing", "chunk_size", "escape"]
+__all__ = ["Limits", "Handler", "FileWrapper", "RequestError", "ClientDisconnected",
+           "ApplicationError", "request_line", "header_field", "body_framing", "chunk_size",
+           "escape"]
 
-# --- The handler ------------------------------------------------------------
+IDLE, HEAD, BUSY = "idle", "head", "busy"
 
-IDLE, HEAD, BUSY, CLOSING = "idle", "head", "busy", "closing"
+#: A connection yields to the event loop after this many requests in a row.
+#: gevent only switches greenlets when a socket would block, and a client
+#: that pipelines keeps data waiting: without the yield its greenlet ran for
+#: seconds, starving the other connections and the worker's heartbeat, and
+#: the master killed the "blocked" worker (connections reset mid-blast).
+YIELD_EVERY = 16
+
+_EMPTY_BODY = Body(None, 0, False, Limits())  # shared: a length-0 Body never reads
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
-class Handler(WSGIHandler):
+class _BodyInput:
+    """What `Body` reads from: the connection's buffered file, behind the
+    100 Continue (sent before the first read) and the body timeout."""
+
+    __slots__ = ("_handler", "continue_pending", "deadline")
+
+    def __init__(self, handler, expect_continue):
+        self._handler = handler
+        self.continue_pending = expect_continue
+        self.deadline = None
+
+    def read(self, size):
+        return self._handler.read_body(self, False, size)
+
+    def readline(self, size):
+        return self._handler.read_body(self, True, size)
+
+
+class Handler(Connection):
     """Serves one connection: a loop of read head -> run app -> respond.
 
-    Reuses gevent's start_response/write (validation, header encoding) and
-    replaces the request side. `state` is IDLE while waiting for a request
-    (drain closes such connections at once), HEAD while reading one, BUSY
-    while the application runs and the response is sent.
+    `state` is IDLE while waiting for a request, HEAD while reading one,
+    BUSY while the application runs and the response is sent.
     """
-
-    state = IDLE
-    body = None
-    requestline = ""
-    _body_sent = 0
-    _cl_left = None
-    _no_body = False
-    _linger = False
-    _log_fields = None
-    _started = 0.0
 
     def __init__(self, sock, address, server):
         super().__init__(sock, address, server)
         self.application = server.application
-        self._greenlet = getcurrent()
-        self._head_timer = _timer(server.loop, server.limits.header_timeout)
-        self._idle_timer = _timer(server.loop, server.limits.keep_alive)
+        self.state = IDLE
+        self.close_connection = False
+        self.environ = None
+        self.body = _EMPTY_BODY
+        self.requestline = ""
+        self.status = None
+        self.code = None
+        self.headers_sent = False
+        self._input = None
+        self._response_headers = ()
+        self._version = "HTTP/1.1"
+        self._no_body = False
+        self._chunked = False
+        self._cl_left = None
+        self._body_sent = 0
+        self._fatal = None
+        self._served = 0
+        self._started = 0.0
 
     # -- connection loop
 
@@ -81,8 +127,7 @@ class Handler(WSGIHandler):
         except ClientDisconnected:
             pass
         finally:
-            self.state = CLOSING
-            for timer in (self._head_timer, self._idle_timer):
+            for timer in (self._head_timer, self._idle_timer, self._send_timer):
                 if timer is not None:
                     timer.close()
             self._close()
@@ -105,27 +150,27 @@ class Handler(WSGIHandler):
             except Exception:
                 server.logger.exception("on_request callback failed")
         if server.access_log is not None:
-            self._log_access()
+            self.log_access(env)
         body = self.body
         if body.error is not None:
             if isinstance(body.error, RequestError):
                 self._log_refusal(body.error)
-                self._linger = True
+            self._linger = True
             return False
-        if self.close_connection or server.draining:
+        if self.close_connection:
             self._linger = not body.done
             return False
-        self.state = HEAD  # discarding a body is still part of this request
-        kept = self._bounded(self._head_timer, body.finish)
-        self._linger = not kept
-        return kept and not server.draining
+        if not body.done and not body.finish():  # its rest is buffered (see _keep_alive)
+            return False
+        self._served += 1
+        if not self._served % YIELD_EVERY:
+            sleep(0)
+        return True
 
     def _read_request(self, first):
         """Wait for a request and read its head; returns the environ, or None
-        if the connection should close (EOF, timeout, refusal, draining)."""
-        self.state = IDLE if not first else HEAD  # see close_if_idle
-        if self.server.draining and not first:
-            return None
+        if the connection should close (EOF, timeout, refusal)."""
+        self.state = IDLE if not first else HEAD
         rfile = self.rfile
         started = b""
         try:
@@ -149,11 +194,11 @@ class Handler(WSGIHandler):
         except _Expired:
             if started:  # quiet close unless part of a request arrived
                 self._log_refusal(RequestError(408, "request head not received in time"))
-                self._send_raw(408)
+                self._send_error(408)
             return None
         except RequestError as ex:
             self._log_refusal(ex)
-            self._send_raw(ex.status)
+            self._send_error(ex.status)
             self._linger = True
             return None
         except OSError as ex:
@@ -174,32 +219,15 @@ class Handler(WSGIHandler):
         parsed = request_line(line, line_max)
         if parsed is None:
             return None
-        method, target, version = self.command, self.path, self.request_version = parsed
+        method, target, version = parsed
         self.requestline = line[:-2].decode("latin-1")
 
-        env = server.get_environ()
-        env["REQUEST_METHOD"] = method
-        env["SERVER_PROTOCOL"] = version
-        if target[0] != "/":
-            match = _ABSOLUTE.match(target)
-            if match is None:
-                raise RequestError(400, "request target must be a path or an absolute http(s) URL")
-            target = target[match.end():] or "/"
-            if target[0] == "?":
-                target = "/" + target
-        path, _, query = target.partition("?")
-        env["PATH_INFO"] = unquote(path, "latin-1") if "%" in path else path
-        env["QUERY_STRING"] = query
-        address = self.client_address
-        if isinstance(address, tuple):
-            env["REMOTE_ADDR"] = address[0]
-            env["REMOTE_PORT"] = str(address[1])
-
+        env = server.base_env.copy()
         size_max = limits.field_size_max
         content_lengths = []
         hosts = 0
         for _ in range(limits.fields_max + 1):
-            line = readline(size_max + 2)
+            line = readline(size_max)
             if line == b"\r\n":
                 break
             field = header_field(line, size_max)
@@ -207,13 +235,15 @@ class Handler(WSGIHandler):
                 return None
             name, value = field
             if "_" in name:
-                continue  # dropped, like gevent: X_Forwarded_For must not pose as X-Forwarded-For
+                continue  # dropped, like gunicorn: X_Forwarded_For must not pose as X-Forwarded-For
             key = name.upper().replace("-", "_")
             if key == "CONTENT_LENGTH":
                 content_lengths.append(value)
                 env["CONTENT_LENGTH"] = value
                 continue
             if key == "CONTENT_TYPE":
+                if "CONTENT_TYPE" in env:
+                    raise RequestError(400, "more than one Content-Type header")
                 env["CONTENT_TYPE"] = value
                 continue
             if key == "HOST":
@@ -227,47 +257,132 @@ class Handler(WSGIHandler):
             raise RequestError(431, f"more than {limits.fields_max} header fields")
         if hosts > 1:
             raise RequestError(400, "more than one Host header")
+        if hosts and not valid_host(env["HTTP_HOST"]):
+            raise RequestError(400, f"invalid Host {escape(env['HTTP_HOST'][:60])}")
+        if not hosts and version == "HTTP/1.1":
+            raise RequestError(400, "HTTP/1.1 request without a Host header")
+        self.make_environ(env, method, target, version)
 
         chunked, length = body_framing(version, env.get("HTTP_TRANSFER_ENCODING"),
                                        content_lengths, limits.limit_request_body)
         connection = env.get("HTTP_CONNECTION")
-        tokens = {t.strip(" \t").lower() for t in connection.split(",")} if connection else ()
-        if version == "HTTP/1.1":
-            self.close_connection = "close" in tokens
+        if connection is None:
+            self.close_connection = version == "HTTP/1.0"
         else:
-            self.close_connection = "keep-alive" not in tokens
+            tokens = {t.strip(" \t").lower() for t in connection.split(",")}
+            self.close_connection = ("close" in tokens if version == "HTTP/1.1"
+                                     else "keep-alive" not in tokens)
         if not limits.keep_alive:
             self.close_connection = True
-        expect = None
-        if version == "HTTP/1.1" and env.get("HTTP_EXPECT", "").lower() == "100-continue":
-            expect = self.socket
-        self.body = env["wsgi.input"] = Body(self.rfile, length, chunked, limits, expect)
-        if server.access_log is not None:
-            self._log_fields = (env.get("HTTP_REFERER", "-"), env.get("HTTP_USER_AGENT", "-"))
+        if chunked or length:
+            expect = (version == "HTTP/1.1"
+                      and env.get("HTTP_EXPECT", "").lower() == "100-continue")
+            self._input = _BodyInput(self, expect)
+            self.body = Body(self._input, length, chunked, limits)
+        else:
+            self._input = None
+            self.body = _EMPTY_BODY
+        env["wsgi.input"] = self.body
+        self._version = version
+        self._no_body = method == "HEAD"
         self.environ = env
         return env
 
-    # -- the response
+    def make_environ(self, env, method, target, version):
+        """Fill the CGI part of the WSGI environ (headers are already in `env`)."""
+        path, query, authority = request_target(method, target)
+        if authority is not None:  # RFC 9112 3.2.2: the target's authority wins
+            env["HTTP_HOST"] = authority
+        env["REQUEST_METHOD"] = method
+        env["SERVER_PROTOCOL"] = version
+        env["RAW_URI"] = env["REQUEST_URI"] = target
+        env["PATH_INFO"] = unquote(path, "latin-1") if "%" in path else path
+        env["QUERY_STRING"] = query
+        address = self.client_address
+        if isinstance(address, tuple):
+            env["REMOTE_ADDR"] = address[0]
+            env["REMOTE_PORT"] = str(address[1])
+
+    # -- the request body
+
+    def read_body(self, source, line, size):
+        """A read for `Body`: sends 100 Continue first if the client waits for
+        it, and bounds the whole body by body_timeout."""
+        if source.continue_pending:
+            source.continue_pending = False
+            self._send(_CONTINUE)
+        read = self.rfile.readline if line else self.rfile.read
+        timeout = self.server.limits.body_timeout
+        if not timeout:
+            return read(size)
+        now = time.monotonic()
+        if source.deadline is None:
+            source.deadline = now + timeout
+        left = source.deadline - now
+        if left <= 0:
+            raise RequestError(408, f"request body not received within {timeout:g} s "
+                                    "(--body-timeout)")
+        timer = self.server.loop.timer(left)
+        timer.start(self._throw, _Expired)
+        try:
+            return read(size)
+        except _Expired:
+            raise RequestError(408, f"request body not received within {timeout:g} s "
+                                    "(--body-timeout)") from None
+        finally:
+            timer.close()
+
+    # -- the response (PEP 3333)
+
+    def start_response(self, status, headers, exc_info=None):
+        if exc_info:
+            try:
+                if self.headers_sent:
+                    raise exc_info[1].with_traceback(exc_info[2])
+            finally:
+                exc_info = None
+        elif self.status is not None:
+            self._fatal = ApplicationError(
+                "start_response() called a second time without exc_info (PEP 3333)")
+            raise self._fatal
+        check_start_response(status, headers)
+        self.status = status
+        self._response_headers = headers
+        return self.write
+
+    def write(self, data):
+        """The WSGI write() callable; also sends each item of an iterable result."""
+        if not self.headers_sent:
+            self._send_head(data, None)
+        elif data:
+            self._send_body(data)
 
     def _respond(self, env):
-        self.status = self._orig_status = self.code = None
-        self.headers_sent = self.response_use_chunked = False
-        self.response_length = self._body_sent = 0
+        self.status = self.code = self._fatal = None
+        self.headers_sent = self._chunked = False
         self._cl_left = None
-        self._no_body = self.command == "HEAD"
+        self._body_sent = 0
         result = None
         try:
             try:
-                self.result = result = self.application(env, self.start_response)
-                for data in result:
-                    if data:
-                        self.write(data)
-                if not self.headers_sent:
-                    self.write(b"")  # empty body; raises if start_response was never called
-                if self.response_use_chunked:
-                    self._sendall(b"0\r\n\r\n")
+                result = self.application(env, self.start_response)
+                if self._fatal is not None:
+                    raise self._fatal  # the application swallowed it
+                kind = type(result)
+                if (kind is list or kind is tuple) and not self.headers_sent:
+                    data = result[0] if len(result) == 1 else b"".join(result)
+                    self._send_head(data, len(data))
+                elif kind is FileWrapper and not self.headers_sent and self._send_file(result):
+                    pass
+                else:
+                    for data in result:
+                        if data:
+                            self.write(data)
+                    if not self.headers_sent:
+                        self._send_head(b"", 0)
+                if self._chunked:
+                    self._send(b"0\r\n\r\n")
             finally:
-                self.result = None
                 close = getattr(result, "close", None)
                 if close is not None:
                     close()
@@ -286,52 +401,54 @@ class Handler(WSGIHandler):
                     escape(self.requestline), self._cl_left)
                 self.close_connection = True
 
-    def _answer(self, status):
-        """Send an error response if the status line hasn't gone out yet; close."""
-        self.close_connection = True
-        if self.headers_sent:
-            return
-        body = REASONS[status].encode()
-        try:
-            self.start_response(f"{status} {REASONS[status]}", [
-                ("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
-            self.write(body)
-        except ClientDisconnected:
-            pass
+    def _send_head(self, data, total):
+        """Send the response head, joined with the first body bytes `data`;
+        `total` is the whole body's length if known."""
+        status = self.status
+        if status is None:
+            raise ApplicationError("the application did not call start_response() "
+                                   "before returning or writing")
+        if type(data) is not bytes and not isinstance(data, (bytes, bytearray)):
+            raise ApplicationError(f"response body items must be bytes, not {type(data).__name__}")
+        code, lines, dated, self._cl_left, self._chunked, close = plan_head(
+            status, self._response_headers, total, self._version, self._no_body)
+        if close or not self._keep_alive():
+            self.close_connection = close = True
+        head = encode_head(lines, close, self._version, None if dated else self.server.http_date())
+        self.code = code
+        self.headers_sent = True
+        if self._no_body or code in (204, 304) or not data:
+            self._send(head)
+        else:
+            self._send(head + self._frame(data))
 
-    def finalize_headers(self):
-        headers = self.response_headers
-        if self.provided_date is None:
-            headers.append((b"Date", self.server.http_date()))
-        code = self.code
-        if self.server.draining:
-            self.close_connection = True
-        if code >= 200 and code not in (204, 304):
-            if self.provided_content_length is not None:
-                length = self.provided_content_length.strip()
-                if not length.isdigit() or not length.isascii():
-                    raise self.ApplicationError(f"invalid Content-Length {length!r} from the application")
-                if not self._no_body:
-                    self._cl_left = int(length)
-            elif hasattr(self.result, "__len__"):
-                length = sum(len(chunk) for chunk in self.result)
-                headers.append((b"Content-Length", b"%d" % length))
-            elif self.request_version == "HTTP/1.1":
-                headers.append((b"Transfer-Encoding", b"chunked"))
-                self.response_use_chunked = not self._no_body
-            elif not self._no_body:
-                self.close_connection = True  # HTTP/1.0: the close ends the body
+    def _keep_alive(self):
+        """May the connection carry another request after this response?"""
         if self.close_connection:
-            for i, (name, value) in enumerate(headers):
-                if name.lower() == b"connection":
-                    headers[i] = (name, b"close")
-                    break
-            else:
-                headers.append((b"Connection", b"close"))
+            return False
+        body = self.body
+        if not body.done:
+            # Keep the connection only if the rest of the body already
+            # arrived: then skipping it after the response cannot fail or
+            # wait, and this head can truthfully say the connection stays.
+            unread = body.unread_length
+            if unread is None or unread > DISCARD_BYTES or self._input.continue_pending:
+                return False
+            if len(self._buffered()) < unread:
+                return False
+        if self.server.keep_alive_ended and not self._buffered():
+            return False  # draining: unless a pipelined request waits, this is the last
+        return True
 
-    def _write(self, data):
-        if not data or self._no_body:
+    def _send_body(self, data):
+        if self._no_body or self.code in (204, 304):
             return
+        if type(data) is not bytes and not isinstance(data, (bytes, bytearray)):
+            raise ApplicationError(f"response body items must be bytes, not {type(data).__name__}")
+        self._send(self._frame(data))
+
+    def _frame(self, data):
+        """Account `data` against a declared Content-Length; chunk it if chunked."""
         left = self._cl_left
         if left is not None:
             if len(data) > left:
@@ -340,133 +457,62 @@ class Handler(WSGIHandler):
                     escape(self.requestline))
                 self.close_connection = True
                 data = data[:left]
-                if not data:
-                    return
             self._cl_left = left - len(data)
         self._body_sent += len(data)
-        if self.response_use_chunked:
-            self._sendall(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
-            self._sendall(data)
+        if self._chunked:
+            return b"%x\r\n%b\r\n" % (len(data), data)
+        return data
 
-    def _sendall(self, data):
+    def _send_file(self, wrapper):
+        """Send a FileWrapper's regular file with os.sendfile(); False (nothing
+        sent) if it is not one, so the caller iterates it instead."""
         try:
-            self.socket.sendall(data)
-        except OSError as ex:
-            if ex.errno not in GONE_ERRNOS:
-                raise
-            raise ClientDisconnected("client went away during the response") from ex
-        self.response_length += len(data)
-
-    # -- timers, closing, logging
-
-    def _arm(self, timer):
-        if timer is not None:
-            timer.again(self._greenlet.throw, _Expired)
-
-    @staticmethod
-    def _disarm(timer):
-        if timer is not None:
-            timer.stop()
-
-    def _bounded(self, timer, func):
-        """func() under `timer`; False if it expired or the client went away."""
-        try:
-            self._arm(timer)
-            try:
-                return func()
-            finally:
-                self._disarm(timer)
-        except _Expired:
+            fileno = wrapper.filelike.fileno()
+            info = os.fstat(fileno)
+            offset = os.lseek(fileno, 0, os.SEEK_CUR)
+        except (AttributeError, OSError, ValueError):
             return False
-
-    def close_if_idle(self):
-        """Drain: close the connection now if it is between requests.
-
-        A connection that has not sent its first request yet is not idle: the
-        client connected to a server that was accepting and is about to send;
-        its request is read (bounded by header_timeout) and answered.
-        """
-        if self.state == IDLE:
-            self.abort()
-
-    def abort(self):
-        """Shut the connection down; a greenlet blocked on it wakes with EBADF."""
-        sock = self.socket
-        if sock is not None:
-            try:
-                sock.shutdown(SHUT_RDWR)
-            except OSError as ex:
-                if ex.errno not in GONE_ERRNOS:
-                    raise
-
-    def _send_raw(self, status):
-        body = REASONS[status].encode()
-        head = (f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: text/plain\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-        try:
-            self.socket.sendall(head.encode() + body)
-        except OSError as ex:
-            if ex.errno not in GONE_ERRNOS:
-                raise
-
-    def _close(self):
-        sock = self.socket
-        if sock is None:
-            return
-        if self._linger:
-            timer = _timer(self.server.loop, LINGER_SECONDS)
-            try:
-                self._bounded(timer, self._linger_read)
-            finally:
-                timer.close()
-        self.rfile.close()
-        sock.close()
-        self.socket = None
-
-    def _linger_read(self):
-        sock = self.socket
-        try:
-            sock.shutdown(SHUT_WR)
-            received = 0
-            while received < LINGER_BYTES:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                received += len(data)
-        except OSError as ex:
-            if ex.errno not in GONE_ERRNOS:
-                raise
+        if not stat.S_ISREG(info.st_mode) or not hasattr(os, "sendfile"):
+            return False
+        count = max(0, info.st_size - offset)
+        self._send_head(b"", count)
+        if self._no_body or self.code in (204, 304):
+            return True
+        if self._cl_left is not None:
+            count = min(count, self._cl_left)
+            self._cl_left -= count
+        self._body_sent += count
+        if self._chunked and count:
+            self._send(b"%x\r\n" % count)
+        self._guarded(self._sendfile, fileno, offset, count)
+        if self._chunked and count:
+            self._send(b"\r\n")
         return True
 
-    def _peer(self):
-        address = self.client_address
-        return address[0] if isinstance(address, tuple) and address else "unix"
+    def _answer(self, status):
+        """Send an error response if the status line hasn't gone out yet; close."""
+        self.close_connection = True
+        if not self.headers_sent:
+            self.code = status
+            self._send_error(status)
 
     def _log_refusal(self, error):
         self.server.logger.info("refused request from %s: %d %s",
                                 self._peer(), error.status, error.reason)
 
-    def _log_access(self):
+    def log_access(self, env):
+        """One combined-format line for a request the application saw."""
         log = self.server.access_log
         if not log.isEnabledFor(logging.INFO):
             return
-        referer, agent = self._log_fields
         now = time.localtime()
         micros = int((time.perf_counter() - self._started) * 1e6)
         log.info('%s - - [%02d/%s/%d:%02d:%02d:%02d %s] "%s" %s %s "%s" "%s" %d',
                  self._peer(), now.tm_mday, _MONTHS[now.tm_mon], now.tm_year,
                  now.tm_hour, now.tm_min, now.tm_sec, time.strftime("%z", now),
                  escape(self.requestline), self.code or "-", self._body_sent or "-",
-                 escape(referer), escape(agent), micros)
-
-
-def _timer(loop, seconds):
-    """A loop timer for _arm(), or None for 0 seconds. Armed with again(),
-    which restarts the full interval: libev's stop() keeps only the time
-    *remaining*, so a timer reused with start() would count down across
-    requests and expire on a busy keep-alive connection."""
-    return loop.timer(seconds, seconds) if seconds else None
+                 escape(env.get("HTTP_REFERER", "-")), escape(env.get("HTTP_USER_AGENT", "-")),
+                 micros)
 
 
 _MONTHS = (None, "Jan", "Feb", "Mar", "Apr", "May", "Jun",

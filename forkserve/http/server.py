@@ -1,10 +1,16 @@
-"""The gevent WSGI server each worker (or single-process mode) runs.
+"""The HTTP server each worker (or single-process mode) runs on the gevent loop.
 
-A thin WSGIServer subclass: it serves on a listener it is given (never binds),
-caps concurrent connections with a gevent Pool, fills the WSGI environ without
-DNS lookups, sets TCP_NODELAY on accepted connections when the platform won't
-have done it, and knows how to drain (graceful) or close (fast). The HTTP work
-happens per connection in forkserve.http.Handler.
+It serves on a listener it is given (never binds): one accept greenlet takes
+connections while the connection pool has room (one cap per worker, shared by
+its listeners), sets TCP_NODELAY where the platform won't have, and runs a
+forkserve.http.handler.Handler per connection in a greenlet of the pool.
+Only gevent's public API is used: its sockets, Pool, spawn and loop timers.
+
+Stopping: drain() stops accepting and lets every connection end on its own
+(see the handler's drain rules: the next response says Connection: close, an
+idle connection closes after keep_alive) until a timeout, then close_now()
+cuts what remains. retire() stops accepting and makes every further response
+close its connection, without waiting (--max-requests reached).
 """
 
 import errno
@@ -13,18 +19,28 @@ import socket
 import sys
 import time
 
-from gevent import getcurrent
+import gevent
+from gevent import getcurrent, get_hub
 from gevent.pool import Pool
-from gevent.pywsgi import WSGIServer, format_date_time
 
 import forkserve
-from forkserve.http.handler import Handler, Limits
+from forkserve.http.handler import FileWrapper, Handler, Limits
 
-__all__ = ["Server"]
+__all__ = ["Server", "needs_nodelay"]
 
 # setsockopt on a just-accepted socket fails with these when the client is
 # already gone; nothing to do about it, the handler will see EOF.
 _SETSOCKOPT_GONE = frozenset({errno.EINVAL, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF})
+# accept() failures that concern one connection (gone before we took it) or
+# a momentary shortage; the server keeps accepting.
+_ACCEPT_SKIP = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR})
+_ACCEPT_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: seconds to wait before accepting again when out of descriptors or memory
+SHORTAGE_PAUSE = 0.1
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = (None, "Jan", "Feb", "Mar", "Apr", "May", "Jun",
+           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
 def needs_nodelay(listener):
@@ -42,7 +58,26 @@ def needs_nodelay(listener):
     return not listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
-class Server(WSGIServer):
+class ErrorStream:
+    """wsgi.errors: what the application writes becomes ERROR log records."""
+
+    def __init__(self, logger):
+        self._logger = logger
+
+    def write(self, text):
+        text = text.rstrip("\n")
+        if text:
+            self._logger.error("%s", text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        pass
+
+
+class Server:
     """Serve `app` on an already bound and listening gevent socket.
 
     `on_request()` runs after every response to a request the application saw
@@ -53,16 +88,6 @@ class Server(WSGIServer):
     """
 
     handler_class = Handler
-    base_env = {
-        "GATEWAY_INTERFACE": "CGI/1.1",
-        "SERVER_SOFTWARE": f"forkserve/{forkserve.__version__}",
-        "SCRIPT_NAME": "",
-        "wsgi.version": (1, 0),
-        "wsgi.multithread": True,  # greenlets run requests concurrently
-        "wsgi.multiprocess": False,
-        "wsgi.run_once": False,
-        "wsgi.input_terminated": True,  # wsgi.input returns b"" at the body's end
-    }
 
     def __init__(self, listener, app, *, worker_connections=1000, limits=None,
                  access_log=None, error_log=None, multiprocess=True,
@@ -70,44 +95,80 @@ class Server(WSGIServer):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.process.sockets first")
+        self.socket = listener
+        self.application = app
         self.limits = limits if limits is not None else Limits()
         self.access_log = access_log
         self.logger = error_log if error_log is not None else logging.getLogger("forkserve.error")
         self.on_request = on_request
-        self.server_name = server_name
+        self.loop = get_hub().loop
         self.draining = False
+        self.keep_alive_ended = False
         self.active_requests = 0
-        self._handlers = set()
-        self._nodelay = False
-        self._date = (0, b"")
         # Servers of one worker share `pool`, so --worker-connections caps the
         # worker, not each listening address.
-        pool = pool if pool is not None else Pool(worker_connections)
-        super().__init__(listener, app, spawn=pool, log=None,
-                         error_log=self.logger, environ={"wsgi.multiprocess": bool(multiprocess)})
+        self.pool = pool if pool is not None else Pool(worker_connections)
+        self._handlers = set()
+        self._acceptor = None
+        self._nodelay = False
+        self._date = (0, "")
+        address = listener.getsockname()
+        if isinstance(address, tuple):
+            name, port = server_name or address[0], str(address[1])
+        else:
+            name, port = server_name or "localhost", ""
+        self.base_env = {
+            "GATEWAY_INTERFACE": "CGI/1.1",
+            "SERVER_SOFTWARE": f"forkserve/{forkserve.__version__}",
+            "SERVER_NAME": name,
+            "SERVER_PORT": port,
+            "SCRIPT_NAME": "",
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "http",
+            "wsgi.errors": ErrorStream(self.logger),
+            "wsgi.file_wrapper": FileWrapper,
+            "wsgi.multithread": True,  # greenlets run requests concurrently
+            "wsgi.multiprocess": bool(multiprocess),
+            "wsgi.run_once": False,
+            "wsgi.input_terminated": True,  # wsgi.input returns b"" at the body's end
+        }
 
     @property
     def open_connections(self):
         return len(self._handlers)
 
-    def init_socket(self):
-        super().init_socket()
-        # A listener shared by forked workers must not block: another worker
-        # may take the connection between our readiness event and accept().
-        self.socket.setblocking(False)
+    @property
+    def closed(self):
+        return self._acceptor is None or self._acceptor.dead
+
+    def start(self):
         self._nodelay = needs_nodelay(self.socket)
+        self._acceptor = gevent.spawn(self._accept_loop)
 
-    def update_environ(self):
-        # gevent's version calls socket.getfqdn(): a DNS lookup per start.
-        address = self.address
-        if isinstance(address, tuple):
-            self.environ["SERVER_NAME"] = self.server_name or address[0]
-            self.environ["SERVER_PORT"] = str(address[1])
-        else:
-            self.environ["SERVER_NAME"] = self.server_name or "localhost"
-            self.environ["SERVER_PORT"] = ""
+    def _accept_loop(self):
+        pool = self.pool
+        accept = self.socket.accept
+        while True:
+            pool.wait_available()
+            try:
+                sock, address = accept()
+            except OSError as ex:
+                if ex.errno in _ACCEPT_SKIP:
+                    continue
+                if ex.errno in _ACCEPT_SHORTAGE:
+                    self.logger.error("cannot accept connections: %s; retrying in %gs "
+                                      "(raise the open-files limit or lower "
+                                      "--worker-connections)", ex.strerror, SHORTAGE_PAUSE)
+                    gevent.sleep(SHORTAGE_PAUSE)
+                    continue
+                raise
+            pool.spawn(self._serve, sock, address)
+            # Let the new connection's greenlet run before taking another:
+            # accepting back to back would let one worker take a whole burst
+            # of connections that the workers sharing the listener could split.
+            gevent.sleep(0)
 
-    def handle(self, sock, address):
+    def _serve(self, sock, address):
         if self._nodelay:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -125,23 +186,36 @@ class Server(WSGIServer):
         """The Date header value, formatted at most once a second."""
         now = int(time.time())
         if now != self._date[0]:
-            self._date = (now, format_date_time(now))
+            t = time.gmtime(now)
+            self._date = (now, f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon]} "
+                               f"{t.tm_year} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
         return self._date[1]
 
+    def retire(self):
+        """Stop accepting, and close each connection after its next response
+        (a request already pipelined behind it is answered first). Another
+        worker sharing the listener takes the new connections; with none,
+        they wait in the listen queue for the replacement."""
+        self.keep_alive_ended = True
+        self.stop_accepting()
+
+    def stop_accepting(self):
+        """Stop taking new connections; those already accepted are served."""
+        if self._acceptor is not None:
+            self._acceptor.kill()
+        self.socket.close()  # closing twice is harmless
+
     def drain(self, timeout):
-        """Stop accepting, close idle connections now, let in-flight requests
-        finish (each connection closes after its response), and after
-        `timeout` seconds close whatever remains. True if all finished in time.
+        """Stop accepting and let every connection end by the handler's drain
+        rules; after `timeout` seconds close whatever remains. True if all
+        ended in time.
         """
         if getcurrent() in self.pool:
             raise RuntimeError("drain() waits for every connection's greenlet, so it cannot "
                                "run in one (e.g. from on_request); call it from another "
                                "greenlet: gevent.spawn(server.drain, timeout)")
         self.draining = True
-        if not self.closed:
-            self.close()
-        for handler in list(self._handlers):
-            handler.close_if_idle()
+        self.retire()
         finished = self.pool.join(timeout=timeout)
         if not finished:
             self.close_now()
@@ -150,9 +224,8 @@ class Server(WSGIServer):
     def close_now(self):
         """Close the listener and every connection at once; in-flight requests
         are abandoned (their greenlets are killed asynchronously)."""
-        self.draining = True
-        if not self.closed:
-            self.close()
+        self.draining = self.keep_alive_ended = True
+        self.stop_accepting()
         for handler in list(self._handlers):
             handler.abort()
         self.pool.kill(block=False)

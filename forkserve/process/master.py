@@ -342,14 +342,16 @@ class Master(Driver, WorkerMemory):
             for record in extra:
                 self.stop_worker(record)
         ready = sum(1 for r in serving if r.ready)
-        if ready >= self.target and not self.announced:
+        # A retiring worker (--max-requests) was ready and no longer accepts:
+        # it leaves (draining its open connections) once its replacement has
+        # started, even if that one recycles before it is seen ready.
+        retiring = [r for r in self.workers.values() if r.state == "retiring"]
+        if ready + len(retiring) >= self.target and not self.announced:
             self.announced = True
             reload.signal_ready(self.role)  # to the supervisor, if this is a generation
             systemd.notify("READY=1")
-        if ready >= self.target:
-            for record in list(self.workers.values()):
-                if record.state == "retiring":
-                    self.stop_worker(record)
+        for record in retiring[:max(0, len(serving) + len(retiring) - self.target)]:
+            self.stop_worker(record)
 
     def spawn_worker(self):
         index = self.free_slot()

@@ -22,9 +22,10 @@ def preload():
     """
     import gevent.event  # noqa: F401
     import gevent.pool  # noqa: F401
-    import gevent.pywsgi  # noqa: F401
 
+    import forkserve.http.connection  # noqa: F401
     import forkserve.http.handler  # noqa: F401
+    import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
 
 
@@ -40,7 +41,8 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
                     limit_request_field_size=cfg.limit_request_field_size,
                     limit_request_body=cfg.limit_request_body,
                     header_timeout=cfg.header_timeout,
-                    keep_alive=cfg.keep_alive)
+                    keep_alive=cfg.keep_alive,
+                    body_timeout=cfg.body_timeout, send_timeout=cfg.send_timeout)
     access = logs.access_log if cfg.access_logfile else None
     pool = Pool(cfg.worker_connections)  # one cap for the worker, across its listeners
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,

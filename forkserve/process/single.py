@@ -64,7 +64,7 @@ class SingleServer(Driver):
         systemd.notify("READY=1")
         self._serve_until_stop_or_handover()
         if stats_server is not None:
-            stats_server.stop(timeout=0)
+            stats_server.close_now()
         if self.stop_mode == "fast":
             log.info("Shutting down: fast stop")
             for server in servers:
@@ -136,11 +136,11 @@ class SingleServer(Driver):
     def _start_stats(self):
         if self.stats_listener is None:
             return None
-        from gevent.pywsgi import WSGIServer
         from forkserve.http import stats
+        from forkserve.http.server import Server
 
-        server = WSGIServer(gevent_socket(self.stats_listener), stats.wsgi_app(self.report),
-                            log=None, error_log=logs.error_log)
+        server = Server(gevent_socket(self.stats_listener), stats.wsgi_app(self.report),
+                        error_log=logs.error_log, multiprocess=False, worker_connections=16)
         server.start()
         return server
 

@@ -167,6 +167,8 @@ class Worker:
             log.info("worker %d served %d requests (--max-requests): asking to be recycled",
                      self.worker_id, self.requests)
             self.scoreboard.set_state(self.index, RETIRE)
+            for server in self.servers:  # no new connections; each closes after its next response
+                server.retire()
 
     def _beat_forever(self, interval):
         import gevent

@@ -1,0 +1,164 @@
+"""The socket side of one connection: buffered reads, sends bounded by
+send_timeout, timers that interrupt a wait on the client, and the lingering
+close. forkserve.http.handler.Handler builds the HTTP request/response loop
+on top of it.
+
+Invariants: a timer only ever interrupts a wait on this connection's socket
+(it is armed just around the wait and stopped right after, with no switch in
+between), so it never fires inside application code; a send that the client
+does not let finish within send_timeout, or that fails because the client is
+gone, becomes ClientDisconnected and the connection is closed.
+"""
+
+import os
+from socket import SHUT_RDWR, SHUT_WR
+
+from gevent import getcurrent
+from gevent.socket import wait_write
+
+from forkserve.http.h1 import (_Expired, ClientDisconnected, GONE_ERRNOS, LINGER_BYTES,
+                               LINGER_SECONDS, REASONS)
+
+__all__ = ["Connection", "READ_BUFFER"]
+
+#: Bytes read from the socket at a time into the connection's buffer.
+READ_BUFFER = 16384
+
+
+class Connection:
+    """One accepted socket, its read buffer (`rfile`) and its timers."""
+
+    def __init__(self, sock, address, server):
+        self.socket = sock
+        self.client_address = address
+        self.server = server
+        self.rfile = sock.makefile("rb", READ_BUFFER)
+        self._linger = False
+        self._throw = getcurrent().throw
+        limits = server.limits
+        self._head_timer = _timer(server.loop, limits.header_timeout)
+        self._idle_timer = _timer(server.loop, limits.keep_alive)
+        self._send_timer = _timer(server.loop, limits.send_timeout)
+
+    def _buffered(self):
+        """What the client already sent and nobody read yet, without waiting."""
+        sock = self.socket
+        sock.settimeout(0.0)
+        try:
+            return self.rfile.peek(1)
+        except OSError:
+            return b""
+        finally:
+            sock.settimeout(None)
+
+    def _sendfile(self, fileno, offset, count):
+        out = self.socket.fileno()
+        while count > 0:
+            try:
+                sent = os.sendfile(out, fileno, offset, count)
+            except BlockingIOError:
+                wait_write(out)
+                continue
+            if sent == 0:
+                break  # the file shrank
+            offset += sent
+            count -= sent
+
+    def _send(self, data):
+        self._guarded(self.socket.sendall, data)
+
+    def _guarded(self, send, *args):
+        """Run a send under send_timeout; a client that is gone or does not
+        read becomes ClientDisconnected."""
+        timer = self._send_timer
+        try:
+            if timer is not None:
+                timer.again(self._throw, _Expired)
+            send(*args)
+        except _Expired:
+            raise ClientDisconnected("client did not read the response within send_timeout") \
+                from None
+        except OSError as ex:
+            if ex.errno not in GONE_ERRNOS:
+                raise
+            raise ClientDisconnected("client went away during the response") from ex
+        finally:
+            if timer is not None:
+                timer.stop()
+
+    def _send_error(self, status):
+        body = REASONS[status].encode()
+        head = (f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: text/plain\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+        try:
+            self._send(head.encode() + body)
+        except ClientDisconnected:
+            pass
+
+    # -- timers, closing, logging
+
+    def _arm(self, timer):
+        if timer is not None:
+            timer.again(self._throw, _Expired)
+
+    @staticmethod
+    def _disarm(timer):
+        if timer is not None:
+            timer.stop()
+
+    def abort(self):
+        """Shut the connection down; a greenlet blocked on it wakes with EBADF."""
+        sock = self.socket
+        if sock is not None:
+            try:
+                sock.shutdown(SHUT_RDWR)
+            except OSError as ex:
+                if ex.errno not in GONE_ERRNOS:
+                    raise
+
+    def _close(self):
+        sock = self.socket
+        if sock is None:
+            return
+        if self._linger:
+            timer = _timer(self.server.loop, LINGER_SECONDS)
+            try:
+                self._arm(timer)
+                try:
+                    self._linger_read()
+                finally:
+                    self._disarm(timer)
+            except _Expired:
+                pass
+            finally:
+                timer.close()
+        self.rfile.close()
+        sock.close()
+        self.socket = None
+
+    def _linger_read(self):
+        sock = self.socket
+        try:
+            sock.shutdown(SHUT_WR)
+            received = 0
+            while received < LINGER_BYTES:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                received += len(data)
+        except OSError as ex:
+            if ex.errno not in GONE_ERRNOS:
+                raise
+
+    def _peer(self):
+        address = self.client_address
+        return address[0] if isinstance(address, tuple) and address else "unix"
+
+
+
+def _timer(loop, seconds):
+    """A loop timer for _arm(), or None for 0 seconds. Armed with again(),
+    which restarts the full interval: libev's stop() keeps only the time
+    *remaining*, so a timer reused with start() would count down across
+    requests and expire on a busy keep-alive connection."""
+    return loop.timer(seconds, seconds) if seconds else None

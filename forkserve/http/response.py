@@ -1,0 +1,135 @@
+"""The response side of PEP 3333, as pure functions: check what the
+application passes to start_response(), and turn its status and headers into
+an HTTP/1.1 response head framed the way the server chooses. Nothing here
+does I/O or keeps state; forkserve.http.handler sends what these return.
+
+Invariants:
+- No header the application gives reaches the wire unless its name is an
+  RFC 9110 token and its value holds only VCHAR, obs-text, SP and HTAB (no
+  CR, LF or NUL: no response splitting), and status and headers are latin-1.
+- The server owns the framing and the connection: the application's
+  Transfer-Encoding and Connection headers are dropped (hop-by-hop, PEP 3333);
+  `Connection: close` from it is honoured. Its Content-Length is kept and
+  enforced by the handler; without one, a body of known length gets
+  Content-Length, an HTTP/1.1 body of unknown length is chunked, and an
+  HTTP/1.0 one ends with the close.
+- 204 and 304 responses and responses to HEAD carry no body; 204 no
+  Content-Length either (RFC 9110 8.6).
+"""
+
+import re
+
+from forkserve.http.h1 import TCHAR
+
+__all__ = ["ApplicationError", "FileWrapper", "check_start_response", "plan_head",
+           "encode_head"]
+
+_NAME = re.compile(f"[{TCHAR}]+")
+_VALUE = re.compile("[\t\x20-\x7e\x80-\xff]*")
+_SPECIAL = frozenset({"content-length", "connection", "transfer-encoding", "date"})
+
+
+class ApplicationError(Exception):
+    """The application broke the WSGI contract (PEP 3333); answered with 500."""
+
+
+class FileWrapper:
+    """wsgi.file_wrapper: a file the handler sends with os.sendfile() when it
+    is a regular file and the socket allows it, else by reading it in blocks."""
+
+    def __init__(self, filelike, blksize=8192):
+        self.filelike = filelike
+        self.blksize = blksize
+        if hasattr(filelike, "close"):
+            self.close = filelike.close
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        data = self.filelike.read(self.blksize)
+        if data:
+            return data
+        raise StopIteration
+
+
+def check_start_response(status, headers):
+    """Raise ApplicationError unless `status` is a str like '200 OK' and
+    `headers` a list (its items are checked when the head is built)."""
+    if type(status) is not str or len(status) < 4 or status[3] != " " \
+            or not status[:3].isdigit() or not status.isprintable():
+        raise ApplicationError(f"invalid status {status!r}: must be a str like '200 OK'")
+    if type(headers) is not list:
+        raise ApplicationError(f"response headers must be a list, not {type(headers).__name__}")
+
+
+def plan_head(status, headers, total, version, head_request):
+    """Validate the application's headers and choose the framing.
+
+    `total` is the body's length if the server knows it (else None).
+    Returns (code, lines, dated, declared, chunked, close): `lines` the head
+    so far (status line and the headers kept, CRLF-terminated strs), `dated`
+    whether the application gave a Date, `declared` the Content-Length the
+    body must match (None: not enforced), `chunked` whether the body must be
+    chunked, `close` whether the connection must close after it.
+    """
+    code = int(status[:3])
+    if code < 200:
+        raise ApplicationError(f"status {status!r}: 1xx responses are the server's to send")
+    lines = ["HTTP/1.1 ", status, "\r\n"]
+    length = None
+    close = dated = False
+    try:
+        for name, value in headers:
+            if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
+                raise ApplicationError(f"invalid response header {name!r}: {value!r}")
+            lname = name.lower()
+            if lname in _SPECIAL:
+                if lname == "content-length":
+                    if length is not None or not value.isdigit() or not value.isascii():
+                        raise ApplicationError(f"invalid or repeated Content-Length {value!r}")
+                    length = int(value)
+                    if code == 204:
+                        continue
+                elif lname == "date":
+                    dated = True
+                else:  # hop-by-hop: the server frames the response and owns the connection
+                    close = close or (lname == "connection" and "close" in value.lower())
+                    continue
+            lines += (name, ": ", value, "\r\n")
+    except (TypeError, ValueError) as ex:
+        if isinstance(ex, ApplicationError):
+            raise
+        raise ApplicationError(f"response headers must be (str, str) tuples: {ex}") from ex
+    no_body = head_request or code in (204, 304)
+    declared = None
+    chunked = False
+    if code in (204, 304):
+        pass  # never a body, never framing of our own (RFC 9110 8.6, 15.4.5)
+    elif length is not None:
+        declared = None if no_body else length
+    elif total is not None:
+        lines += ("Content-Length: ", str(total), "\r\n")
+    elif version == "HTTP/1.1":
+        lines.append("Transfer-Encoding: chunked\r\n")
+        chunked = not no_body
+    elif not no_body:
+        close = True  # HTTP/1.0: the close ends the body
+    return code, lines, dated, declared, chunked, close
+
+
+def encode_head(lines, close, version, date):
+    """Finish the head from plan_head's `lines`: the Connection header the
+    keep-alive decision calls for, `date` (None if the application gave
+    one), the blank line; latin-1 bytes."""
+    if close:
+        lines.append("Connection: close\r\n")
+    elif version == "HTTP/1.0":
+        lines.append("Connection: keep-alive\r\n")
+    if date is not None:
+        lines += ("Date: ", date, "\r\n")
+    lines.append("\r\n")
+    try:
+        return "".join(lines).encode("latin-1")
+    except UnicodeEncodeError as ex:
+        raise ApplicationError(f"response status or header not latin-1: {ex}") from ex

@@ -1,0 +1,95 @@
+"""Keep-alive clients that never retry lose nothing when workers are replaced:
+across HUP reloads (a new generation) and --max-requests recycles, every
+response that ends a connection says Connection: close, and no connection is
+closed while a request may be on its way."""
+
+import collections
+import http.client
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from forkserve_testing import poll
+from loadgen import blast
+from test_reload_e2e import HANDED_OVER
+
+pytestmark = pytest.mark.e2e
+
+RECYCLED = re.compile(r"served \d+ requests \(--max-requests\)")
+
+
+class KeepAliveClients:
+    """`threads` plain http.client connections requesting /pid in a loop; a
+    failed request is counted, never retried (a new connection is opened for
+    the next one, as after a Connection: close). Bounded by `seconds`."""
+
+    def __init__(self, port, threads=4, seconds=240):
+        self.port, self.deadline = port, time.monotonic() + seconds
+        self.served = collections.Counter()  # worker pid -> responses
+        self.failures = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run) for _ in range(threads)]
+
+    @property
+    def total(self):
+        return sum(self.served.values())
+
+    def run(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=15)
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            try:
+                conn.request("GET", "/pid")
+                response = conn.getresponse()
+                body = response.read()
+                if response.status == 200:
+                    self.served[int(body)] += 1
+                else:
+                    self.failures.append(response.status)
+            except (http.client.HTTPException, OSError) as exc:
+                self.failures.append(repr(exc))
+                conn.close()
+        conn.close()
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(20)
+
+
+def test_keep_alive_clients_lose_no_request_across_reloads_and_max_requests_recycles(run_server):
+    server = run_server("-w", "2", "--max-requests", "400", "--graceful-timeout", "10")
+    server.wait_workers(2)
+    with KeepAliveClients(server.port) as clients:
+        for _ in range(3):
+            served = clients.total
+            poll(lambda: clients.total > served + 500, timeout=60, message="500 more responses")
+            handovers = len(HANDED_OVER.findall(server.log()))
+            server.signal(signal.SIGHUP)
+            poll(lambda: len(HANDED_OVER.findall(server.log())) > handovers, timeout=60,
+                 message="the reload to finish")
+        poll(lambda: len(RECYCLED.findall(server.log())) >= 20, timeout=180,
+             message="20 --max-requests recycles")
+    assert clients.failures == [], f"{len(clients.failures)} lost of {clients.total}"
+    print(f"0 lost of {clients.total} requests over {len(clients.served)} workers")
+    assert len(clients.served) > 20  # the load ran across the replacements
+    # once a worker reaches 400 it closes each connection after its next response
+    assert max(clients.served.values()) <= 400 + 2 * 4, clients.served.most_common(3)
+
+
+def test_pipelining_clients_never_starve_the_worker_heartbeat(run_server):
+    # With data always waiting, a connection's greenlet never blocked, so it
+    # never yielded: the heartbeat stalled and the master killed the worker
+    # mid-blast (ConnectionResetError in tests/test_sharing_e2e.py).
+    server = run_server("-w", "1", "--timeout", "1")
+    server.wait_workers(1)
+    statuses = blast(server.port, ["/pid"] * 20000, connections=32, depth=16)
+    assert statuses == {200: 20000}
+    assert "timed out" not in server.log()

@@ -1,0 +1,102 @@
+"""forkserve.http.response: the WSGI response head, checked and framed without sockets."""
+
+import pytest
+
+from forkserve.http.response import (ApplicationError, check_start_response, encode_head,
+                                     plan_head)
+
+TEXT = [("Content-Type", "text/plain")]
+
+
+def head(status="200 OK", headers=TEXT, total=None, version="HTTP/1.1", head_request=False,
+         close=None, date="D"):
+    code, lines, dated, declared, chunked, must_close = plan_head(
+        status, headers, total, version, head_request)
+    close = must_close if close is None else close
+    raw = encode_head(lines, close, version, None if dated else date)
+    return raw.decode("latin-1"), declared, chunked, must_close
+
+
+@pytest.mark.parametrize("status", ["200", "2000 OK", "OK 200", b"200 OK", "200 O\nK", "20x OK"])
+def test_start_response_refuses_a_malformed_status(status):
+    with pytest.raises(ApplicationError, match="invalid status"):
+        check_start_response(status, [])
+
+
+def test_start_response_needs_a_list_of_headers():
+    with pytest.raises(ApplicationError, match="must be a list"):
+        check_start_response("200 OK", (("A", "b"),))
+
+
+def test_known_length_gets_content_length_and_the_server_date():
+    raw, declared, chunked, close = head(total=5)
+    assert raw == ("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
+                   "Date: D\r\n\r\n")
+    assert (declared, chunked, close) == (None, False, False)
+
+
+def test_unknown_length_is_chunked_in_http11_and_ends_with_the_close_in_http10():
+    raw, _, chunked, close = head()
+    assert "Transfer-Encoding: chunked\r\n" in raw and chunked and not close
+    raw, _, chunked, close = head(version="HTTP/1.0")
+    assert "Transfer-Encoding" not in raw and not chunked and close
+    assert raw.endswith("Connection: close\r\nDate: D\r\n\r\n")
+
+
+def test_keep_alive_in_http10_is_announced():
+    raw, *_ = head(version="HTTP/1.0", total=2, close=False)
+    assert "Connection: keep-alive\r\n" in raw
+
+
+def test_the_application_content_length_is_kept_and_enforced_except_for_head():
+    raw, declared, chunked, _ = head(headers=TEXT + [("Content-Length", "10")], total=3)
+    assert raw.count("Content-Length") == 1 and "Content-Length: 10\r\n" in raw
+    assert (declared, chunked) == (10, False)
+    _, declared, _, _ = head(headers=[("Content-Length", "10")], head_request=True)
+    assert declared is None
+
+
+def test_no_body_and_no_framing_for_204_304_and_head():
+    raw, declared, chunked, _ = head("204 No Content", [("Content-Length", "4")], total=4)
+    assert "Content-Length" not in raw and not chunked and declared is None
+    raw, declared, chunked, _ = head("304 Not Modified", [("Content-Length", "4")])
+    assert "Content-Length: 4" in raw and declared is None and not chunked
+    raw, _, chunked, close = head(head_request=True)
+    assert "Transfer-Encoding: chunked" in raw and not chunked and not close
+
+
+def test_hop_by_hop_headers_from_the_application_are_the_servers():
+    raw, _, _, close = head(headers=[("Connection", "close"), ("Transfer-Encoding", "chunked")],
+                            total=1)
+    assert raw.count("Connection") == 1 and "Transfer-Encoding" not in raw and close
+    raw, _, _, close = head(headers=[("Connection", "keep-alive")], total=1)
+    assert "Connection" not in raw and not close
+
+
+def test_the_application_date_is_kept():
+    raw, *_ = head(headers=[("Date", "Mon, 01 Jan 2024 00:00:00 GMT")], total=0)
+    assert raw.count("Date") == 1 and "Date: Mon, 01 Jan 2024" in raw
+
+
+@pytest.mark.parametrize("headers, message", [
+    ([("X-A", "a\r\nSet-Cookie: x")], "invalid response header"),
+    ([("X-A", "a\x00")], "invalid response header"),
+    ([("X A", "v")], "invalid response header"),
+    ([("", "v")], "invalid response header"),
+    ([(b"X-A", "v")], "must be (str, str) tuples"),
+    ([("X-A", 1)], "must be (str, str) tuples"),
+    ([("X-A",)], "must be (str, str) tuples"),
+    ([("Content-Length", "1"), ("Content-Length", "1")], "repeated Content-Length"),
+    ([("Content-Length", "-1")], "invalid or repeated Content-Length"),
+    ([("Content-Length", "\u00b2")], "invalid or repeated Content-Length"),
+])
+def test_invalid_headers_from_the_application_never_reach_the_wire(headers, message):
+    with pytest.raises(ApplicationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        head(headers=headers)
+
+
+def test_non_latin1_header_and_1xx_status_are_application_errors():
+    with pytest.raises(ApplicationError, match="latin-1"):
+        head("200 \u20ac")
+    with pytest.raises(ApplicationError, match="1xx"):
+        head("101 Switching Protocols")
