@@ -1,12 +1,20 @@
 """Logging setup: the server log ("forkserve.error") and the access log
-("forkserve.access"), each to stderr/stdout or a file that USR1 reopens."""
+("forkserve.access"), each to stderr/stdout or a file that USR1 reopens.
 
+Gunicorn's logconfig, logconfig_dict and logconfig_json hand the setup to
+logging.config; what they say about "gunicorn.error" and "gunicorn.access"
+applies to forkserve's two loggers. capture_output sends the process's
+stdout and stderr (descriptors 1 and 2) to the error log file.
+"""
+
+import json
 import logging
+import logging.config
 import os
 import sys
 import time
 
-__all__ = ["setup", "reopen", "error_log", "access_log"]
+__all__ = ["setup", "reopen", "error_log", "access_log", "access_enabled"]
 
 error_log = logging.getLogger("forkserve.error")
 access_log = logging.getLogger("forkserve.access")
@@ -48,6 +56,80 @@ def setup(cfg):
     if not parent.handlers:
         parent.addHandler(_ProxyToError())
         parent.propagate = False
+    _configure(cfg)
+    _capture_output(cfg)
+
+
+def access_enabled(cfg) -> bool:
+    """Whether requests are logged: an access log file, or a logging config (as Gunicorn)."""
+    return bool(cfg.access_logfile or cfg.logconfig or cfg.logconfig_dict
+                or cfg.logconfig_json)
+
+
+#: Gunicorn's logging.config defaults, which a logconfig_dict is laid over
+_GUNICORN_DICT = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "root": {"level": "INFO", "handlers": ["console"]},
+    "loggers": {
+        "gunicorn.error": {"level": "INFO", "handlers": ["error_console"], "propagate": True},
+        "gunicorn.access": {"level": "INFO", "handlers": ["console"], "propagate": True},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "generic",
+                    "stream": "ext://sys.stdout"},
+        "error_console": {"class": "logging.StreamHandler", "formatter": "generic",
+                          "stream": "ext://sys.stderr"},
+    },
+    "formatters": {
+        "generic": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(message)s",
+                    "datefmt": "[%Y-%m-%d %H:%M:%S %z]", "class": "logging.Formatter"},
+    },
+}
+
+
+def _configure(cfg):
+    if not (cfg.logconfig or cfg.logconfig_dict or cfg.logconfig_json):
+        return
+    try:
+        if cfg.logconfig_dict or cfg.logconfig_json:
+            config = dict(_GUNICORN_DICT)
+            if cfg.logconfig_json:
+                with open(cfg.logconfig_json, encoding="utf-8") as handle:
+                    config.update(json.load(handle))
+            config.update(cfg.logconfig_dict or {})
+            logging.config.dictConfig(config)
+        if cfg.logconfig:
+            if not os.path.isfile(cfg.logconfig):
+                raise OSError(f"--log-config {cfg.logconfig}: no such file")
+            logging.config.fileConfig(cfg.logconfig, defaults={"__file__": cfg.logconfig,
+                                                               "here": os.path.dirname(
+                                                                   cfg.logconfig)},
+                                      disable_existing_loggers=False)
+    except (ValueError, TypeError, KeyError, ImportError, AttributeError) as exc:
+        raise OSError(f"the logging configuration failed: {type(exc).__name__}: {exc}; "
+                      "check logconfig / logconfig_dict / logconfig_json") from None
+    for ours, theirs in ((error_log, "gunicorn.error"), (access_log, "gunicorn.access")):
+        configured = logging.getLogger(theirs)
+        if configured.handlers or theirs in (cfg.logconfig_dict or {}).get("loggers", {}):
+            for handler in list(ours.handlers):
+                ours.removeHandler(handler)
+            for handler in configured.handlers:
+                ours.addHandler(handler)
+            ours.setLevel(configured.level or logging.INFO)
+            ours.propagate = configured.propagate
+            ours.disabled = False
+
+
+def _capture_output(cfg):
+    if not cfg.capture_output or cfg.error_logfile in (None, "-"):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(cfg.error_logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 class _ProxyToError(logging.Handler):
@@ -72,8 +154,10 @@ def _install(logger, handler, level, formatter):
     logger.disabled = False
 
 
-def reopen():
+def reopen(cfg=None):
     """Reopen file handlers (after logrotate moved the files)."""
+    if cfg is not None:
+        _capture_output(cfg)
     for logger in (error_log, access_log):
         for handler in logger.handlers:
             if isinstance(handler, logging.FileHandler):

@@ -61,7 +61,7 @@ class Handler(WSGIHandler):
     _cl_left = None
     _no_body = False
     _linger = False
-    _log_fields = None
+    _proxy_info = None
     _started = 0.0
 
     def __init__(self, sock, address, server):
@@ -142,6 +142,8 @@ class Handler(WSGIHandler):
                     return None
                 self.state = HEAD
                 self._started = time.perf_counter()
+                if first:  # a PROXY protocol header comes before the first request
+                    self._proxy_info = self.server.proxy.read_header(rfile, self.client_address)
                 return self._read_head()
             finally:
                 self._disarm(self._head_timer)
@@ -242,8 +244,7 @@ class Handler(WSGIHandler):
         if version == "HTTP/1.1" and env.get("HTTP_EXPECT", "").lower() == "100-continue":
             expect = self.socket
         self.body = env["wsgi.input"] = Body(self.rfile, length, chunked, limits, expect)
-        if server.access_log is not None:
-            self._log_fields = (env.get("HTTP_REFERER", "-"), env.get("HTTP_USER_AGENT", "-"))
+        server.proxy.adjust(env, address, self._proxy_info)
         self.environ = env
         return env
 
@@ -448,17 +449,12 @@ class Handler(WSGIHandler):
                                 self._peer(), error.status, error.reason)
 
     def _log_access(self):
-        log = self.server.access_log
-        if not log.isEnabledFor(logging.INFO):
-            return
-        referer, agent = self._log_fields
-        now = time.localtime()
-        micros = int((time.perf_counter() - self._started) * 1e6)
-        log.info('%s - - [%02d/%s/%d:%02d:%02d:%02d %s] "%s" %s %s "%s" "%s" %d',
-                 self._peer(), now.tm_mday, _MONTHS[now.tm_mon], now.tm_year,
-                 now.tm_hour, now.tm_min, now.tm_sec, time.strftime("%z", now),
-                 escape(self.requestline), self.code or "-", self._body_sent or "-",
-                 escape(referer), escape(agent), micros)
+        server = self.server
+        if server.access_log.isEnabledFor(logging.INFO):
+            server.access_log.info("%s", server.access_format.line(
+                self.environ, self.requestline, self.code,
+                self.response_headers if self.headers_sent else (),
+                self._body_sent if self.code else None, time.perf_counter() - self._started))
 
 
 def _timer(loop, seconds):
@@ -468,6 +464,3 @@ def _timer(loop, seconds):
     requests and expire on a busy keep-alive connection."""
     return loop.timer(seconds, seconds) if seconds else None
 
-
-_MONTHS = (None, "Jan", "Feb", "Mar", "Apr", "May", "Jun",
-           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")

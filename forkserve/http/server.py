@@ -18,7 +18,9 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIServer, format_date_time
 
 import forkserve
+from forkserve.http.accesslog import AccessFormat
 from forkserve.http.handler import Handler, Limits
+from forkserve.http.proxy import ProxyPolicy
 
 __all__ = ["Server"]
 
@@ -53,6 +55,10 @@ class Server(WSGIServer):
     """
 
     handler_class = Handler
+    #: the access log's line format (make_servers sets access_log_format's)
+    access_format = AccessFormat()
+    #: what a proxy in front may say (make_servers sets it from the settings)
+    proxy = ProxyPolicy()
     base_env = {
         "GATEWAY_INTERFACE": "CGI/1.1",
         "SERVER_SOFTWARE": f"forkserve/{forkserve.__version__}",

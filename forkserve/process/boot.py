@@ -21,7 +21,7 @@ import traceback
 from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import loader
-from forkserve.process import privileges, reload, signals, sockets
+from forkserve.process import environment, hooks, privileges, reload, signals, sockets
 
 __all__ = ["run"]
 
@@ -36,6 +36,7 @@ def run(cfg, app=None, app_name=None) -> int:
         _complain(str(exc))
         return exits.CONFIG_ERROR
     cow.begin_load()
+    hooks.install(cfg)
     app_name = app_name or cfg.app or "app"
     try:
         if cfg.chdir:
@@ -49,12 +50,15 @@ def run(cfg, app=None, app_name=None) -> int:
         return exits.CONFIG_ERROR
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    environment.apply(cfg)
 
     generation = reload.role() == "generation"
     try:
+        hooks.on_starting()
         listeners = reload.adopted_listeners()
         if listeners is None:
-            listeners = sockets.bind_all(cfg.bind)
+            with environment.umask(cfg.umask):
+                listeners = sockets.bind_all(cfg.bind)
         stats_listener = None
         if cfg.stats and not generation:  # the supervisor serves stats for generations
             stats_listener = sockets.bind(sockets.parse_address(cfg.stats))
@@ -90,7 +94,10 @@ def run(cfg, app=None, app_name=None) -> int:
         from forkserve.process import worker
         worker.preload()
         cow.harden()
-        return _serve(cfg, app, listeners, app_name, stats_listener)
+        hooks.post_freeze()
+        status = _serve(cfg, app, listeners, app_name, stats_listener)
+        hooks.on_exit()
+        return status
     except exits.HaltServer as halt:
         log.error("%s", halt.reason)
         return halt.status

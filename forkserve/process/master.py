@@ -26,7 +26,7 @@ import time
 
 from forkserve import exits
 from forkserve.memory import reporter
-from forkserve.process import procname, reload, signals, systemd
+from forkserve.process import hooks, procname, reload, signals, systemd
 from forkserve.exits import HaltServer
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
@@ -114,6 +114,7 @@ class Master:
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         try:
+            hooks.when_ready(self)
             while True:
                 self.dispatch_signals()
                 self.reap()
@@ -177,6 +178,8 @@ class Master:
         if self.reloadable:
             log.info("Hang up: reloading the application in a new generation")
             systemd.notify("RELOADING=1")
+            hooks.on_reload()
+            hooks.pre_exec()
             self.pending = reload.spawn_generation(self.listeners, self.generation + 1,
                                                    fork=self._fork)
             return
@@ -194,6 +197,7 @@ class Master:
         if self.pending is not None and self.pending.ready():
             log.info("Generation %d (pid %d) serves; draining the old workers",
                      self.pending.number, self.pending.pid)
+            hooks.pre_retire(self.generation)
             self.handing_over = True
             self.stop_deadline = time.monotonic() + self.cfg.graceful_timeout + 1.0
             self.stop_all(signal.SIGTERM)
@@ -222,6 +226,7 @@ class Master:
             return
         self.target += 1
         log.info("TTIN: %d workers", self.target)
+        hooks.nworkers_changed(self.target, self.target - 1)
 
     def handle_ttou(self):
         if self.target <= 1:
@@ -229,10 +234,11 @@ class Master:
             return
         self.target -= 1
         log.info("TTOU: %d workers", self.target)
+        hooks.nworkers_changed(self.target, self.target + 1)
 
     def handle_usr1(self):
         from forkserve import logs
-        logs.reopen()
+        logs.reopen(self.cfg)
         self.signal_workers(signal.SIGUSR1)
 
     def begin_stop(self, mode):
@@ -273,6 +279,7 @@ class Master:
             if record is None:
                 continue  # not one of ours (e.g. a process the application spawned)
             self.scoreboard.release(record.index)
+            hooks.child_exit(record.index, record.pid)
             self.on_worker_exit(record, exits.classify(status))
 
     def on_worker_exit(self, record, outcome):
@@ -315,7 +322,9 @@ class Master:
                 log.error("Worker %d (pid %d) timed out: its event loop was blocked for more "
                           "than %gs; killing it", record.worker_id, record.pid,
                           self.cfg.timeout)
-                self.kill(record, signal.SIGKILL)
+                if hooks.installed("worker_abort"):  # its handler runs the hook, then exits
+                    record.deadline = now + 1.0       # ... or SIGKILL follows
+                self.kill(record, signal.SIGABRT if record.deadline else signal.SIGKILL)
                 record.state = "stopping"  # reaped on the next turn, then replaced
         if self.cfg.max_worker_memory and now >= self.next_memory_check:
             self.next_memory_check = now + self.memory_check_interval
@@ -377,6 +386,7 @@ class Master:
         worker = Worker(index, self.app, self.listeners, self.cfg, self.scoreboard,
                         self.app_name, generation=self.generation, max_requests=max_requests,
                         close_fds=self.master_fds())
+        hooks.pre_fork(worker)
         pid = self._fork()
         if pid == 0:
             worker.start()  # never returns

@@ -18,7 +18,7 @@ from gevent import monkey
 
 from forkserve.memory import cow, reporter
 from forkserve import exits, logs
-from forkserve.process import procname, reload, signals, systemd
+from forkserve.process import hooks, procname, reload, signals, systemd
 from forkserve.process.worker import make_servers
 
 __all__ = ["SingleServer"]
@@ -61,6 +61,7 @@ class SingleServer:
             server.start()
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
+        hooks.when_ready()
         reload.signal_ready()
         systemd.notify("READY=1")
         next_memory_log = 0.0

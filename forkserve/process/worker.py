@@ -20,7 +20,7 @@ import traceback
 
 from forkserve.memory import cow, reporter, procfs
 from forkserve import exits, logs
-from forkserve.process import privileges, procname
+from forkserve.process import hooks, privileges, procname
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING
 
 __all__ = ["Worker", "heartbeat_interval", "make_servers", "preload"]
@@ -69,16 +69,21 @@ class Worker:
     def start(self):
         """Entry point in the child. Never returns."""
         try:
+            hooks.post_fork(self)
             self.init_process()
+            hooks.post_worker_init(self)
             self.boot_servers()
         except BaseException:
             log.error("worker %d failed to boot:\n%s", self.worker_id, traceback.format_exc())
+            hooks.worker_exit(self)
             cow.exit_process(exits.WORKER_BOOT_ERROR)
         try:
             self.run()
         except BaseException:
             log.error("worker %d crashed:\n%s", self.worker_id, traceback.format_exc())
+            hooks.worker_exit(self)
             cow.exit_process(exits.FAILURE)
+        hooks.worker_exit(self)
         cow.exit_process(exits.OK)
 
     def init_process(self):
@@ -145,6 +150,8 @@ class Worker:
     # --- callbacks, run on the worker's event loop ---
 
     def _request_stop(self, mode):
+        if mode == "fast":
+            hooks.worker_int(self)
         if self.stop_mode != "fast":
             self.stop_mode = mode
         self.wakeup.set()
@@ -184,7 +191,9 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
     """One gevent WSGI server per listening socket, configured from settings."""
     from gevent.pool import Pool
 
+    from forkserve.http.accesslog import AccessFormat
     from forkserve.http.handler import Limits
+    from forkserve.http.proxy import ProxyPolicy
     from forkserve.http.server import Server
 
     limits = Limits(limit_request_line=cfg.limit_request_line,
@@ -193,12 +202,19 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
                     limit_request_body=cfg.limit_request_body,
                     header_timeout=cfg.header_timeout,
                     keep_alive=cfg.keep_alive)
-    access = logs.access_log if cfg.access_logfile else None
+    access = logs.access_log if logs.access_enabled(cfg) else None
     pool = Pool(cfg.worker_connections)  # one cap for the worker, across its listeners
-    return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
-                   error_log=logs.error_log, multiprocess=multiprocess,
-                   on_request=on_request, pool=pool)
-            for listener in listeners]
+    app = hooks.wrap_app(app)
+    servers = [Server(gevent_socket(listener), app, limits=limits, access_log=access,
+                      error_log=logs.error_log, multiprocess=multiprocess,
+                      on_request=on_request, pool=pool)
+               for listener in listeners]
+    proxy = ProxyPolicy(cfg.forwarded_allow_ips, cfg.secure_scheme_headers,
+                        cfg.proxy_protocol, cfg.proxy_allow_ips)
+    for server in servers:
+        server.access_format = AccessFormat(cfg.access_log_format)
+        server.proxy = proxy
+    return servers
 
 
 def gevent_socket(listener):
