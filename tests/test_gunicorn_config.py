@@ -179,3 +179,23 @@ def test_gunicorn_table_has_a_row_per_setting_and_no_duplicates():
     assert len(names) == len(set(names))
     for row in gunicorn.ROWS:
         assert row.kind in ("honoured", "hook", "refused") and row.note
+
+
+def test_worker_hooks_with_no_workers_are_reported_as_ignored(tmp_path):
+    from forkserve.config import ignored
+    path = write(tmp_path, "def post_fork(server, worker):\n    pass\n"
+                           "def when_ready(server):\n    pass\n")
+    cfg = parse(["-c", path, "-w", "0", "a:b"], environ={}, cwd=str(tmp_path))
+    messages = ignored.check(cfg, {}, 123)
+    assert len(messages) == 1 and "post_fork hook never runs with -w 0" in messages[0]
+    assert ignored.check(cfg.with_values(workers=2), {}, 123) == []
+
+
+def test_bind_beside_systemd_socket_activation_is_reported_as_ignored(tmp_path):
+    from forkserve.config import ignored
+    cfg = parse(["-b", "127.0.0.1:9000", "a:b"], environ={}, cwd=str(tmp_path))
+    activated = {"LISTEN_FDS": "1", "LISTEN_PID": "123"}
+    [message] = ignored.check(cfg, activated, 123)
+    assert "127.0.0.1:9000" in message and "ListenStream=" in message
+    assert ignored.check(parse(["a:b"], environ={}, cwd=str(tmp_path)), activated, 123) == []
+    assert ignored.check(cfg, {"LISTEN_FDS": "1", "LISTEN_PID": "999"}, 123) == []

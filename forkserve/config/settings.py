@@ -298,10 +298,11 @@ SETTINGS = (
             section="logging"),
     Setting("config", ("-c", "--config"), _text, None,
             "Read settings from FILE: a Python file (like gunicorn.conf.py) or a TOML file "
-            "(its [tool.forkserve] table, or the whole file). ./forkserve.conf.py is read "
-            "when present and no -c is given.", metavar="FILE"),
+            "(its [tool.forkserve] table, or the whole file). ./forkserve.conf.py, else "
+            "./gunicorn.conf.py, is read when present and no -c is given.", metavar="FILE"),
     Setting("check_config", ("--check-config",), _flag, False,
-            "Check the settings and load the application, then exit (0 if all is well).",
+            "Check the settings and load the application, then exit: 0 if all is well, 2 if "
+            "a setting is invalid or would be ignored.",
             kind="flag"),
     Setting("no_monkey_patch", ("--no-monkey-patch",), _flag, False,
             "Do not call gevent.monkey.patch_all() before loading the application.",

@@ -57,7 +57,7 @@ def _user(environ):
     if len(parts) != 2:
         return "-"
     try:
-        return base64.b64decode(parts[1].strip().encode()).split(b":", 1)[0].decode()
+        return base64.b64decode(parts[1].strip().encode()).split(b":", 1)[0].decode() or "-"
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return "-"
 

@@ -20,7 +20,7 @@ import traceback
 
 from forkserve.memory import cow
 from forkserve import exits, logs
-from forkserve.config import loader
+from forkserve.config import ignored, loader
 from forkserve.process import environment, hooks, privileges, reload, signals, sockets
 
 __all__ = ["run"]
@@ -53,6 +53,9 @@ def run(cfg, app=None, app_name=None) -> int:
     environment.apply(cfg)
 
     generation = reload.role() == "generation"
+    moot = ignored.check(cfg, os.environ, os.getpid())
+    for message in moot:
+        log.warning("%s", message)
     try:
         hooks.on_starting()
         listeners = reload.adopted_listeners()
@@ -77,6 +80,10 @@ def run(cfg, app=None, app_name=None) -> int:
             except loader.AppLoadError as exc:
                 _log_load_error(exc)
                 return exits.APP_LOAD_ERROR
+        if cfg.check_config and moot:
+            _complain(f"configuration has {len(moot)} setting(s) that would be ignored "
+                      "(see above)")
+            return exits.CONFIG_ERROR
         if cfg.check_config:
             print(f"forkserve: configuration OK; application {app_name} loaded",
                   file=sys.stderr)
