@@ -304,3 +304,49 @@ def test_check_config_refuses_a_gunicorn_config_with_a_typo(tmp_path):
                           timeout=60)
     assert done.returncode == 2
     assert "unknown setting 'acesslog'; did you mean 'accesslog'?" in done.stderr
+
+
+def test_capture_output_sends_the_apps_prints_to_the_error_log(tmp_path):
+    errors = tmp_path / "error.log"
+    server = ServerProcess(["-w", "1", "--capture-output", "--error-logfile", str(errors)],
+                           app="flask_site:app", cwd=COMPAT, log_dir=str(tmp_path))
+    try:
+        found = poll(lambda: errors.exists() and LISTENING.search(errors.read_text()),
+                     timeout=30, message="the Listening at: line in the error log")
+        server.port = int(found.group(1))
+        assert server.get("/print") == (200, "ok")
+        poll(lambda: "printed by the application" in errors.read_text(),
+             message="the print in the error log")
+    finally:
+        server.kill_group()
+
+
+def test_pythonpath_finds_the_application_and_umask_sets_the_unix_socket_mode(tmp_path):
+    elsewhere = tmp_path / "code"
+    elsewhere.mkdir()
+    (elsewhere / "far_app.py").write_text(
+        "def app(environ, start_response):\n"
+        "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
+        "    return [b'far']\n")
+    sock_path = tmp_path / "s.sock"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "forkserve", "-w", "1", "-b", f"unix:{sock_path}",
+         "--pythonpath", f"{tmp_path},{elsewhere}", "--umask", "0o077", "far_app:app"],
+        cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        poll(sock_path.exists, timeout=30, message="the unix socket")
+        assert oct(sock_path.stat().st_mode & 0o777) == oct(0o700)
+
+        def answered():
+            with socket.socket(socket.AF_UNIX) as sock:
+                try:
+                    sock.connect(str(sock_path))
+                except ConnectionRefusedError:
+                    return None
+                sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                return b"".join(iter(lambda: sock.recv(4096), b""))
+        assert poll(answered, message="a response over the unix socket").endswith(b"far")
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(5)

@@ -30,3 +30,9 @@ def environ(name):
 @app.route("/created", methods=["POST"])
 def created():
     return "made", 201, {"X-Made": "yes", "Content-Type": "text/plain"}
+
+
+@app.route("/print")
+def printed():
+    print("printed by the application", flush=True)
+    return "ok"
