@@ -14,7 +14,8 @@ import os
 import sys
 import time
 
-__all__ = ["setup", "reopen", "error_log", "access_log", "access_enabled"]
+__all__ = ["setup", "reopen", "error_log", "access_log", "access_enabled", "access_writer",
+           "AccessFileHandler"]
 
 error_log = logging.getLogger("forkserve.error")
 access_log = logging.getLogger("forkserve.access")
@@ -29,14 +30,53 @@ class _Formatter(logging.Formatter):
         return time.strftime("%Y-%m-%d %H:%M:%S %z", self.converter(record.created))
 
 
-def _handler(target, stream):
+def _handler(target, stream, file_class=logging.FileHandler):
     if target in (None, "-"):
         return logging.StreamHandler(stream)
     directory = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(directory):
         raise OSError(f"log file directory {directory} does not exist; create it or "
                       "choose another path")
-    return logging.FileHandler(target, encoding="utf-8", delay=False)
+    return file_class(target, encoding="utf-8", delay=False)
+
+
+class AccessFileHandler(logging.FileHandler):
+    """The access log file, written in blocks: a line reaches the file at most
+    `flush_interval` seconds after its request (or when the buffer fills, or
+    at exit: logging.shutdown flushes), instead of one write() per request.
+    The timer runs on the worker's gevent loop."""
+
+    #: seconds a line may wait in the buffer; one write per interval under load
+    flush_interval = 0.5
+    _flush_timer = None
+
+    def emit(self, record):
+        self.write_line(self.format(record))
+
+    def write_line(self, line):
+        """Append one line; the direct path for forkserve's own access log."""
+        self.stream.write(line + "\n")
+        if self._flush_timer is None:
+            from gevent import get_hub
+            self._flush_timer = get_hub().loop.timer(self.flush_interval)
+            self._flush_timer.start(self.flush)
+
+    def flush(self):
+        timer, self._flush_timer = self._flush_timer, None
+        if timer is not None:
+            timer.close()
+        super().flush()
+
+
+def access_writer():
+    """A function taking one access log line: straight into the buffered file
+    when forkserve's own file handler is all the access logger has, else
+    through logging (a logging config's handlers and filters)."""
+    handlers = access_log.handlers
+    if (len(handlers) == 1 and type(handlers[0]) is AccessFileHandler and not access_log.filters
+            and not handlers[0].filters):
+        return handlers[0].write_line
+    return lambda line: access_log.info("%s", line)
 
 
 def setup(cfg):
@@ -44,8 +84,8 @@ def setup(cfg):
     level = getattr(logging, cfg.log_level.upper())
     _install(error_log, _handler(cfg.error_logfile, sys.stderr), level, _Formatter(_FORMAT))
     if cfg.access_logfile:
-        _install(access_log, _handler(cfg.access_logfile, sys.stdout), logging.INFO,
-                 logging.Formatter("%(message)s"))
+        _install(access_log, _handler(cfg.access_logfile, sys.stdout, AccessFileHandler),
+                 logging.INFO, logging.Formatter("%(message)s"))
     else:
         for handler in list(access_log.handlers):
             access_log.removeHandler(handler)

@@ -39,9 +39,6 @@ _MONTHS = (None, "Jan", "Feb", "Mar", "Apr", "May", "Jun",
 
 
 def _quoted(value):
-    if not isinstance(value, str) or (value.isascii() and value.isprintable()
-                                      and '"' not in value and "\\" not in value):
-        return value
     return value.translate(_ESCAPES).encode("ascii", "backslashreplace").decode("ascii")
 
 
@@ -70,7 +67,7 @@ def _now(seconds=None):
 
 
 class AccessFormat:
-    """A compiled access_log_format."""
+    """A compiled access_log_format: one small function per atom it names."""
 
     def __init__(self, fmt=DEFAULT):
         self.format = fmt
@@ -80,6 +77,8 @@ class AccessFormat:
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"access_log_format {fmt!r} is not a valid %-format: {exc}; "
                              "write atoms as %(h)s") from None
+        self._getters = tuple((atom, _getter(atom)) for atom in self.atoms)
+        self._stamp = (None, "")
 
     def line(self, environ, request_line, status, response_headers, sent, seconds,
              now=None) -> str:
@@ -89,54 +88,71 @@ class AccessFormat:
         `sent` the body bytes sent (None if no response), `seconds` how long
         the request took, `now` the wall-clock time (default: now).
         """
+        facts = (environ, request_line, status, response_headers, sent, seconds, now, self)
         values = {}
-        for atom in self.atoms:
-            values[atom] = _quoted(self._atom(atom, environ, request_line, status,
-                                              response_headers, sent, seconds, now))
+        for atom, getter in self._getters:
+            value = getter(facts)
+            if value.__class__ is str and not (value.isascii() and value.isprintable()
+                                               and '"' not in value and "\\" not in value):
+                value = _quoted(value)
+            values[atom] = value
         return self.format % values
 
-    @staticmethod
-    def _atom(atom, environ, request_line, status, response_headers, sent, seconds, now):
-        if atom == "h":
-            return environ.get("REMOTE_ADDR", "-")
-        if atom == "l":
-            return "-"
-        if atom == "u":
-            return _user(environ)
-        if atom == "t":
-            return _now(now)
-        if atom == "r":
-            return request_line
-        if atom == "s":
-            return str(status) if status else "-"
-        if atom in ("m", "U", "q", "H", "f", "a"):
-            key = {"m": "REQUEST_METHOD", "U": "PATH_INFO", "q": "QUERY_STRING",
-                   "H": "SERVER_PROTOCOL", "f": "HTTP_REFERER", "a": "HTTP_USER_AGENT"}[atom]
-            return environ.get(key, "-")
-        if atom == "b":
-            return "-" if sent is None else str(sent)
-        if atom == "B":
-            return sent
-        if atom in ("T", "D", "M", "L"):
-            whole = int(seconds)
-            micros = int(round((seconds - whole) * 1e6))
-            if micros == 1000000:
-                whole, micros = whole + 1, 0
-            return {"T": whole, "D": whole * 1000000 + micros,
-                    "M": whole * 1000 + micros // 1000, "L": "%d.%06d" % (whole, micros)}[atom]
-        if atom == "p":
-            return "<%d>" % os.getpid()
-        if atom.startswith("{") and len(atom) > 3 and atom[-2] == "}":
-            name, kind = atom[1:-2].lower(), atom[-1].lower()
-            if kind == "i":
-                return _request_header(environ, name)
-            if kind == "o":
-                return _response_header(response_headers, name)
-            if kind == "e":
-                for key, value in environ.items():
-                    if key.lower() == name:
-                        return value
-        return "-"
+    def stamp(self, now):
+        """[day/Mon/year:H:M:S zone], formatted once per second."""
+        second = int(time.time() if now is None else now)
+        if self._stamp[0] != second:
+            self._stamp = (second, _now(second))
+        return self._stamp[1]
+
+
+def _environ(key):
+    return lambda facts: facts[0].get(key, "-")
+
+
+def _seconds(facts):
+    seconds = facts[5]
+    whole = int(seconds)
+    micros = int(round((seconds - whole) * 1e6))
+    return (whole + 1, 0) if micros == 1000000 else (whole, micros)
+
+
+_GETTERS = {
+    "h": _environ("REMOTE_ADDR"),
+    "l": lambda facts: "-",
+    "u": lambda facts: _user(facts[0]),
+    "t": lambda facts: facts[7].stamp(facts[6]),
+    "r": lambda facts: facts[1],
+    "m": _environ("REQUEST_METHOD"),
+    "U": _environ("PATH_INFO"),
+    "q": _environ("QUERY_STRING"),
+    "H": _environ("SERVER_PROTOCOL"),
+    "f": _environ("HTTP_REFERER"),
+    "a": _environ("HTTP_USER_AGENT"),
+    "s": lambda facts: str(facts[2]) if facts[2] else "-",
+    "b": lambda facts: "-" if facts[4] is None else str(facts[4]),
+    "B": lambda facts: facts[4],
+    "T": lambda facts: _seconds(facts)[0],
+    "D": lambda facts: (lambda whole, micros: whole * 1000000 + micros)(*_seconds(facts)),
+    "M": lambda facts: (lambda whole, micros: whole * 1000 + micros // 1000)(*_seconds(facts)),
+    "L": lambda facts: "%d.%06d" % _seconds(facts),
+    "p": lambda facts: "<%d>" % os.getpid(),
+}
+
+
+def _getter(atom):
+    if atom in _GETTERS:
+        return _GETTERS[atom]
+    if atom.startswith("{") and len(atom) > 3 and atom[-2] == "}":
+        name, kind = atom[1:-2].lower(), atom[-1].lower()
+        if kind == "i":
+            return lambda facts: _request_header(facts[0], name)
+        if kind == "o":
+            return lambda facts: _response_header(facts[3], name)
+        if kind == "e":
+            return lambda facts: next((value for key, value in facts[0].items()
+                                       if key.lower() == name), "-")
+    return lambda facts: "-"
 
 
 def _request_header(environ, name):

@@ -451,7 +451,7 @@ class Handler(WSGIHandler):
     def _log_access(self):
         server = self.server
         if server.access_log.isEnabledFor(logging.INFO):
-            server.access_log.info("%s", server.access_format.line(
+            server.access_write(server.access_format.line(
                 self.environ, self.requestline, self.code,
                 self.response_headers if self.headers_sent else (),
                 self._body_sent if self.code else None, time.perf_counter() - self._started))

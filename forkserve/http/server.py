@@ -59,6 +59,10 @@ class Server(WSGIServer):
     access_format = AccessFormat()
     #: what a proxy in front may say (make_servers sets it from the settings)
     proxy = ProxyPolicy()
+
+    def access_write(self, line):
+        """Write one access log line (make_servers puts logs.access_writer() here)."""
+        self.access_log.info("%s", line)
     base_env = {
         "GATEWAY_INTERFACE": "CGI/1.1",
         "SERVER_SOFTWARE": f"forkserve/{forkserve.__version__}",

@@ -214,6 +214,7 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
     for server in servers:
         server.access_format = AccessFormat(cfg.access_log_format)
         server.proxy = proxy
+        server.access_write = logs.access_writer()
     return servers
 
 
