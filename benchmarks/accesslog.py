@@ -100,7 +100,29 @@ def run(extra, directory, name):
         proc.wait(30)
 
 
+def micro():
+    """CPU time to build one default line and hand it to the buffered file."""
+    sys.path.insert(0, ROOT)
+    from forkserve import logs
+    from forkserve.http.accesslog import AccessFormat
+    environ = {"REMOTE_ADDR": "127.0.0.1", "REQUEST_METHOD": "GET", "PATH_INFO": "/",
+               "QUERY_STRING": "", "SERVER_PROTOCOL": "HTTP/1.1", "HTTP_USER_AGENT": "wrk"}
+    fmt = AccessFormat()
+    with tempfile.TemporaryDirectory() as directory:
+        handler = logs.AccessFileHandler(os.path.join(directory, "a.log"), encoding="utf-8")
+        count = 100_000
+        for _ in range(3):
+            started = time.process_time()
+            for _ in range(count):
+                handler.write_line(fmt.line(environ, "GET / HTTP/1.1", 200, [], 6, 0.001))
+            print(f"build + buffer one line: "
+                  f"{(time.process_time() - started) / count * 1e6:.2f} us CPU")
+        handler.close()
+
+
 def main():
+    if ARGS.micro:
+        return micro()
     results = {"off": [], "on": []}
     cpu = {"off": [], "on": []}
     steal_before, started = steal_jiffies(), time.monotonic()
@@ -129,5 +151,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--micro", action="store_true",
+                        help="only time building and buffering lines, in this process")
     ARGS = parser.parse_args()
     main()
