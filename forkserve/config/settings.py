@@ -382,6 +382,9 @@ SETTINGS = (
             "Accept a PROXY protocol header (v1, v2 or auto; bare flag: auto) before a "
             "connection's first request, from proxy_allow_ips: it sets REMOTE_ADDR and "
             "REMOTE_PORT.", metavar="MODE", kind="optional", section="http"),
+    Setting("load_progress_interval", ("--load-progress-interval",), _seconds, 5.0,
+            "While the application loads, log the elapsed time and the master's RSS every "
+            "this many seconds. 0 logs only the start and the end.", metavar="SECONDS"),
     Setting("proxy_allow_ips", ("--proxy-allow-from",), _allowed_addresses,
             lambda: ["127.0.0.1", "::1"],
             "Peers allowed to send a PROXY protocol header (others get 403): addresses, "

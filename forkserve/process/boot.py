@@ -21,7 +21,7 @@ import traceback
 from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import ignored, loader
-from forkserve.process import environment, hooks, privileges, reload, signals, sockets
+from forkserve.process import environment, hooks, privileges, progress, reload, signals, sockets
 
 __all__ = ["run"]
 
@@ -76,7 +76,8 @@ def run(cfg, app=None, app_name=None) -> int:
                 from gevent import monkey
                 monkey.patch_all()
             try:
-                app = loader.load(cfg.app)
+                with progress.loading(cfg.app, cfg.load_progress_interval):
+                    app = loader.load(cfg.app)
             except loader.AppLoadError as exc:
                 _log_load_error(exc)
                 return exits.APP_LOAD_ERROR
