@@ -119,13 +119,10 @@ ROWS = (
     _honoured("limit_request_line"),
     _honoured("limit_request_fields"),
     _honoured("limit_request_field_size"),
-    _refused("reload", "Not yet available in forkserve: restart it yourself, or send HUP to "
-             "reload code and data without dropping requests.", flags=("--reload",),
-             switch=True, harmless=(False,)),
-    _refused("reload_engine", "Not yet available (see reload).", flags=("--reload-engine",),
-             harmless=("auto",)),
-    _refused("reload_extra_files", "Not yet available (see reload).",
-             flags=("--reload-extra-file",), harmless=([],)),
+    _honoured("reload", "Development tool: a changed source file reloads the application "
+              "and its data in a new generation (as HUP), not just the workers."),
+    _honoured("reload_engine", "auto and poll (forkserve polls); inotify is refused."),
+    _honoured("reload_extra_files"),
     _refused("spew", "Use python -X importtime or a profiler; forkserve has no tracer.",
              flags=("--spew",), switch=True, harmless=(False,)),
     _honoured("check_config", "Check the settings and load the application, then exit; "

@@ -201,6 +201,24 @@ def _log_format(value) -> str:
 _log_format.__name__ = "str"
 
 
+def _path_list(value) -> list:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [_text(item) for item in items]
+
+
+_path_list.__name__ = "list"
+
+
+def _reload_engine(value) -> str:
+    engine = str(value).strip().lower()
+    if engine not in ("auto", "poll"):
+        raise ValueError(f"forkserve polls for changes; use auto or poll, not {value!r}")
+    return engine
+
+
+_reload_engine.__name__ = "str"
+
+
 def _proxy_protocol(value) -> str:
     if value is True:
         return "auto"
@@ -385,6 +403,15 @@ SETTINGS = (
     Setting("load_progress_interval", ("--load-progress-interval",), _seconds, 5.0,
             "While the application loads, log the elapsed time and the master's RSS every "
             "this many seconds. 0 logs only the start and the end.", metavar="SECONDS"),
+    Setting("reload", ("--reload",), _flag, False,
+            "Development tool: reload the application (as HUP does) when one of its source "
+            "files changes. Polls every second.", kind="flag"),
+    Setting("reload_extra_files", ("--reload-extra-file",), _path_list, lambda: [],
+            "With --reload, also watch this file (templates, data). Repeat for several.",
+            metavar="FILE", kind="append"),
+    Setting("reload_engine", ("--reload-engine",), _reload_engine, "auto",
+            "How --reload watches: auto or poll (forkserve always polls; inotify is refused).",
+            metavar="ENGINE"),
     Setting("proxy_allow_ips", ("--proxy-allow-from",), _allowed_addresses,
             lambda: ["127.0.0.1", "::1"],
             "Peers allowed to send a PROXY protocol header (others get 403): addresses, "

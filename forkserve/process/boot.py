@@ -21,7 +21,8 @@ import traceback
 from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import ignored, loader
-from forkserve.process import environment, hooks, privileges, progress, reload, signals, sockets
+from forkserve.process import (autoreload, environment, hooks, privileges, progress, reload,
+                               signals, sockets)
 
 __all__ = ["run"]
 
@@ -101,6 +102,7 @@ def run(cfg, app=None, app_name=None) -> int:
             pidfile = write_pidfile(cfg.pid)
         from forkserve.process import worker
         worker.preload()
+        autoreload.install(cfg)
         cow.harden()
         hooks.post_freeze()
         status = _serve(cfg, app, listeners, app_name, stats_listener)

@@ -26,7 +26,7 @@ import time
 
 from forkserve import exits
 from forkserve.memory import reporter
-from forkserve.process import hooks, procname, reload, signals, systemd
+from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
 from forkserve.exits import HaltServer
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
@@ -124,6 +124,7 @@ class Master:
                 self.check_reload()
                 self.manage()
                 self.log_memory()
+                autoreload.poll()
                 self.sleep()
         except HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)

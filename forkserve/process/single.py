@@ -18,7 +18,7 @@ from gevent import monkey
 
 from forkserve.memory import cow, reporter
 from forkserve import exits, logs
-from forkserve.process import hooks, procname, reload, signals, systemd
+from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
 from forkserve.process.worker import make_servers
 
 __all__ = ["SingleServer"]
@@ -67,6 +67,7 @@ class SingleServer:
         next_memory_log = 0.0
         while self.stop_mode is None:
             cow.check()
+            autoreload.poll()
             if self.reload_requested and self.pending is None:
                 self.reload_requested = False
                 self._start_generation()
