@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from forkserve_testing import poll
+from forkserve_testing import kill_group, poll
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("locust")
@@ -53,8 +53,4 @@ def test_ctrl_c_pressed_any_number_of_times_stops_the_server(tmp_path, presses):
         poll(lambda: not alive(master) and not alive(worker), timeout=10,
              message="forkserve's master and worker gone")
     finally:
-        try:
-            os.killpg(locust.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        locust.wait(10)
+        kill_group(locust, 10)

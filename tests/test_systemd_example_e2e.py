@@ -2,6 +2,7 @@
 (systemd's own tool for socket activation outside systemd)."""
 
 import configparser
+import contextlib
 import os
 import pathlib
 import re
@@ -14,7 +15,7 @@ import sys
 
 import pytest
 
-from forkserve_testing import poll
+from forkserve_testing import kill_group, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +52,7 @@ def test_the_units_say_what_the_server_needs():
     assert " -b " not in service["Service"]["ExecStart"]  # the socket comes from systemd
 
 
+@contextlib.contextmanager
 def run_activated(tmp_path, extra=()):
     """The .service's ExecStart (its options, the test app) behind the .socket's
     ListenStream (moved into tmp_path), via systemd-socket-activate."""
@@ -67,13 +69,16 @@ def run_activated(tmp_path, extra=()):
         [ACTIVATE, "-l", str(sock_path), sys.executable, "-m", "forkserve", *options, "-w", "2",
          *extra, "basic:app"], cwd=APPS, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
-    poll(sock_path.exists, timeout=20, message="systemd-socket-activate's socket")
-    return proc, sock_path, log
+    try:
+        poll(sock_path.exists, timeout=20, message="systemd-socket-activate's socket")
+        yield proc, sock_path
+    finally:
+        kill_group(proc, 10)
+        log.close()
 
 
 def test_socket_activation_serves_reloads_and_stops_cleanly(tmp_path):
-    proc, sock_path, log = run_activated(tmp_path)
-    try:
+    with run_activated(tmp_path) as (proc, sock_path):
         first = get(sock_path, "/pid")  # the first connection starts the server
         assert first.isdigit()
         text = (tmp_path / "server.log").read_text()
@@ -84,26 +89,11 @@ def test_socket_activation_serves_reloads_and_stops_cleanly(tmp_path):
         assert get(sock_path, "/pid").isdigit()
         os.kill(proc.pid, signal.SIGTERM)  # systemctl stop, KillMode=mixed
         assert proc.wait(30) == 0
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(5)
-        log.close()
 
 
 def test_a_bind_beside_socket_activation_is_not_silently_ignored(tmp_path):
-    proc, sock_path, log = run_activated(tmp_path, extra=("-b", "127.0.0.1:1"))
-    try:
+    with run_activated(tmp_path, extra=("-b", "127.0.0.1:1")) as (_, sock_path):
         assert get(sock_path, "/pid").isdigit()  # systemd's socket serves
         text = (tmp_path / "server.log").read_text()
         assert "bind (127.0.0.1:1, from command line) is ignored: systemd passed 1 listening " \
                "socket(s)" in text
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(5)
-        log.close()
