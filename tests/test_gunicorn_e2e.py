@@ -350,3 +350,31 @@ def test_pythonpath_finds_the_application_and_umask_sets_the_unix_socket_mode(tm
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(5)
+
+
+def test_hup_runs_on_reload_pre_exec_and_pre_retire(servers, tmp_path):
+    server = servers("forkserve", "-c", HOOKS_CONF, "-w", "1", app="flask_site:app",
+                     env={"HOOK_DIR": str(tmp_path)})
+    master = server.pid
+    poll(lambda: hook_calls(tmp_path, "post_worker_init"), message="the worker")
+    server.signal(signal.SIGHUP)
+    poll(lambda: hook_calls(tmp_path, "pre_retire"), timeout=30, message="pre_retire")
+    assert hook_calls(tmp_path, "on_reload") == [{"pid": master}]
+    assert hook_calls(tmp_path, "pre_exec") == [{"pid": master}]
+    assert hook_calls(tmp_path, "pre_retire") == [{"pid": master, "generation": 1}]
+    # the new generation ran the config file's hooks too
+    assert len(hook_calls(tmp_path, "when_ready")) == 2
+
+
+def test_a_worker_killed_for_timeout_runs_worker_abort(servers, tmp_path):
+    server = servers("forkserve", "-c", HOOKS_CONF, "-w", "1", "--timeout", "1",
+                     app="flask_site:app", env={"HOOK_DIR": str(tmp_path)})
+    [booted] = poll(lambda: hook_calls(tmp_path, "post_worker_init"), message="the worker")
+    try:
+        server.get("/block", timeout=3)
+    except OSError:
+        pass  # the worker dies with the request in flight
+    aborted = poll(lambda: hook_calls(tmp_path, "worker_abort"), timeout=20,
+                   message="worker_abort")
+    assert aborted == [{"pid": booted["pid"]}]
+    assert "timed out" in server.log()

@@ -36,3 +36,10 @@ def created():
 def printed():
     print("printed by the application", flush=True)
     return "ok"
+
+
+@app.route("/block")
+def block():
+    from gevent import monkey
+    monkey.get_original("time", "sleep")(30)  # blocks the worker's event loop
+    return "unblocked"

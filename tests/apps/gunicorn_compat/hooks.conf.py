@@ -71,3 +71,19 @@ def post_freeze(server):
 
 def on_exit(server):
     _record("on_exit", pid=server.pid)
+
+
+def on_reload(server):
+    _record("on_reload", pid=server.pid)
+
+
+def pre_exec(server):
+    _record("pre_exec", pid=server.pid)
+
+
+def pre_retire(server, generation):
+    _record("pre_retire", pid=server.pid, generation=generation)
+
+
+def worker_abort(worker):
+    _record("worker_abort", pid=worker.pid)
