@@ -7,6 +7,7 @@ applies to forkserve's two loggers. capture_output sends the process's
 stdout and stderr (descriptors 1 and 2) to the error log file.
 """
 
+import atexit
 import json
 import logging
 import logging.config
@@ -50,11 +51,20 @@ class AccessFileHandler(logging.FileHandler):
     flush_interval = 0.5
     _flush_timer = None
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Not only logging.shutdown: an application that calls dictConfig
+        # (Django does, at setup) closes every handler and drops it from
+        # logging's list, and this one reopens on the next line.
+        atexit.register(self.flush)
+
     def emit(self, record):
         self.write_line(self.format(record))
 
     def write_line(self, line):
         """Append one line; the direct path for forkserve's own access log."""
+        if self.stream is None:  # closed by a logging (re)configuration: reopen
+            self.stream = self._open()
         self.stream.write(line + "\n")
         if self._flush_timer is None:
             from gevent import get_hub

@@ -199,3 +199,17 @@ def test_bind_beside_systemd_socket_activation_is_reported_as_ignored(tmp_path):
     assert "127.0.0.1:9000" in message and "ListenStream=" in message
     assert ignored.check(parse(["a:b"], environ={}, cwd=str(tmp_path)), activated, 123) == []
     assert ignored.check(cfg, {"LISTEN_FDS": "1", "LISTEN_PID": "999"}, 123) == []
+
+
+def test_numeric_user_and_group_and_web_concurrency_as_in_gunicorn(tmp_path, monkeypatch):
+    path = write(tmp_path, "user = 0\ngroup = 0\n")
+    monkeypatch.setenv("WEB_CONCURRENCY", "3")
+    cfg = parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))
+    assert (cfg.user, cfg.group, cfg.workers) == ("0", "0", 3)
+
+
+def test_a_logconfig_dict_that_cannot_survive_a_reload_is_refused(tmp_path):
+    path = write(tmp_path, "import logging\nlogconfig_dict = {'version': 1, "
+                           "'filters': {'f': {'()': logging.Filter}}}\n")
+    with pytest.raises(ConfigError, match="name classes and functions by dotted path"):
+        parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))

@@ -100,8 +100,8 @@ ROWS = (
     _honoured("wsgi_app", "The application, as MODULE:APP.", target="app"),
     _honoured("bind"),
     _honoured("backlog"),
-    _honoured("workers", "Default: the number of CPUs (Gunicorn: 1). 0 serves from one "
-              "process."),
+    _honoured("workers", "Default: $WEB_CONCURRENCY as in Gunicorn, else the number of "
+              "CPUs (Gunicorn: 1). 0 serves from one process."),
     _refused("worker_class", "forkserve workers are always gevent (one greenlet per "
              "connection); remove worker_class, or use gunicorn for other worker types.",
              flags=("-k", "--worker-class"),

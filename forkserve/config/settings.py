@@ -177,6 +177,22 @@ def _mapping(value) -> dict:
 _mapping.__name__ = "dict"
 
 
+def _json_mapping(value) -> dict:
+    """A dict that survives JSON: a reload hands the settings over as JSON."""
+    mapping = _mapping(value)
+    import json
+    try:
+        json.dumps(mapping)
+    except (TypeError, ValueError):
+        raise ValueError("must hold only strings, numbers, lists and dicts (name classes and "
+                         "functions by dotted path, as in '()': 'package.module.factory')"
+                         ) from None
+    return mapping
+
+
+_json_mapping.__name__ = "dict"
+
+
 def _scheme_headers(value) -> dict:
     return {str(name).upper(): str(val) for name, val in _mapping(value).items()}
 
@@ -237,6 +253,24 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) or 1
 
 
+def _default_workers() -> int:
+    """WEB_CONCURRENCY when set (as Gunicorn and Heroku), else the CPU count."""
+    try:
+        return _whole(0)(os.environ["WEB_CONCURRENCY"])
+    except (KeyError, ValueError):
+        return _cpu_count()
+
+
+def _name_or_id(value) -> str:
+    """A user or group: a name, or a number (Gunicorn config files use both)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return _text(value)
+
+
+_name_or_id.__name__ = "str"
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str
@@ -259,7 +293,7 @@ class Setting:
 
     def shown_default(self) -> str:
         if self.name == "workers":
-            return "number of CPUs"
+            return "$WEB_CONCURRENCY, else the number of CPUs"
         value = self.default_value()
         if value is None:
             return "(none)"
@@ -277,7 +311,7 @@ SETTINGS = (
             "Address to listen on: HOST:PORT, [IPv6]:PORT or unix:PATH. Repeat for several; "
             "port 0 picks a free port (the real one is logged).",
             metavar="ADDRESS", kind="append"),
-    Setting("workers", ("-w", "--workers"), _whole(0), _cpu_count,
+    Setting("workers", ("-w", "--workers"), _whole(0), _default_workers,
             "Number of forked worker processes. 0 serves from one process with no fork.",
             metavar="N"),
     Setting("worker_connections", ("--worker-connections",), _whole(1), 1000,
@@ -352,10 +386,10 @@ SETTINGS = (
     Setting("header_timeout", ("--header-timeout",), _seconds, 10.0,
             "Seconds a client has to send the request line and headers.",
             metavar="SECONDS", section="http"),
-    Setting("user", ("-u", "--user"), _text, None,
+    Setting("user", ("-u", "--user"), _name_or_id, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",
             metavar="USER", section="security"),
-    Setting("group", ("-g", "--group"), _text, None,
+    Setting("group", ("-g", "--group"), _name_or_id, None,
             "Switch workers to this group (name or gid) after the sockets are bound.",
             metavar="GROUP", section="security"),
     # --- Gunicorn's settings forkserve honours under their Gunicorn names
@@ -372,7 +406,7 @@ SETTINGS = (
             "Configure logging with logging.config.fileConfig(FILE); its 'gunicorn.error' and "
             "'gunicorn.access' loggers configure forkserve's.", metavar="FILE",
             section="logging"),
-    Setting("logconfig_dict", ("--log-config-dict",), _mapping, None,
+    Setting("logconfig_dict", ("--log-config-dict",), _json_mapping, None,
             "Configure logging with logging.config.dictConfig over Gunicorn's default "
             "dict (JSON on the command line).", metavar="JSON", section="logging"),
     Setting("logconfig_json", ("--log-config-json",), _text, None,
