@@ -378,3 +378,19 @@ def test_a_worker_killed_for_timeout_runs_worker_abort(servers, tmp_path):
                    message="worker_abort")
     assert aborted == [{"pid": booted["pid"]}]
     assert "timed out" in server.log()
+
+
+@pytest.mark.parametrize("kind", ["forkserve", "gunicorn"])
+def test_falcon_behind_a_balancer_from_a_gunicorn_config_file(servers, tmp_path, kind):
+    log = tmp_path / "access.log"
+    server = servers(kind, "-c", os.path.join(COMPAT, "falcon.conf.py"), "--access-logfile",
+                     str(log), app="falcon_site:app")
+    assert server.get("/scheme", headers={"X-Scheme": "https", "X-Request-Id": "r-1"}) == \
+        (200, "https")
+    assert server.get("/scheme", headers={"X-Forwarded-Proto": "https"}) == (200, "http")
+    lines = [json.loads(line) for line in _lines(log, 2)]
+    assert lines == [
+        {"ip": "127.0.0.1", "request": "GET /scheme HTTP/1.1", "status": 200, "id": "r-1",
+         "scheme": "https"},
+        {"ip": "127.0.0.1", "request": "GET /scheme HTTP/1.1", "status": 200, "id": "-",
+         "scheme": "http"}]
