@@ -394,3 +394,27 @@ def test_falcon_behind_a_balancer_from_a_gunicorn_config_file(servers, tmp_path,
          "scheme": "https"},
         {"ip": "127.0.0.1", "request": "GET /scheme HTTP/1.1", "status": 200, "id": "-",
          "scheme": "http"}]
+
+
+@pytest.mark.parametrize("hook, status", [("on_starting(server)", 1), ("when_ready(server)", 1),
+                                          ("pre_fork(server, worker)", 1)])
+def test_a_raising_master_hook_stops_the_server_with_its_traceback(tmp_path, hook, status):
+    name = hook.split("(")[0]
+    conf = tmp_path / "raising.conf.py"
+    conf.write_text(f"def {hook}:\n    raise RuntimeError('boom in {name}')\n")
+    done = subprocess.run([sys.executable, "-m", "forkserve", "-c", str(conf), "-b",
+                           "127.0.0.1:0", "-w", "1", "flask_site:app"], cwd=COMPAT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == status
+    assert f"Exception in {name} hook:\nTraceback" in done.stderr
+    assert f"the {name} hook raised RuntimeError: boom in {name}" in done.stderr
+    assert done.stderr.count("Traceback") == 1
+
+
+def test_a_raising_on_exit_hook_makes_the_exit_status_1_like_gunicorn(servers, tmp_path):
+    conf = tmp_path / "exit.conf.py"
+    conf.write_text("def on_exit(server):\n    raise RuntimeError('boom on_exit')\n")
+    for kind in ("forkserve", "gunicorn"):
+        server = servers(kind, "-c", str(conf), app="flask_site:app")
+        server.signal(signal.SIGTERM)
+        assert server.wait_exit() == 1, kind

@@ -70,6 +70,9 @@ def run(cfg, app=None, app_name=None) -> int:
     except sockets.BindError as exc:
         _complain(str(exc))
         return exits.BIND_ERROR
+    except exits.HaltServer as halt:  # on_starting raised (its traceback is logged)
+        _complain(halt.reason)
+        return halt.status
     pidfile = None
     try:
         if app is None:
@@ -105,9 +108,7 @@ def run(cfg, app=None, app_name=None) -> int:
         autoreload.install(cfg)
         cow.harden()
         hooks.post_freeze()
-        status = _serve(cfg, app, listeners, app_name, stats_listener)
-        hooks.on_exit()
-        return status
+        return hooks.on_exit(_serve(cfg, app, listeners, app_name, stats_listener))
     except exits.HaltServer as halt:
         log.error("%s", halt.reason)
         return halt.status

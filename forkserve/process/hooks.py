@@ -21,8 +21,9 @@ Gunicorn treats it:
   - post_fork, post_worker_init: the worker fails to boot (the exception
     propagates to forkserve.process.worker, which exits WORKER_BOOT_ERROR);
   - pre_request: the request gets a 500 (the application is not called);
-  - post_request, worker_exit, worker_int, worker_abort, on_exit: logged, and
-    the server carries on with what it was doing.
+  - on_exit: the server still exits, with status 1;
+  - post_request, worker_exit, worker_int, worker_abort: logged, and the
+    server carries on with what it was doing.
 """
 
 import logging
@@ -224,10 +225,17 @@ def child_exit(index, pid):
     _master_hook("child_exit", view)
 
 
-def on_exit():
+def on_exit(status):
+    """The server's exit status after on_exit: 1 if the hook raised (as Gunicorn)."""
     function = _functions.get("on_exit")
-    if function is not None:
-        _logged_hook("on_exit", _server)
+    if function is None:
+        return status
+    try:
+        function(_server)
+    except Exception:
+        log.error("Exception in on_exit hook:\n%s", traceback.format_exc())
+        return status or exits.FAILURE
+    return status
 
 
 def post_fork(worker):
