@@ -418,3 +418,62 @@ def test_a_raising_on_exit_hook_makes_the_exit_status_1_like_gunicorn(servers, t
         server = servers(kind, "-c", str(conf), app="flask_site:app")
         server.signal(signal.SIGTERM)
         assert server.wait_exit() == 1, kind
+
+
+@pytest.mark.parametrize("kind", ["forkserve", "gunicorn"])
+def test_log_config_file_configures_gunicorns_logger_names(servers, tmp_path, kind):
+    target = tmp_path / "ini-access.log"
+    ini = tmp_path / "logging.ini"
+    ini.write_text(f"""\
+[loggers]
+keys=root,access,error
+
+[handlers]
+keys=file,stderr
+
+[formatters]
+keys=tagged
+
+[logger_root]
+level=WARNING
+handlers=
+
+[logger_access]
+level=INFO
+handlers=file
+propagate=0
+qualname=gunicorn.access
+
+[logger_error]
+level=INFO
+handlers=stderr
+propagate=0
+qualname=gunicorn.error
+
+[handler_file]
+class=FileHandler
+formatter=tagged
+args=({str(target)!r},)
+
+[handler_stderr]
+class=StreamHandler
+formatter=tagged
+args=(sys.stderr,)
+
+[formatter_tagged]
+format=ACCESS %(message)s
+""")
+    server = servers(kind, "--log-config", str(ini), app="flask_site:app")
+    server.get("/hello")
+    line = poll(lambda: target.exists() and target.read_text(), message="a line via fileConfig")
+    assert line.startswith("ACCESS 127.0.0.1 - - [") and '"GET /hello HTTP/1.1" 200' in line
+
+
+def test_ctrl_c_runs_worker_int_in_each_worker(servers, tmp_path):
+    server = servers("forkserve", "-c", HOOKS_CONF, "-w", "2", app="flask_site:app",
+                     env={"HOOK_DIR": str(tmp_path)})
+    poll(lambda: len(hook_calls(tmp_path, "post_worker_init")) == 2, message="2 workers")
+    workers = {call["pid"] for call in hook_calls(tmp_path, "post_worker_init")}
+    server.signal(signal.SIGINT)
+    assert server.wait_exit() == 0
+    assert {call["pid"] for call in hook_calls(tmp_path, "worker_int")} == workers
