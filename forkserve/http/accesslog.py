@@ -42,6 +42,9 @@ def _quoted(value):
     return value.translate(_ESCAPES).encode("ascii", "backslashreplace").decode("ascii")
 
 
+#: finds a character a log value cannot hold as is: not printable ASCII, '"' or '\\'
+_NEEDS_ESCAPE = re.compile(r'[^\x20\x21\x23-\x5b\x5d-\x7e]').search
+
 _ESCAPES = {ord('"'): '\\"', ord("\\"): "\\\\",
             **{code: "\\x%02x" % code for code in [*range(32), 127]}}
 
@@ -89,13 +92,12 @@ class AccessFormat:
         the request took, `now` the wall-clock time (default: now).
         """
         facts = (environ, request_line, status, response_headers, sent, seconds, now, self)
-        values = {}
-        for atom, getter in self._getters:
-            value = getter(facts)
-            if value.__class__ is str and not (value.isascii() and value.isprintable()
-                                               and '"' not in value and "\\" not in value):
-                value = _quoted(value)
-            values[atom] = value
+        values = {atom: getter(facts) for atom, getter in self._getters}
+        texts = [value for value in values.values() if value.__class__ is str]
+        if _NEEDS_ESCAPE("".join(texts)) is not None:  # one scan; rarely true
+            for atom, value in values.items():
+                if value.__class__ is str and _NEEDS_ESCAPE(value) is not None:
+                    values[atom] = _quoted(value)
         return self.format % values
 
     def stamp(self, now):
