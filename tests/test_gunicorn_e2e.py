@@ -477,3 +477,12 @@ def test_ctrl_c_runs_worker_int_in_each_worker(servers, tmp_path):
     server.signal(signal.SIGINT)
     assert server.wait_exit() == 0
     assert {call["pid"] for call in hook_calls(tmp_path, "worker_int")} == workers
+
+
+def test_request_hooks_get_a_worker_in_single_process_mode(servers, tmp_path):
+    server = servers("forkserve", "-c", HOOKS_CONF, "-w", "0", app="flask_site:app",
+                     env={"HOOK_DIR": str(tmp_path)})
+    assert server.get("/hello")[0] == 200
+    done = poll(lambda: hook_calls(tmp_path, "post_request"), message="post_request")
+    assert done == [{"path": "/hello", "status": 200, "sent": 17, "scheme": "http", "nr": 1}]
+    assert "the post_fork hook never runs with -w 0" in server.log()

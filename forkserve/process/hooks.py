@@ -101,10 +101,12 @@ class WorkerView:
         self.log = log
         self.booted = False
         self.alive = True
+        self.started = 0         # requests begun, counted by the request-hook wrapper
 
     @property
     def nr(self):
-        return self._worker.requests
+        """Requests this worker has begun, the current one included (as Gunicorn)."""
+        return max(self.started, self._worker.requests)
 
     @property
     def wsgi(self):
@@ -185,8 +187,14 @@ def on_starting():
     _master_hook("on_starting")
 
 
-def when_ready(master=None):
+def when_ready(master=None, single=None):
+    """Once serving starts. With -w 0 (`single`, the SingleServer) this process
+    is also the worker that pre_request/post_request hooks get."""
+    global _current
     _server.master = master
+    if single is not None:
+        _current = WorkerView(single, 1)
+        _current.pid, _current.booted = os.getpid(), True
     _master_hook("when_ready")
 
 
@@ -304,6 +312,8 @@ class _HookedApp:
     def __call__(self, environ, start_response):
         request = Request(environ)
         worker = _current
+        if worker is not None:
+            worker.started += 1
         if self.pre is not None:
             self.pre(worker, request)  # a raise reaches the handler: 500, logged
         if self.post is None:

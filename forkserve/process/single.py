@@ -61,7 +61,7 @@ class SingleServer:
             server.start()
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
-        hooks.when_ready()
+        hooks.when_ready(single=self)
         reload.signal_ready()
         systemd.notify("READY=1")
         next_memory_log = 0.0
