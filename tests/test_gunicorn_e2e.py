@@ -486,3 +486,16 @@ def test_request_hooks_get_a_worker_in_single_process_mode(servers, tmp_path):
     done = poll(lambda: hook_calls(tmp_path, "post_request"), message="post_request")
     assert done == [{"path": "/hello", "status": 200, "sent": 17, "scheme": "http", "nr": 1}]
     assert "the post_fork hook never runs with -w 0" in server.log()
+
+
+def test_check_config_runs_no_hook_and_fails_on_hooks_that_would_never_run(tmp_path):
+    def check(*args):
+        return subprocess.run([sys.executable, "-m", "forkserve", "--check-config", "-c",
+                               HOOKS_CONF, *args, "flask_site:app"], cwd=COMPAT,
+                              capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, HOOK_DIR=str(tmp_path)))
+    assert check("-w", "2").returncode == 0
+    single = check("-w", "0")
+    assert single.returncode == 2
+    assert "the pre_fork hook never runs with -w 0" in single.stderr
+    assert os.listdir(tmp_path) == []  # not even on_starting: no server was started

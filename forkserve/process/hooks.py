@@ -150,10 +150,12 @@ class Response:
 # --- installing and calling ---
 
 def install(cfg):
-    """Take the config file's hooks (cfg.hooks). Called once, at boot."""
+    """Take the config file's hooks (cfg.hooks). Called once, at boot.
+    --check-config runs none (as Gunicorn's: it starts no server)."""
     global _server
     _functions.clear()
-    _functions.update(cfg.hooks)
+    if not cfg.check_config:
+        _functions.update(cfg.hooks)
     _server = ServerView(cfg)
 
 
