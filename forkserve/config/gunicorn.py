@@ -127,8 +127,9 @@ ROWS = (
              flags=("--spew",), switch=True, harmless=(False,)),
     _honoured("check_config", "Check the settings and load the application, then exit; "
               "exits non-zero when a setting would be ignored."),
-    _refused("print_config", "Use --check-config; forkserve logs each setting's source at "
-             "debug level.", flags=("--print-config",), switch=True, harmless=(False,)),
+    _refused("print_config", "Use --check-config (it loads the application and reports "
+             "settings that would be ignored); forkserve --help lists every setting.",
+             flags=("--print-config",), switch=True, harmless=(False,)),
     _refused("preload_app", "forkserve always loads the application once, in the master, "
              "before forking: that is how workers share its data. Remove "
              "preload_app = False.", flags=("--preload",), switch=True, harmless=(True,)),
