@@ -1,12 +1,22 @@
 """Logging setup: the server log ("forkserve.error") and the access log
-("forkserve.access"), each to stderr/stdout or a file that USR1 reopens."""
+("forkserve.access"), each to stderr/stdout or a file that USR1 reopens.
 
+Gunicorn's logconfig, logconfig_dict and logconfig_json hand the setup to
+logging.config; what they say about "gunicorn.error" and "gunicorn.access"
+applies to forkserve's two loggers. capture_output sends the process's
+stdout and stderr (descriptors 1 and 2) to the error log file.
+"""
+
+import atexit
+import json
 import logging
+import logging.config
 import os
 import sys
 import time
 
-__all__ = ["setup", "reopen", "error_log", "access_log"]
+__all__ = ["setup", "reopen", "error_log", "access_log", "access_enabled", "access_writer",
+           "AccessFileHandler"]
 
 error_log = logging.getLogger("forkserve.error")
 access_log = logging.getLogger("forkserve.access")
@@ -21,14 +31,62 @@ class _Formatter(logging.Formatter):
         return time.strftime("%Y-%m-%d %H:%M:%S %z", self.converter(record.created))
 
 
-def _handler(target, stream):
+def _handler(target, stream, file_class=logging.FileHandler):
     if target in (None, "-"):
         return logging.StreamHandler(stream)
     directory = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(directory):
         raise OSError(f"log file directory {directory} does not exist; create it or "
                       "choose another path")
-    return logging.FileHandler(target, encoding="utf-8", delay=False)
+    return file_class(target, encoding="utf-8", delay=False)
+
+
+class AccessFileHandler(logging.FileHandler):
+    """The access log file, written in blocks: a line reaches the file at most
+    `flush_interval` seconds after its request (or when the buffer fills, or
+    at exit: logging.shutdown flushes), instead of one write() per request.
+    The timer runs on the worker's gevent loop."""
+
+    #: seconds a line may wait in the buffer; one write per interval under load
+    flush_interval = 0.5
+    _flush_timer = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Not only logging.shutdown: an application that calls dictConfig
+        # (Django does, at setup) closes every handler and drops it from
+        # logging's list, and this one reopens on the next line.
+        atexit.register(self.flush)
+
+    def emit(self, record):
+        self.write_line(self.format(record))
+
+    def write_line(self, line):
+        """Append one line; the direct path for forkserve's own access log."""
+        if self.stream is None:  # closed by a logging (re)configuration: reopen
+            self.stream = self._open()
+        self.stream.write(line + "\n")
+        if self._flush_timer is None:
+            from gevent import get_hub
+            self._flush_timer = get_hub().loop.timer(self.flush_interval)
+            self._flush_timer.start(self.flush)
+
+    def flush(self):
+        timer, self._flush_timer = self._flush_timer, None
+        if timer is not None:
+            timer.close()
+        super().flush()
+
+
+def access_writer():
+    """A function taking one access log line: straight into the buffered file
+    when forkserve's own file handler is all the access logger has, else
+    through logging (a logging config's handlers and filters)."""
+    handlers = access_log.handlers
+    if (len(handlers) == 1 and type(handlers[0]) is AccessFileHandler and not access_log.filters
+            and not handlers[0].filters):
+        return handlers[0].write_line
+    return lambda line: access_log.info("%s", line)
 
 
 def setup(cfg):
@@ -36,8 +94,8 @@ def setup(cfg):
     level = getattr(logging, cfg.log_level.upper())
     _install(error_log, _handler(cfg.error_logfile, sys.stderr), level, _Formatter(_FORMAT))
     if cfg.access_logfile:
-        _install(access_log, _handler(cfg.access_logfile, sys.stdout), logging.INFO,
-                 logging.Formatter("%(message)s"))
+        _install(access_log, _handler(cfg.access_logfile, sys.stdout, AccessFileHandler),
+                 logging.INFO, logging.Formatter("%(message)s"))
     else:
         for handler in list(access_log.handlers):
             access_log.removeHandler(handler)
@@ -48,6 +106,80 @@ def setup(cfg):
     if not parent.handlers:
         parent.addHandler(_ProxyToError())
         parent.propagate = False
+    _configure(cfg)
+    _capture_output(cfg)
+
+
+def access_enabled(cfg) -> bool:
+    """Whether requests are logged: an access log file, or a logging config (as Gunicorn)."""
+    return bool(cfg.access_logfile or cfg.logconfig or cfg.logconfig_dict
+                or cfg.logconfig_json)
+
+
+#: Gunicorn's logging.config defaults, which a logconfig_dict is laid over
+_GUNICORN_DICT = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "root": {"level": "INFO", "handlers": ["console"]},
+    "loggers": {
+        "gunicorn.error": {"level": "INFO", "handlers": ["error_console"], "propagate": True},
+        "gunicorn.access": {"level": "INFO", "handlers": ["console"], "propagate": True},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "generic",
+                    "stream": "ext://sys.stdout"},
+        "error_console": {"class": "logging.StreamHandler", "formatter": "generic",
+                          "stream": "ext://sys.stderr"},
+    },
+    "formatters": {
+        "generic": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(message)s",
+                    "datefmt": "[%Y-%m-%d %H:%M:%S %z]", "class": "logging.Formatter"},
+    },
+}
+
+
+def _configure(cfg):
+    if not (cfg.logconfig or cfg.logconfig_dict or cfg.logconfig_json):
+        return
+    try:
+        if cfg.logconfig_dict or cfg.logconfig_json:
+            config = dict(_GUNICORN_DICT)
+            if cfg.logconfig_json:
+                with open(cfg.logconfig_json, encoding="utf-8") as handle:
+                    config.update(json.load(handle))
+            config.update(cfg.logconfig_dict or {})
+            logging.config.dictConfig(config)
+        if cfg.logconfig:
+            if not os.path.isfile(cfg.logconfig):
+                raise OSError(f"--log-config {cfg.logconfig}: no such file")
+            logging.config.fileConfig(cfg.logconfig, defaults={"__file__": cfg.logconfig,
+                                                               "here": os.path.dirname(
+                                                                   cfg.logconfig)},
+                                      disable_existing_loggers=False)
+    except (ValueError, TypeError, KeyError, ImportError, AttributeError) as exc:
+        raise OSError(f"the logging configuration failed: {type(exc).__name__}: {exc}; "
+                      "check logconfig / logconfig_dict / logconfig_json") from None
+    for ours, theirs in ((error_log, "gunicorn.error"), (access_log, "gunicorn.access")):
+        configured = logging.getLogger(theirs)
+        if configured.handlers or theirs in (cfg.logconfig_dict or {}).get("loggers", {}):
+            for handler in list(ours.handlers):
+                ours.removeHandler(handler)
+            for handler in configured.handlers:
+                ours.addHandler(handler)
+            ours.setLevel(configured.level or logging.INFO)
+            ours.propagate = configured.propagate
+            ours.disabled = False
+
+
+def _capture_output(cfg):
+    if not cfg.capture_output or cfg.error_logfile in (None, "-"):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(cfg.error_logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 class _ProxyToError(logging.Handler):
@@ -72,8 +204,10 @@ def _install(logger, handler, level, formatter):
     logger.disabled = False
 
 
-def reopen():
+def reopen(cfg=None):
     """Reopen file handlers (after logrotate moved the files)."""
+    if cfg is not None:
+        _capture_output(cfg)
     for logger in (error_log, access_log):
         for handler in logger.handlers:
             if isinstance(handler, logging.FileHandler):

@@ -113,3 +113,12 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             pass
         self.log_file.close()
+
+
+def kill_group(proc, timeout=5):
+    """SIGKILL the process group led by `proc` (a Popen started in a new session), reap it."""
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout)

@@ -55,3 +55,55 @@ def test_bottle_run_with_an_unknown_setting_says_which():
                          timeout=30)
     assert out.returncode != 0
     assert "unknown forkserve settings ['wrokers']" in out.stderr
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # zombies (exited, not yet reaped by the test) do not count
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def test_bottle_reloader_restarts_on_a_change_and_leaves_nothing_after_ctrl_c(tmp_path):
+    script = tmp_path / "reloading_script.py"
+    script.write_text(
+        "from gevent import monkey\n"
+        "monkey.patch_all()\n"
+        "import bottle\n"
+        "import forkserve.bottle  # noqa: F401\n"
+        "app = bottle.Bottle()\n"
+        "@app.get('/')\n"
+        "def index():\n"
+        "    return 'VERSION'\n"
+        "bottle.run(app, server='forkserve', host='127.0.0.1', port=0, workers=2,"
+        " reloader=True)\n".replace("VERSION", "one"))
+    server = ScriptServer([str(script)], tmp_path)
+    try:
+        server.wait_listening()
+        assert server.get("/") == (200, "one")
+        first = server.log().count("Listening at:")
+        script.write_text(script.read_text().replace("'one'", "'two'"))
+        stamp = time.time() + 2
+        os.utime(script, (stamp, stamp))
+        poll(lambda: server.log().count("Listening at:") > first, timeout=30,
+             message="the restarted server")
+        server.port = int(LISTENING.findall(server.log())[-1])
+        poll(lambda: server.get("/") == (200, "two"), message="the edited app")
+        assert "KeyError" not in server.log() and "Traceback" not in server.log()
+        server.signal(signal.SIGINT)  # Ctrl-C reaching only Bottle's parent process
+        server.wait_exit(15)
+        poll(lambda: not _group_alive(server.pid), timeout=20,
+             message="no forkserve master or worker left running")
+    finally:
+        server.kill_group()

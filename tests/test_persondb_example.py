@@ -273,3 +273,19 @@ def test_store_cache_in_an_unreadable_format_is_rebuilt(dataset, tmp_path, caplo
         people = persondb.load_store(dataset, str(store_path))
     assert len(people) == 300
     assert any("format version 1" in message for message in caplog.messages)
+
+
+def test_loading_and_building_log_people_counts_and_a_final_line(dataset, tmp_path,
+                                                                  monkeypatch, caplog):
+    monkeypatch.setattr(persondb, "PROGRESS_INTERVAL", 0.0)
+    monkeypatch.setattr(persondb, "PROGRESS_ROWS", 100)
+    caplog.set_level("INFO", logger="persondb")
+    persondb.load(dataset, "dict")
+    persondb.load(dataset, "store", str(tmp_path / "people.store"))
+    messages = [record.getMessage() for record in caplog.records if record.name == "persondb"]
+    assert [m for m in messages if "people so far" in m and m.startswith("reading")] and all(
+        f": {n} people so far" in " ".join(messages) for n in (100, 200, 300))
+    assert any(m.startswith("loaded 300 people from") for m in messages)
+    assert any(m.startswith("building ") and ": 300 people so far (100% of" in m
+               for m in messages)
+    assert any(m.startswith("built the store ") and ": 300 people in " in m for m in messages)

@@ -161,16 +161,30 @@ def in_shard(shard):
     return lambda email: shards.shard_of(email, count, bounds=bounds) == index
 
 
+#: seconds between "so far" lines while reading or building
+PROGRESS_INTERVAL = 5.0
+#: rows between looks at the clock while reading
+PROGRESS_ROWS = 10_000
+
+
 def load_dicts(path, shard=None):
-    """Read the CSV into ``{email: row dict}``, streaming it row by row."""
+    """Read the CSV into ``{email: row dict}``, streaming it row by row, with a
+    line every PROGRESS_INTERVAL seconds saying how many people are read."""
     f, reader = _open_csv(path)
     wanted = in_shard(shard)
     people = {}
+    started = last = time.monotonic()
     with f:
         try:
             for row in reader:
-                if wanted(row["email"]):
-                    people[row["email"]] = row
+                if not wanted(row["email"]):
+                    continue
+                people[row["email"]] = row
+                if (len(people) % PROGRESS_ROWS == 0
+                        and time.monotonic() - last >= PROGRESS_INTERVAL):
+                    last = time.monotonic()
+                    log.info("reading %s: %d people so far, %.0f s", path, len(people),
+                             last - started)
         except (UnicodeDecodeError, csv.Error) as e:
             raise PersonDBError(
                 f"PersonDB CSV {path!r} is malformed near line {reader.line_num} ({e})."
@@ -226,13 +240,28 @@ def _build_store(path, store_path, shard):
     # half-written store, and processes that map the old file keep reading
     # the old one (its pages are never rewritten under them).
     tmp = f"{store_path}.{os.getpid()}.tmp"
+    started = time.monotonic()
+    last = [started]
+
+    def progress(rows, bytes_read, total_bytes):
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_INTERVAL:
+            last[0] = now
+            log.info("building %s: %d people so far (%.0f%% of %.1f MB), %.0f s", store_path,
+                     rows, 100 * bytes_read / (total_bytes or 1), total_bytes / 1e6,
+                     now - started)
+
+    log.info("building the store %s from %s", store_path, path)
     try:
         if shard is None:
-            Store.from_csv(path, key="email", path=tmp).close()
+            store = Store.from_csv(path, key="email", path=tmp, progress=progress)
         else:
             wanted = in_shard(shard)
-            rows = (row for row in CsvRows(path, "email") if wanted(row[0]))
-            Store.build(rows, tmp, codec="row").close()
+            rows = (row for row in CsvRows(path, "email", progress) if wanted(row[0]))
+            store = Store.build(rows, tmp, codec="row")
+        log.info("built the store %s: %d people in %.1f s", store_path, len(store),
+                 time.monotonic() - started)
+        store.close()
         os.replace(tmp, store_path)
     finally:
         if os.path.exists(tmp):

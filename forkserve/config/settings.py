@@ -17,12 +17,14 @@ import argparse
 import dataclasses
 import os
 import runpy
+import shlex
 import sys
 import tomllib
 from typing import Any, Callable
 
 from forkserve.memory.workergc import DEFAULT as _WORKER_GC_DEFAULT
 from forkserve.memory.workergc import parse_policy as _worker_gc_policy
+from forkserve.config import gunicorn
 
 __all__ = ["Setting", "SETTINGS", "Config", "ConfigError", "parse", "settings_table"]
 
@@ -105,8 +107,170 @@ def _log_level(value) -> str:
 _log_level.__name__ = "str"
 
 
+# --- converters for the settings Gunicorn users bring (forkserve.config.gunicorn) ---
+
+def _env_list(value) -> list:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    pairs = []
+    for item in items:
+        key, sep, _ = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        pairs.append(str(item))
+    return pairs
+
+
+_env_list.__name__ = "list"
+
+
+def _umask(value) -> int:
+    try:
+        number = value if isinstance(value, int) and not isinstance(value, bool) else int(
+            str(value).strip(), 0)
+    except ValueError:
+        raise ValueError(f"expected a umask such as 0o022 or 18, got {value!r}") from None
+    if not 0 <= number <= 0o777:
+        raise ValueError(f"expected a umask between 0 and 0o777, got {value!r}")
+    return number
+
+
+_umask.__name__ = "int"
+
+
+def _allowed_addresses(value) -> list:
+    import ipaddress
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    addresses = [str(item).strip() for item in items if str(item).strip()]
+    for address in addresses:
+        if address != "*":
+            try:
+                ipaddress.ip_network(address, strict=False)
+            except ValueError:
+                raise ValueError(f"{address!r} is not an IP address, a network like "
+                                 "10.0.0.0/8, or '*'") from None
+    return addresses
+
+
+_allowed_addresses.__name__ = "list"
+
+
+def _mapping(value) -> dict:
+    """A dict, JSON text, or HEADER=value,HEADER=value text."""
+    if isinstance(value, dict):
+        return dict(value)
+    text = str(value).strip()
+    if text.startswith("{"):
+        import json
+        try:
+            loaded = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not valid JSON: {exc}") from None
+        if isinstance(loaded, dict):
+            return loaded
+    pairs = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ValueError(f"expected a dict, JSON or NAME=value,NAME=value; got {value!r}")
+        pairs[key.strip()] = val.strip()
+    return pairs
+
+
+_mapping.__name__ = "dict"
+
+
+def _json_mapping(value) -> dict:
+    """A dict that survives JSON: a reload hands the settings over as JSON."""
+    mapping = _mapping(value)
+    import json
+    try:
+        json.dumps(mapping)
+    except (TypeError, ValueError):
+        raise ValueError("must hold only strings, numbers, lists and dicts (name classes and "
+                         "functions by dotted path, as in '()': 'package.module.factory')"
+                         ) from None
+    return mapping
+
+
+_json_mapping.__name__ = "dict"
+
+
+def _scheme_headers(value) -> dict:
+    return {str(name).upper(): str(val) for name, val in _mapping(value).items()}
+
+
+_scheme_headers.__name__ = "dict"
+
+
+class _AnyAtom(dict):
+    def __missing__(self, key):
+        return "-"
+
+
+def _log_format(value) -> str:
+    text = _text(value)
+    try:
+        text % _AnyAtom()
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not a %-format with atoms like %(h)s: {exc}") from None
+    return text
+
+
+_log_format.__name__ = "str"
+
+
+def _path_list(value) -> list:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [_text(item) for item in items]
+
+
+_path_list.__name__ = "list"
+
+
+def _reload_engine(value) -> str:
+    engine = str(value).strip().lower()
+    if engine not in ("auto", "poll"):
+        raise ValueError(f"forkserve polls for changes; use auto or poll, not {value!r}")
+    return engine
+
+
+_reload_engine.__name__ = "str"
+
+
+def _proxy_protocol(value) -> str:
+    if value is True:
+        return "auto"
+    if value is False or value is None:
+        return "off"
+    mode = str(value).strip().lower()
+    if mode not in ("off", "v1", "v2", "auto"):
+        raise ValueError(f"expected off, v1, v2 or auto; got {value!r}")
+    return mode
+
+
+_proxy_protocol.__name__ = "str"
+
+
 def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) or 1
+
+
+def _default_workers() -> int:
+    """WEB_CONCURRENCY when set (as Gunicorn and Heroku), else the CPU count."""
+    try:
+        return _whole(0)(os.environ["WEB_CONCURRENCY"])
+    except (KeyError, ValueError):
+        return _cpu_count()
+
+
+def _name_or_id(value) -> str:
+    """A user or group: a name, or a number (Gunicorn config files use both)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return _text(value)
+
+
+_name_or_id.__name__ = "str"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +281,8 @@ class Setting:
     default: Any
     help: str
     metavar: str | None = None
-    # "value" takes an argument; "flag" is a switch; "append" repeats.
+    # "value" takes an argument; "flag" is a switch; "append" repeats;
+    # "optional" takes an argument or, alone, means "auto".
     kind: str = "value"
     section: str = "server"
 
@@ -130,12 +295,14 @@ class Setting:
 
     def shown_default(self) -> str:
         if self.name == "workers":
-            return "number of CPUs"
+            return "$WEB_CONCURRENCY, else the number of CPUs"
         value = self.default_value()
         if value is None:
             return "(none)"
         if isinstance(value, list):
-            return ",".join(value)
+            return ",".join(value) or "(none)"
+        if isinstance(value, dict):
+            return ",".join(f"{key}={val}" for key, val in value.items())
         if isinstance(value, bool):
             return "off" if not value else "on"
         return str(value)
@@ -146,7 +313,7 @@ SETTINGS = (
             "Address to listen on: HOST:PORT, [IPv6]:PORT or unix:PATH. Repeat for several; "
             "port 0 picks a free port (the real one is logged).",
             metavar="ADDRESS", kind="append"),
-    Setting("workers", ("-w", "--workers"), _whole(0), _cpu_count,
+    Setting("workers", ("-w", "--workers"), _whole(0), _default_workers,
             "Number of forked worker processes. 0 serves from one process with no fork.",
             metavar="N"),
     Setting("worker_connections", ("--worker-connections",), _whole(1), 1000,
@@ -185,10 +352,11 @@ SETTINGS = (
             section="logging"),
     Setting("config", ("-c", "--config"), _text, None,
             "Read settings from FILE: a Python file (like gunicorn.conf.py) or a TOML file "
-            "(its [tool.forkserve] table, or the whole file). ./forkserve.conf.py is read "
-            "when present and no -c is given.", metavar="FILE"),
+            "(its [tool.forkserve] table, or the whole file). ./forkserve.conf.py, else "
+            "./gunicorn.conf.py, is read when present and no -c is given.", metavar="FILE"),
     Setting("check_config", ("--check-config",), _flag, False,
-            "Check the settings and load the application, then exit (0 if all is well).",
+            "Check the settings and load the application, then exit: 0 if all is well, 2 if "
+            "a setting is invalid or would be ignored.",
             kind="flag"),
     Setting("no_monkey_patch", ("--no-monkey-patch",), _flag, False,
             "Do not call gevent.monkey.patch_all() before loading the application.",
@@ -237,12 +405,70 @@ SETTINGS = (
             "Seconds one send of the response may wait for a client that does not read; "
             "the connection is closed after. 0 disables.",
             metavar="SECONDS", section="http"),
-    Setting("user", ("-u", "--user"), _text, None,
+    Setting("user", ("-u", "--user"), _name_or_id, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",
             metavar="USER", section="security"),
-    Setting("group", ("-g", "--group"), _text, None,
+    Setting("group", ("-g", "--group"), _name_or_id, None,
             "Switch workers to this group (name or gid) after the sockets are bound.",
             metavar="GROUP", section="security"),
+    # --- Gunicorn's settings forkserve honours under their Gunicorn names
+    # (forkserve.config.gunicorn lists what happens to every Gunicorn setting) ---
+    Setting("access_log_format", ("--access-logformat",), _log_format,
+            '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"',
+            "Access log line, with Gunicorn's atoms (h l u t r m U q H s B b f a T D M L p, "
+            "{header}i, {header}o, {variable}e). The default is Gunicorn's.",
+            metavar="FORMAT", section="logging"),
+    Setting("capture_output", ("--capture-output",), _flag, False,
+            "Send the application's stdout and stderr to the error log file.",
+            kind="flag", section="logging"),
+    Setting("logconfig", ("--log-config",), _text, None,
+            "Configure logging with logging.config.fileConfig(FILE); its 'gunicorn.error' and "
+            "'gunicorn.access' loggers configure forkserve's.", metavar="FILE",
+            section="logging"),
+    Setting("logconfig_dict", ("--log-config-dict",), _json_mapping, None,
+            "Configure logging with logging.config.dictConfig over Gunicorn's default "
+            "dict (JSON on the command line).", metavar="JSON", section="logging"),
+    Setting("logconfig_json", ("--log-config-json",), _text, None,
+            "Like --log-config-dict, read from a JSON file.", metavar="FILE",
+            section="logging"),
+    Setting("raw_env", ("-e", "--env"), _env_list, lambda: [],
+            "Set an environment variable (KEY=VALUE) before the application loads. Repeat "
+            "for several.", metavar="KEY=VALUE", kind="append"),
+    Setting("pythonpath", ("--pythonpath",), _text, None,
+            "Comma-separated directories to put first on sys.path.", metavar="DIRS"),
+    Setting("umask", ("-m", "--umask"), _umask, 0,
+            "File mode creation mask of the server (affects unix sockets, logs, pid file).",
+            metavar="MASK", section="security"),
+    Setting("forwarded_allow_ips", ("--forwarded-allow-ips",), _allowed_addresses,
+            lambda: os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1").split(","),
+            "Peers trusted to set secure_scheme_headers: addresses, networks (CIDR) or '*'. "
+            "Unix-socket peers are always trusted.", metavar="ADDRESSES", section="http"),
+    Setting("secure_scheme_headers", ("--secure-scheme-headers",), _scheme_headers,
+            lambda: {"X-FORWARDED-PROTOCOL": "ssl", "X-FORWARDED-PROTO": "https",
+                     "X-FORWARDED-SSL": "on"},
+            "Headers (and values) by which a trusted proxy says the request came over "
+            "https: wsgi.url_scheme becomes https. Contradicting headers get 400.",
+            metavar="NAME=VALUE,...", section="http"),
+    Setting("proxy_protocol", ("--proxy-protocol",), _proxy_protocol, "off",
+            "Accept a PROXY protocol header (v1, v2 or auto; bare flag: auto) before a "
+            "connection's first request, from proxy_allow_ips: it sets REMOTE_ADDR and "
+            "REMOTE_PORT.", metavar="MODE", kind="optional", section="http"),
+    Setting("load_progress_interval", ("--load-progress-interval",), _seconds, 5.0,
+            "While the application loads, log the elapsed time and the master's RSS every "
+            "this many seconds. 0 logs only the start and the end.", metavar="SECONDS"),
+    Setting("reload", ("--reload",), _flag, False,
+            "Development tool: reload the application (as HUP does) when one of its source "
+            "files changes. Polls every second.", kind="flag"),
+    Setting("reload_extra_files", ("--reload-extra-file",), _path_list, lambda: [],
+            "With --reload, also watch this file (templates, data). Repeat for several.",
+            metavar="FILE", kind="append"),
+    Setting("reload_engine", ("--reload-engine",), _reload_engine, "auto",
+            "How --reload watches: auto or poll (forkserve always polls; inotify is refused).",
+            metavar="ENGINE"),
+    Setting("proxy_allow_ips", ("--proxy-allow-from",), _allowed_addresses,
+            lambda: ["127.0.0.1", "::1"],
+            "Peers allowed to send a PROXY protocol header (others get 403): addresses, "
+            "networks or '*'.", metavar="ADDRESSES", section="http"),
 )
 
 BY_NAME = {setting.name: setting for setting in SETTINGS}
@@ -254,6 +480,8 @@ class Config:
     app: str | None = None
     values: dict = dataclasses.field(default_factory=dict)
     sources: dict = dataclasses.field(default_factory=dict)
+    #: server hooks from the config file, {name: function} (forkserve.process.hooks)
+    hooks: dict = dataclasses.field(default_factory=dict)
 
     def __getattr__(self, name):
         try:
@@ -265,7 +493,8 @@ class Config:
         values = dict(self.values)
         for name, raw in changes.items():
             values[name] = _convert(BY_NAME[name], raw, "argument")
-        return Config(app=self.app, values=values, sources=dict(self.sources))
+        return Config(app=self.app, values=values, sources=dict(self.sources),
+                      hooks=dict(self.hooks))
 
 
 def _convert(setting: Setting, raw, where: str):
@@ -294,12 +523,16 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
         if setting.kind == "flag":
             parser.add_argument(*setting.flags, dest=dest, action="store_const", const=True,
                                 default=None, help=setting.help)
+        elif setting.kind == "optional":  # the flag alone means "auto"
+            parser.add_argument(*setting.flags, dest=dest, nargs="?", const="auto",
+                                default=None, metavar=setting.metavar, help=setting.help)
         elif setting.kind == "append":
             parser.add_argument(*setting.flags, dest=dest, action="append", default=None,
                                 metavar=setting.metavar, help=setting.help)
         else:
             parser.add_argument(*setting.flags, dest=dest, default=None,
                                 metavar=setting.metavar, help=setting.help)
+    gunicorn.add_arguments(parser, {flag for setting in SETTINGS for flag in setting.flags})
     return parser
 
 
@@ -318,29 +551,23 @@ def read_config_file(path: str) -> dict:
             if os.path.basename(path) == "pyproject.toml":
                 raise ConfigError(f"config file {path} has no [tool.forkserve] table; add one")
             table = document
-        return _known_keys(table, path, strict=True)
+        return _known_keys(table, path, python=False)
     try:
         namespace = runpy.run_path(path, run_name="__forkserve_config__")
     except SystemExit:
         raise ConfigError(f"config file {path} called exit() while being read") from None
     except Exception as exc:
         raise ConfigError(f"config file {path} raised {type(exc).__name__}: {exc}") from None
-    return _known_keys(namespace, path, strict=False)
+    return _known_keys(namespace, path, python=True)
 
 
-def _known_keys(table: dict, path: str, *, strict: bool) -> dict:
-    values = {}
-    for key, value in table.items():
-        name = key.replace("-", "_")
-        if name == "app" or name == "wsgi_app":
-            values["app"] = value
-        elif name in BY_NAME:
-            values[name] = value
-        elif strict:
-            import difflib
-            close = difflib.get_close_matches(name, BY_NAME, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"config file {path}: unknown setting {key!r}{hint}")
+def _known_keys(table: dict, path: str, *, python: bool) -> dict:
+    """{setting: raw value}, with the file's hooks under the key "hooks"."""
+    try:
+        values, hooks = gunicorn.settings_from_file(table, set(BY_NAME), path, python=python)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    values["hooks"] = hooks
     return values
 
 
@@ -349,18 +576,24 @@ def parse(argv, environ=None, cwd=None) -> Config:
     environ = os.environ if environ is None else environ
     cwd = os.getcwd() if cwd is None else cwd
     parser = build_parser()
-    args = parser.parse_args(argv)
-    cli = {name: value for name, value in vars(args).items() if value is not None}
+    cli = _command_line(parser, argv, "command line")
+    # FORKSERVE_CMD_ARGS works like GUNICORN_CMD_ARGS: flags that the command
+    # line overrides and that override everything else.
+    env_cli = _command_line(parser, shlex.split(environ.get("FORKSERVE_CMD_ARGS", "")),
+                            "environment FORKSERVE_CMD_ARGS")
 
-    config_path = cli.get("config") or environ.get("FORKSERVE_CONFIG")
-    if config_path is None and os.path.isfile(os.path.join(cwd, "forkserve.conf.py")):
-        config_path = os.path.join(cwd, "forkserve.conf.py")
+    config_path = cli.get("config") or env_cli.get("config") or environ.get("FORKSERVE_CONFIG")
+    for default_file in ("forkserve.conf.py", "gunicorn.conf.py"):  # Gunicorn reads the latter
+        if config_path is None and os.path.isfile(os.path.join(cwd, default_file)):
+            config_path = os.path.join(cwd, default_file)
     file_values = read_config_file(config_path) if config_path else {}
 
     values, sources = {}, {}
     for setting in SETTINGS:
         if setting.name in cli:
             raw, source = cli[setting.name], "command line"
+        elif setting.name in env_cli:
+            raw, source = env_cli[setting.name], "environment FORKSERVE_CMD_ARGS"
         elif setting.env in environ:
             raw, source = environ[setting.env], f"environment {setting.env}"
         elif setting.name in file_values:
@@ -374,8 +607,25 @@ def parse(argv, environ=None, cwd=None) -> Config:
     if config_path:
         values["config"] = config_path
 
-    app = cli.get("app") or environ.get("FORKSERVE_APP") or file_values.get("app")
-    return Config(app=app, values=values, sources=sources)
+    app = (cli.get("app") or env_cli.get("app") or environ.get("FORKSERVE_APP")
+           or file_values.get("app"))
+    return Config(app=app, values=values, sources=sources,
+                  hooks=file_values.get("hooks", {}))
+
+
+def _command_line(parser, argv, where) -> dict:
+    """{setting: raw value} given on a command line, Gunicorn's flags translated."""
+    given = {name: value for name, value in vars(parser.parse_args(argv)).items()
+             if value is not None}
+    for dest in [dest for dest in given if dest.startswith(gunicorn.DEST_PREFIX)]:
+        name = dest[len(gunicorn.DEST_PREFIX):]
+        try:
+            translated = gunicorn.translate(name, given.pop(dest))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if translated is not None:
+            given.setdefault(translated[0], translated[1])
+    return given
 
 
 def settings_table() -> str:

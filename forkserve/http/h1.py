@@ -72,7 +72,7 @@ GONE_ERRNOS = frozenset({
 })
 
 REASONS = {
-    400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
+    400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 413: "Content Too Large",
     414: "URI Too Long", 431: "Request Header Fields Too Large",
     500: "Internal Server Error", 501: "Not Implemented",
     505: "HTTP Version Not Supported",

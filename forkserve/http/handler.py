@@ -116,6 +116,7 @@ class Handler(Connection):
         self._fatal = None
         self._served = 0
         self._started = 0.0
+        self._proxy_info = None   # what a PROXY protocol header said, if one came
 
     # -- connection loop
 
@@ -187,6 +188,8 @@ class Handler(Connection):
                     return None
                 self.state = HEAD
                 self._started = time.perf_counter()
+                if first:  # a PROXY protocol header comes before the first request
+                    self._proxy_info = self.server.proxy.read_header(rfile, self.client_address)
                 return self._read_head()
             finally:
                 self._disarm(self._head_timer)
@@ -285,6 +288,7 @@ class Handler(Connection):
         env["wsgi.input"] = self.body
         self._version = version
         self._no_body = method == "HEAD"
+        server.proxy.adjust(env, self.client_address, self._proxy_info)
         self.environ = env
         return env
 
@@ -501,19 +505,11 @@ class Handler(Connection):
                                 self._peer(), error.status, error.reason)
 
     def log_access(self, env):
-        """One combined-format line for a request the application saw."""
-        log = self.server.access_log
-        if not log.isEnabledFor(logging.INFO):
-            return
-        now = time.localtime()
-        micros = int((time.perf_counter() - self._started) * 1e6)
-        log.info('%s - - [%02d/%s/%d:%02d:%02d:%02d %s] "%s" %s %s "%s" "%s" %d',
-                 self._peer(), now.tm_mday, _MONTHS[now.tm_mon], now.tm_year,
-                 now.tm_hour, now.tm_min, now.tm_sec, time.strftime("%z", now),
-                 escape(self.requestline), self.code or "-", self._body_sent or "-",
-                 escape(env.get("HTTP_REFERER", "-")), escape(env.get("HTTP_USER_AGENT", "-")),
-                 micros)
+        """One line for a request the application saw, in access_log_format."""
+        server = self.server
+        if server.access_log.isEnabledFor(logging.INFO):
+            server.access_write(server.access_format.line(
+                env, self.requestline, self.code,
+                self._response_headers if self.headers_sent else (),
+                self._body_sent if self.code else None, time.perf_counter() - self._started))
 
-
-_MONTHS = (None, "Jan", "Feb", "Mar", "Apr", "May", "Jun",
-           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")

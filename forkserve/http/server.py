@@ -24,7 +24,9 @@ from gevent import getcurrent, get_hub
 from gevent.pool import Pool
 
 import forkserve
+from forkserve.http.accesslog import AccessFormat
 from forkserve.http.handler import FileWrapper, Handler, Limits
+from forkserve.http.proxy import ProxyPolicy
 
 __all__ = ["Server", "needs_nodelay"]
 
@@ -91,7 +93,8 @@ class Server:
 
     def __init__(self, listener, app, *, worker_connections=1000, limits=None,
                  access_log=None, error_log=None, multiprocess=True,
-                 on_request=None, server_name=None, pool=None):
+                 on_request=None, server_name=None, pool=None, access_format=None,
+                 access_write=None, proxy=None):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.process.sockets first")
@@ -99,6 +102,12 @@ class Server:
         self.application = app
         self.limits = limits if limits is not None else Limits()
         self.access_log = access_log
+        #: the access log's line format (access_log_format), and where a line
+        #: goes (default: access_log at INFO)
+        self.access_format = access_format if access_format is not None else AccessFormat()
+        self.access_write = access_write if access_write is not None else self._write_access
+        #: what a proxy in front may say (forwarded_allow_ips, PROXY protocol)
+        self.proxy = proxy if proxy is not None else ProxyPolicy()
         self.logger = error_log if error_log is not None else logging.getLogger("forkserve.error")
         self.on_request = on_request
         self.loop = get_hub().loop
@@ -204,6 +213,9 @@ class Server:
         if self._acceptor is not None:
             self._acceptor.kill()
         self.socket.close()  # closing twice is harmless
+
+    def _write_access(self, line):
+        self.access_log.info("%s", line)
 
     def drain(self, timeout):
         """Stop accepting and let every connection end by the handler's drain

@@ -17,14 +17,26 @@ application does blocking I/O; forkserve patches late otherwise, and says so.
 
 When the server stops, bottle.run() returns (status 0) or, if the server
 could not start, the process exits with forkserve's status and message.
+
+bottle.run(..., reloader=True) works: Bottle runs the server in a child
+process and restarts it when that child exits with status 3. In that child
+forkserve's master does the watching (--reload) and exits 3 on a change,
+and stops when Bottle's parent is gone (Ctrl-C), so no master is left
+behind. Bottle's own file-checker thread is ended before the first fork:
+under gevent it is a greenlet, which would otherwise run in every worker
+(and fail there with a KeyError in threading._delete).
 """
 
 import logging
+import os
+import signal
+import threading
+import time
 
 import bottle
 
 from forkserve.memory import cow
-from forkserve.process import boot
+from forkserve.process import autoreload, boot
 from forkserve.config import settings
 
 __all__ = ["ForkserveServer"]
@@ -53,9 +65,40 @@ class ForkserveServer(bottle.ServerAdapter):
             raise ValueError(str(exc)) from None
         if not cfg.no_monkey_patch:
             _patch_late()
+        restart = []
+        if os.environ.get("BOTTLE_CHILD") == "true":  # bottle.run(..., reloader=True)
+            cfg = cfg.with_values(reload=True)
+            _take_over_reloading(restart)
         status = boot.run(cfg, app=handler, app_name="bottle")
         if status != 0:
             cow.exit_process(status)
+        if restart:
+            cow.exit_process(3)  # Bottle's reloader parent starts a fresh child
+
+
+def _take_over_reloading(restart):
+    """In Bottle's reloader child: forkserve's master watches the files instead
+    of Bottle's FileCheckerThread, and stops when Bottle's parent is gone."""
+    for thread in threading.enumerate():
+        if isinstance(thread, bottle.FileCheckerThread):
+            thread.status = "exit"  # its loop ends at its next look (within its interval)
+            thread.join()
+    lockfile = os.environ.get("BOTTLE_LOCKFILE")
+    interval = 1.0
+
+    def parent_alive():
+        # The parent touches the lock file every `interval`; Bottle's own test.
+        try:
+            return os.stat(lockfile).st_mtime >= time.time() - interval - 5
+        except (FileNotFoundError, TypeError):
+            return False
+
+    def changed(path):
+        restart.append(path)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    autoreload.on_change = changed
+    autoreload.wanted = parent_alive if lockfile else None
 
 
 def _patch_late():

@@ -33,7 +33,9 @@ out/cow_memory.csv: in dict mode the workers' USS grows towards the
 master's RSS as lookups touch more rows; with share or store it stays flat.
 """
 
+import atexit
 import csv
+import ctypes
 import json
 import logging
 import os
@@ -54,7 +56,9 @@ __all__ = ["MemorySampler", "rows_for_csv"]
 
 log = logging.getLogger("locust_memory")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the directory holding the forkserve package (forkserve/integrations/locust.py
+#: is two levels down); not forkserve/ itself, whose http/ would hide the stdlib's
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CSV_FIELDS = (
     "time", "elapsed_s", "locust_requests", "locust_failures", "locust_rps", "users",
@@ -229,7 +233,11 @@ class ForkserveProcess:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                      preexec_fn=_term_when_parent_dies)
+        # Whatever way Locust ends (a second Ctrl-C interrupts stop(), an
+        # uncaught error), the server must not outlive it.
+        atexit.register(self.kill_now)
         log.info("started %s (log: %s)", shlex.join(argv), log_path)
 
     def wait_ready(self, timeout=START_TIMEOUT):
@@ -248,7 +256,8 @@ class ForkserveProcess:
         raise RuntimeError(f"forkserve did not start within {timeout}s; see {self.log_path}")
 
     def stop(self, grace=20):
-        """TERM the group (graceful stop), KILL whatever remains after ``grace`` s."""
+        """TERM the group (graceful stop), KILL whatever remains after ``grace`` s.
+        Interrupted (another Ctrl-C), it still KILLs the group before giving way."""
         try:
             os.killpg(self.popen.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -257,12 +266,30 @@ class ForkserveProcess:
             self.popen.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             pass
+        finally:
+            self.kill_now()
+
+    def kill_now(self):
+        """KILL the whole group (master and workers) now; safe to call again."""
+        if self.popen.returncode is not None and self._log.closed:
+            return  # done already: the group id may belong to someone else by now
         try:
-            os.killpg(self.popen.pid, signal.SIGKILL)  # workers the master left behind
+            os.killpg(self.popen.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.popen.wait()
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
+
+
+def _term_when_parent_dies():
+    """In the forked child, before exec: SIGTERM when Locust's process ends,
+    even by SIGKILL (Linux prctl PR_SET_PDEATHSIG)."""
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: atexit and stop() still end the server
 
 
 _state = {}

@@ -20,8 +20,9 @@ import traceback
 
 from forkserve.memory import cow
 from forkserve import exits, logs
-from forkserve.config import loader
-from forkserve.process import privileges, reload, serving, signals, sockets
+from forkserve.config import ignored, loader
+from forkserve.process import (autoreload, environment, hooks, privileges, progress, reload,
+                               serving, signals, sockets)
 
 __all__ = ["run"]
 
@@ -39,11 +40,18 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     if status is not None:
         return status
     app_name = app_name or cfg.app or "app"
+    moot = ignored.check(cfg, os.environ, os.getpid())  # before systemd's variables go
+    for message in moot:
+        log.warning("%s", message)
     try:
+        hooks.on_starting()
         listeners, stats_listener = _bind(cfg, role)
     except sockets.BindError as exc:
         _complain(str(exc))
         return exits.BIND_ERROR
+    except exits.HaltServer as halt:  # on_starting raised (its traceback is logged)
+        _complain(halt.reason)
+        return halt.status
     pidfile = None
     try:
         if app is None:
@@ -51,16 +59,16 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
             if app is None:
                 return exits.APP_LOAD_ERROR
         if cfg.check_config:
-            print(f"forkserve: configuration OK; application {app_name} loaded",
-                  file=sys.stderr)
-            return exits.OK
+            return _checked(app_name, moot)
         signals.hold()  # until the master or single server has its handlers
         _listen(cfg, listeners, stats_listener)
         if cfg.pid and not role.supervised:  # the supervisor keeps the pid file
             pidfile = write_pidfile(cfg.pid)
         serving.preload()
+        autoreload.install(cfg, role)
         cow.harden()
-        return _serve(cfg, app, listeners, app_name, stats_listener, role)
+        hooks.post_freeze()
+        return hooks.on_exit(_serve(cfg, app, listeners, app_name, stats_listener, role))
     except exits.HaltServer as halt:
         log.error("%s", halt.reason)
         return halt.status
@@ -71,13 +79,15 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
 
 
 def _prepare(cfg):
-    """Logging, --chdir, --user/--group checks: an exit status if one fails."""
+    """Logging, hooks, --chdir, --user/--group checks, the environment: an
+    exit status if one fails."""
     try:
         logs.setup(cfg)
     except OSError as exc:
         _complain(str(exc))
         return exits.CONFIG_ERROR
     cow.begin_load()
+    hooks.install(cfg)
     try:
         if cfg.chdir:
             os.chdir(cfg.chdir)
@@ -90,14 +100,25 @@ def _prepare(cfg):
         return exits.CONFIG_ERROR
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    environment.apply(cfg)
     return None
+
+
+def _checked(app_name, moot):
+    """--check-config: the exit status once the application has loaded."""
+    if moot:
+        _complain(f"configuration has {len(moot)} setting(s) that would be ignored (see above)")
+        return exits.CONFIG_ERROR
+    print(f"forkserve: configuration OK; application {app_name} loaded", file=sys.stderr)
+    return exits.OK
 
 
 def _bind(cfg, role):
     """The listening sockets (adopted or bound) and the stats one, not yet listening."""
     listeners = reload.adopted_listeners(role)
     if listeners is None:
-        listeners = sockets.bind_all(cfg.bind)
+        with environment.umask(cfg.umask):
+            listeners = sockets.bind_all(cfg.bind)
     if not cfg.stats or role.supervised:  # the supervisor serves stats for generations
         return listeners, None
     try:
@@ -110,12 +131,14 @@ def _bind(cfg, role):
 
 
 def _load(cfg):
-    """Monkey-patch (unless told not to) and import the application; None if it fails."""
+    """Monkey-patch (unless told not to) and import the application, showing
+    progress while it loads; None if it fails."""
     if not cfg.no_monkey_patch:
         from gevent import monkey
         monkey.patch_all()
     try:
-        return loader.load(cfg.app)
+        with progress.loading(cfg.app, cfg.load_progress_interval):
+            return loader.load(cfg.app)
     except loader.AppLoadError as exc:
         _log_load_error(exc)
         return None

@@ -10,7 +10,7 @@ import os
 import signal
 
 from forkserve import exits
-from forkserve.process import handover, systemd
+from forkserve.process import handover, hooks, systemd
 from forkserve.process.reload import spawn_generation
 
 __all__ = ["Generations", "Driver"]
@@ -96,6 +96,8 @@ class Driver:
             getattr(self, _ACTIONS[type(action)])(action)
 
     def _do_spawn(self, action):
+        hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
+        hooks.pre_exec()
         self.generations.spawn(action.number)
 
     def _do_retire(self, action):

@@ -31,7 +31,7 @@ import time
 
 from forkserve import exits
 from forkserve.memory import why
-from forkserve.process import procname, reload, signals, systemd
+from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
 from forkserve.exits import HaltServer
 from forkserve.process.generations import Driver, Generations
 from forkserve.process.handover import Handover
@@ -116,6 +116,7 @@ class Master(Driver, WorkerMemory):
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         try:
+            hooks.when_ready(self)
             while True:
                 self.dispatch_signals()
                 self.reap()
@@ -125,6 +126,7 @@ class Master(Driver, WorkerMemory):
                 self.check_reload()
                 self.manage()
                 self.log_memory()
+                autoreload.poll()
                 self.sleep()
         except HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
@@ -200,6 +202,7 @@ class Master(Driver, WorkerMemory):
 
     def retire(self, number):
         if number == self.generation:
+            hooks.pre_retire(self.generation)
             # `forkserve memory --pid` reads from the title which generation serves
             procname.set_title(self.cfg, "master", self.app_name,
                                f"serving generation {self.handover.serving}")
@@ -225,6 +228,7 @@ class Master(Driver, WorkerMemory):
             return
         self.target += 1
         log.info("TTIN: %d workers", self.target)
+        hooks.nworkers_changed(self.target, self.target - 1)
 
     def handle_ttou(self):
         if self.target <= 1:
@@ -232,10 +236,11 @@ class Master(Driver, WorkerMemory):
             return
         self.target -= 1
         log.info("TTOU: %d workers", self.target)
+        hooks.nworkers_changed(self.target, self.target + 1)
 
     def handle_usr1(self):
         from forkserve import logs
-        logs.reopen()
+        logs.reopen(self.cfg)
         self.signal_workers(signal.SIGUSR1)
 
     def begin_stop(self, mode):
@@ -274,6 +279,7 @@ class Master(Driver, WorkerMemory):
             if record is None:
                 continue  # not one of ours (e.g. a process the application spawned)
             self.scoreboard.release(record.index)
+            hooks.child_exit(record.index, record.pid)
             self.on_worker_exit(record, exits.classify(status))
 
     def on_worker_exit(self, record, outcome):
@@ -316,7 +322,9 @@ class Master(Driver, WorkerMemory):
                 log.error("Worker %d (pid %d) timed out: its event loop was blocked for more "
                           "than %gs; killing it", record.worker_id, record.pid,
                           self.cfg.timeout)
-                self.kill(record, signal.SIGKILL)
+                if hooks.installed("worker_abort"):  # its handler runs the hook, then exits
+                    record.deadline = now + 1.0       # ... or SIGKILL follows
+                self.kill(record, signal.SIGABRT if record.deadline else signal.SIGKILL)
                 record.state = "stopping"  # reaped on the next turn, then replaced
         if self.cfg.max_worker_memory and now >= self.next_memory_check:
             self.next_memory_check = now + self.memory_check_interval
@@ -365,6 +373,7 @@ class Master(Driver, WorkerMemory):
         worker = Worker(index, self.app, self.listeners, self.cfg, self.scoreboard,
                         self.app_name, generation=self.generation, max_requests=max_requests,
                         close_fds=self.master_fds())
+        hooks.pre_fork(worker)
         pid = self._fork()
         if pid == 0:
             worker.start()  # never returns

@@ -8,6 +8,7 @@ worker shares them, and each worker builds its gevent servers with
 import os
 
 from forkserve import logs
+from forkserve.process import hooks
 
 __all__ = ["preload", "make_servers", "gevent_socket"]
 
@@ -23,8 +24,10 @@ def preload():
     import gevent.event  # noqa: F401
     import gevent.pool  # noqa: F401
 
+    import forkserve.http.accesslog  # noqa: F401
     import forkserve.http.connection  # noqa: F401
     import forkserve.http.handler  # noqa: F401
+    import forkserve.http.proxy  # noqa: F401
     import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
 
@@ -33,7 +36,9 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
     """One gevent WSGI server per listening socket, configured from settings."""
     from gevent.pool import Pool
 
+    from forkserve.http.accesslog import AccessFormat
     from forkserve.http.handler import Limits
+    from forkserve.http.proxy import ProxyPolicy
     from forkserve.http.server import Server
 
     limits = Limits(limit_request_line=cfg.limit_request_line,
@@ -43,11 +48,16 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
                     header_timeout=cfg.header_timeout,
                     keep_alive=cfg.keep_alive,
                     body_timeout=cfg.body_timeout, send_timeout=cfg.send_timeout)
-    access = logs.access_log if cfg.access_logfile else None
+    access = logs.access_log if logs.access_enabled(cfg) else None
     pool = Pool(cfg.worker_connections)  # one cap for the worker, across its listeners
+    proxy = ProxyPolicy(cfg.forwarded_allow_ips, cfg.secure_scheme_headers,
+                        cfg.proxy_protocol, cfg.proxy_allow_ips)
+    access_format = AccessFormat(cfg.access_log_format)
+    app = hooks.wrap_app(app)  # pre_request / post_request
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
                    error_log=logs.error_log, multiprocess=multiprocess,
-                   on_request=on_request, pool=pool)
+                   on_request=on_request, pool=pool, access_format=access_format,
+                   access_write=logs.access_writer(), proxy=proxy)
             for listener in listeners]
 
 

@@ -19,7 +19,7 @@ import gevent.event
 
 from forkserve.memory import cow, reporter
 from forkserve import exits, logs
-from forkserve.process import procname, reload, signals, systemd
+from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
 from forkserve.process.handover import Handover
 from forkserve.process.unpatched import original
 from forkserve.process.generations import Driver, Generations
@@ -60,6 +60,7 @@ class SingleServer(Driver):
             server.start()
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
+        hooks.when_ready(single=self)
         reload.signal_ready(self.role)
         systemd.notify("READY=1")
         self._serve_until_stop_or_handover()
@@ -91,6 +92,7 @@ class SingleServer(Driver):
         next_memory_log = 0.0
         while self.stop_mode is None and not self.draining:
             cow.check()
+            autoreload.poll()
             now = _now()
             for _ in range(self.hups):
                 self.apply(self.handover.hup(now))
@@ -165,7 +167,7 @@ class SingleServer(Driver):
     handle_usr2 = handle_hup
 
     def handle_usr1(self):
-        logs.reopen()
+        logs.reopen(self.cfg)
 
     def handle_ttin(self):
         self._not_here("TTIN")

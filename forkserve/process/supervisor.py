@@ -153,7 +153,7 @@ class Supervisor(Driver):
         self._forward(signal.SIGTTOU)
 
     def handle_usr1(self):
-        logs.reopen()
+        logs.reopen(self.cfg)
         self.signal_all(signal.SIGUSR1)
 
     def handle_chld(self):

@@ -21,7 +21,7 @@ import traceback
 
 from forkserve.memory import cow, reporter, procfs, workergc
 from forkserve import exits, logs
-from forkserve.process import privileges, procname
+from forkserve.process import hooks, privileges, procname
 from forkserve.process.serving import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 
@@ -68,16 +68,21 @@ class Worker:
     def start(self):
         """Entry point in the child. Never returns."""
         try:
+            hooks.post_fork(self)
             self.init_process()
+            hooks.post_worker_init(self)
             self.boot_servers()
         except BaseException:
             log.error("worker %d failed to boot:\n%s", self.worker_id, traceback.format_exc())
+            hooks.worker_exit(self)
             cow.exit_process(exits.WORKER_BOOT_ERROR)
         try:
             self.run()
         except BaseException:
             log.error("worker %d crashed:\n%s", self.worker_id, traceback.format_exc())
+            hooks.worker_exit(self)
             cow.exit_process(exits.FAILURE)
+        hooks.worker_exit(self)
         cow.exit_process(exits.OK)
 
     def init_process(self):
@@ -156,6 +161,8 @@ class Worker:
     # --- callbacks, run on the worker's event loop ---
 
     def _request_stop(self, mode):
+        if mode == "fast":
+            hooks.worker_int(self)
         if self.stop_mode != "fast":
             self.stop_mode = mode
         self.wakeup.set()

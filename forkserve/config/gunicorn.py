@@ -1,0 +1,391 @@
+"""What forkserve does with every Gunicorn setting, declared once.
+
+A Gunicorn user switches by changing one word, so a Gunicorn config file
+(`-c gunicorn.conf.py`) and Gunicorn's command-line flags must work as they
+are, and nothing a user sets may be silently ignored. Each of Gunicorn's
+settings (all of gunicorn.config.KNOWN_SETTINGS, 27.0) has one `Row` here:
+
+  honoured  forkserve does what Gunicorn does, under the forkserve setting
+            `target` (the same name, or forkserve's older name for it);
+  hook      a server hook with Gunicorn's name and arguments
+            (forkserve.process.hooks calls it);
+  refused   forkserve cannot do it: setting it is an error that says why and
+            what to use instead, except to a value in `harmless`, which asks
+            for nothing forkserve does differently.
+
+This module only decides: `settings_from_file` turns a config file's names
+into forkserve settings and hooks, `translate` checks one Gunicorn value,
+`table` renders the README. Config files are read by
+forkserve.config.settings.
+"""
+
+import dataclasses
+import difflib
+import inspect
+import types
+
+__all__ = ["Row", "ROWS", "BY_NAME", "HOOKS", "FORKSERVE_HOOKS", "translate",
+           "settings_from_file", "add_arguments", "table", "DEST_PREFIX"]
+
+#: argparse destinations of Gunicorn's flags are "gunicorn:NAME"; translate() maps them
+DEST_PREFIX = "gunicorn:"
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    kind: str                    # "honoured", "hook" or "refused"
+    note: str
+    target: str | None = None    # the forkserve setting a honoured row sets
+    flags: tuple = ()            # Gunicorn's flags forkserve accepts for this row
+    switch: bool = False         # a flag that takes no value (store_true)
+    harmless: tuple = ()         # values of a refused row that change nothing
+
+
+def _honoured(name, note="", target=None, flags=(), switch=False):
+    return Row(name, "honoured", note or "Same meaning.", target or name, flags, switch)
+
+
+def _refused(name, why, flags=(), switch=False, harmless=()):
+    return Row(name, "refused", why, None, flags, switch, harmless)
+
+
+_TLS = ("TLS is not served by forkserve: terminate it in a proxy in front (nginx, HAProxy, "
+        "a load balancer) and set forwarded_allow_ips so wsgi.url_scheme says https.")
+_HTTP2 = "forkserve speaks HTTP/1.1; let the proxy in front speak HTTP/2 to clients."
+_ASGI = "forkserve serves WSGI applications only; run ASGI apps under an ASGI server."
+_DIRTY = ("Gunicorn's dirty arbiters are not part of forkserve; run long jobs in a separate "
+          "process or queue.")
+_SYSLOG = ("Use logconfig_dict with a logging.handlers.SysLogHandler handler for "
+           "'gunicorn.error' / 'gunicorn.access'.")
+_STATSD = "Use --stats: memory and request figures as JSON and Prometheus text."
+_CONTROL = "forkserve is controlled by signals (HUP, TERM, TTIN, USR1...) and --stats."
+_STRICT = ("forkserve's parser follows RFC 9112 strictly and has no switch to relax it; "
+           "fix the client or the proxy instead.")
+
+#: Gunicorn's server hooks and the number of arguments each takes.
+HOOKS = {
+    "on_starting": 1, "on_reload": 1, "when_ready": 1, "pre_fork": 2, "post_fork": 2,
+    "post_worker_init": 1, "worker_int": 1, "worker_abort": 1, "pre_exec": 1,
+    "pre_request": 2, "post_request": 4, "child_exit": 2, "worker_exit": 2,
+    "nworkers_changed": 3, "on_exit": 1,
+}
+
+#: forkserve's own hooks, for moments Gunicorn does not have (see README).
+FORKSERVE_HOOKS = {
+    "post_freeze": 1,   # (server): the dataset is loaded and frozen, before the first fork
+    "pre_retire": 2,    # (server, generation): a reload's new generation serves; this one drains
+}
+
+_HOOK_NOTES = {
+    "on_starting": "Called in the master before the sockets are bound.",
+    "on_reload": "Called in the master on HUP, before the new generation starts.",
+    "when_ready": "Called in the master once it serves, before the workers are forked.",
+    "pre_fork": "Called in the master before each worker is forked.",
+    "post_fork": "Called in the worker right after fork.",
+    "post_worker_init": "Called in the worker once it is set up, before it accepts.",
+    "worker_int": "Called in the worker on INT or QUIT.",
+    "worker_abort": "Called in a worker the master killed for --timeout (SIGABRT).",
+    "pre_exec": "Called in the master on HUP, before the new generation is exec'd.",
+    "pre_request": "Called in the worker before each request is handled.",
+    "post_request": "Called in the worker after each response.",
+    "child_exit": "Called in the master after a worker exited.",
+    "worker_exit": "Called in the worker just before it exits.",
+    "nworkers_changed": "Called in the master when TTIN/TTOU change the number of workers.",
+    "on_exit": "Called in the master just before it exits.",
+}
+
+ROWS = (
+    _honoured("config", "Read settings from this file (Python or TOML)."),
+    _honoured("wsgi_app", "The application, as MODULE:APP.", target="app"),
+    _honoured("bind"),
+    _honoured("backlog"),
+    _honoured("workers", "Default: $WEB_CONCURRENCY as in Gunicorn, else the number of "
+              "CPUs (Gunicorn: 1). 0 serves from one process."),
+    _refused("worker_class", "forkserve workers are always gevent (one greenlet per "
+             "connection); remove worker_class, or use gunicorn for other worker types.",
+             flags=("-k", "--worker-class"),
+             harmless=("gevent", "gunicorn.workers.ggevent.GeventWorker")),
+    _refused("threads", "forkserve workers are gevent, not threads: use worker_connections "
+             "for concurrency within a worker.", flags=("--threads",), harmless=(1,)),
+    _honoured("worker_connections"),
+    _honoured("max_requests"),
+    _honoured("max_requests_jitter"),
+    _honoured("timeout", "Same meaning: a worker whose event loop is blocked this long is "
+              "killed (after worker_abort).", flags=("-t",)),
+    _honoured("graceful_timeout"),
+    _honoured("keepalive", "Seconds an idle keep-alive connection is kept (default 5; "
+              "Gunicorn: 2).", target="keep_alive"),
+    _honoured("limit_request_line"),
+    _honoured("limit_request_fields"),
+    _honoured("limit_request_field_size"),
+    _honoured("reload", "Development tool: a changed source file reloads the application "
+              "and its data in a new generation (as HUP), not just the workers."),
+    _honoured("reload_engine", "auto and poll (forkserve polls); inotify is refused."),
+    _honoured("reload_extra_files"),
+    _refused("spew", "Use python -X importtime or a profiler; forkserve has no tracer.",
+             flags=("--spew",), switch=True, harmless=(False,)),
+    _honoured("check_config", "Check the settings and load the application, then exit; "
+              "exits non-zero when a setting would be ignored."),
+    _refused("print_config", "Use --check-config (it loads the application and reports "
+             "settings that would be ignored); forkserve --help lists every setting.",
+             flags=("--print-config",), switch=True, harmless=(False,)),
+    _refused("preload_app", "forkserve always loads the application once, in the master, "
+             "before forking: that is how workers share its data. Remove "
+             "preload_app = False.", flags=("--preload",), switch=True, harmless=(True,)),
+    _refused("sendfile", "forkserve never uses sendfile(); file responses are sent with "
+             "send().", flags=("--no-sendfile",), switch=True, harmless=(None, False)),
+    _refused("reuse_port", "Workers share the master's listening sockets; SO_REUSEPORT "
+             "sockets per worker are not supported.", flags=("--reuse-port",), switch=True,
+             harmless=(False,)),
+    _honoured("chdir"),
+    _refused("daemon", "forkserve does not daemonize: run it under systemd (see "
+             "examples/systemd) or another supervisor.", flags=("-D", "--daemon"),
+             switch=True, harmless=(False,)),
+    _honoured("raw_env", "Set KEY=VALUE environment variables before the app loads."),
+    _honoured("pidfile", target="pid", flags=("-p",)),
+    _refused("worker_tmp_dir", "forkserve's worker heartbeat is a shared-memory scoreboard, "
+             "not a temporary file; remove worker_tmp_dir.", flags=("--worker-tmp-dir",),
+             harmless=(None,)),
+    _honoured("user"),
+    _honoured("group"),
+    _honoured("umask"),
+    _refused("initgroups", "forkserve always gives workers the user's supplementary groups "
+             "(as initgroups = True); remove initgroups = False.", flags=("--initgroups",),
+             switch=True, harmless=(True,)),
+    _refused("tmp_upload_dir", "forkserve never spools request bodies to disk: wsgi.input "
+             "reads from the socket.", harmless=(None,)),
+    _honoured("secure_scheme_headers", "Same meaning and default."),
+    _honoured("forwarded_allow_ips", "Same meaning and default (127.0.0.1,::1; '*'; CIDR)."),
+    _honoured("accesslog", target="access_logfile"),
+    _refused("disable_redirect_access_to_syslog", _SYSLOG,
+             flags=("--disable-redirect-access-to-syslog",), switch=True, harmless=(False,)),
+    _honoured("access_log_format", "Same atoms and default line."),
+    _honoured("errorlog", target="error_logfile", flags=("--log-file",)),
+    _honoured("loglevel", target="log_level"),
+    _honoured("capture_output"),
+    _refused("logger_class", "Use logconfig_dict (or logconfig) to change handlers and "
+             "formatters.", flags=("--logger-class",),
+             harmless=("gunicorn.glogging.Logger",)),
+    _honoured("logconfig", "logging.config.fileConfig; 'gunicorn.error' / "
+              "'gunicorn.access' configure forkserve's loggers."),
+    _honoured("logconfig_dict", "logging.config.dictConfig over Gunicorn's defaults; "
+              "'gunicorn.error' / 'gunicorn.access' configure forkserve's loggers."),
+    _honoured("logconfig_json", "Like logconfig_dict, read from a JSON file."),
+    _refused("syslog_addr", _SYSLOG, flags=("--log-syslog-to",)),
+    _refused("syslog", _SYSLOG, flags=("--log-syslog",), switch=True, harmless=(False,)),
+    _refused("syslog_prefix", _SYSLOG, flags=("--log-syslog-prefix",), harmless=(None,)),
+    _refused("syslog_facility", _SYSLOG, flags=("--log-syslog-facility",)),
+    _refused("enable_stdio_inheritance", "forkserve never daemonizes, so standard streams are "
+             "always inherited; nothing to enable.", flags=("-R", "--enable-stdio-inheritance"),
+             switch=True, harmless=(True, False)),
+    _refused("statsd_host", _STATSD, flags=("--statsd-host",), harmless=(None,)),
+    _refused("dogstatsd_tags", _STATSD, flags=("--dogstatsd-tags",), harmless=("",)),
+    _refused("statsd_prefix", _STATSD, flags=("--statsd-prefix",), harmless=("",)),
+    _refused("enable_backlog_metric", _STATSD, flags=("--enable-backlog-metric",),
+             switch=True, harmless=(False,)),
+    _honoured("proc_name", target="name"),
+    _refused("default_proc_name", "Set proc_name (or --name).", harmless=("gunicorn",)),
+    _honoured("pythonpath", "Comma-separated directories put first on sys.path."),
+    _refused("paste", "Paste Deployment is not supported: name the application as "
+             "MODULE:APP.", flags=("--paste", "--paster"), harmless=(None,)),
+    *(Row(name, "hook", note) for name, note in _HOOK_NOTES.items()),
+    _refused("ssl_context", _TLS),
+    _honoured("proxy_protocol", "Same modes (off, v1, v2, auto): sets REMOTE_ADDR and "
+              "REMOTE_PORT."),
+    _honoured("proxy_allow_ips", "Same meaning and default."),
+    _refused("protocol", "forkserve speaks HTTP only, not the uwsgi protocol.",
+             flags=("--protocol",), harmless=("http",)),
+    _refused("uwsgi_allow_ips", "forkserve speaks HTTP only, not the uwsgi protocol.",
+             flags=("--uwsgi-allow-from",)),
+    _refused("keyfile", _TLS, flags=("--keyfile",), harmless=(None,)),
+    _refused("certfile", _TLS, flags=("--certfile",), harmless=(None,)),
+    _refused("ssl_version", _TLS, flags=("--ssl-version",)),
+    _refused("cert_reqs", _TLS, flags=("--cert-reqs",)),
+    _refused("ca_certs", _TLS, flags=("--ca-certs",), harmless=(None,)),
+    _refused("suppress_ragged_eofs", _TLS, flags=("--suppress-ragged-eofs",), switch=True,
+             harmless=(True,)),
+    _refused("do_handshake_on_connect", _TLS, flags=("--do-handshake-on-connect",),
+             switch=True, harmless=(False,)),
+    _refused("ciphers", _TLS, flags=("--ciphers",), harmless=(None,)),
+    _refused("http_protocols", _HTTP2, flags=("--http-protocols",), harmless=("h1",)),
+    _refused("http2_cleartext", _HTTP2, flags=("--http2-cleartext",), harmless=("off",)),
+    _refused("http2_max_concurrent_streams", _HTTP2, flags=("--http2-max-concurrent-streams",)),
+    _refused("http2_initial_window_size", _HTTP2, flags=("--http2-initial-window-size",)),
+    _refused("http2_max_frame_size", _HTTP2, flags=("--http2-max-frame-size",)),
+    _refused("http2_max_header_list_size", _HTTP2, flags=("--http2-max-header-list-size",)),
+    _refused("raw_paste_global_conf", "Paste Deployment is not supported.",
+             flags=("--paste-global",), harmless=([],)),
+    _refused("permit_obsolete_folding", _STRICT, flags=("--permit-obsolete-folding",),
+             switch=True, harmless=(False,)),
+    _refused("strip_header_spaces", _STRICT, flags=("--strip-header-spaces",), switch=True,
+             harmless=(False,)),
+    _refused("permit_unconventional_http_method", _STRICT,
+             flags=("--permit-unconventional-http-method",), switch=True, harmless=(False,)),
+    _refused("permit_unconventional_http_version", _STRICT,
+             flags=("--permit-unconventional-http-version",), switch=True, harmless=(False,)),
+    _refused("casefold_http_method", _STRICT, flags=("--casefold-http-method",), switch=True,
+             harmless=(False,)),
+    _refused("forwarder_headers", "Headers with underscores are always dropped (no trusted "
+             "forwarder may set SCRIPT_NAME or PATH_INFO through them); set SCRIPT_NAME with "
+             "a WSGI middleware instead.", flags=("--forwarder-headers",),
+             harmless=("SCRIPT_NAME,PATH_INFO",)),
+    _refused("header_map", "Headers with underscores are always dropped (as header_map = "
+             "'drop').", flags=("--header-map",), harmless=("drop",)),
+    _refused("asgi_loop", _ASGI, flags=("--asgi-loop",), harmless=("auto",)),
+    _refused("asgi_lifespan", _ASGI, flags=("--asgi-lifespan",), harmless=("auto",)),
+    _refused("asgi_disconnect_grace_period", _ASGI, flags=("--asgi-disconnect-grace-period",)),
+    _refused("websocket_max_message_size", _ASGI, flags=("--websocket-max-message-size",)),
+    _refused("http_parser", "forkserve has one HTTP parser (forkserve.http.h1).",
+             flags=("--http-parser",), harmless=("auto", "python")),
+    _refused("root_path", "Set SCRIPT_NAME with a WSGI middleware.", flags=("--root-path",),
+             harmless=("",)),
+    _refused("dirty_apps", _DIRTY, flags=("--dirty-app",), harmless=([],)),
+    _refused("dirty_workers", _DIRTY, flags=("--dirty-workers",), harmless=(0,)),
+    _refused("dirty_timeout", _DIRTY, flags=("--dirty-timeout",)),
+    _refused("dirty_threads", _DIRTY, flags=("--dirty-threads",)),
+    _refused("dirty_graceful_timeout", _DIRTY, flags=("--dirty-graceful-timeout",)),
+    _refused("on_dirty_starting", _DIRTY),
+    _refused("dirty_post_fork", _DIRTY),
+    _refused("dirty_worker_init", _DIRTY),
+    _refused("dirty_worker_exit", _DIRTY),
+    _refused("control_socket", _CONTROL, flags=("--control-socket",)),
+    _refused("control_socket_mode", _CONTROL, flags=("--control-socket-mode",)),
+    _refused("control_socket_disable", _CONTROL, flags=("--no-control-socket",), switch=True,
+             harmless=(True,)),
+)
+
+BY_NAME = {row.name: row for row in ROWS}
+
+
+class Refused(ValueError):
+    """A Gunicorn setting forkserve cannot honour; the message says why and what to do."""
+
+
+def _same(value, harmless) -> bool:
+    for candidate in harmless:
+        if isinstance(candidate, bool) or candidate is None:
+            text = str(value).strip().lower() if isinstance(value, str) else value
+            if candidate is None and value in (None, "", "none"):
+                return True
+            if isinstance(candidate, bool) and text in ((True, "1", "true", "yes", "on")
+                                                        if candidate else
+                                                        (False, "0", "false", "no", "off")):
+                return True
+        elif isinstance(candidate, int) and not isinstance(value, bool):
+            try:
+                if int(str(value).strip()) == candidate:
+                    return True
+            except ValueError:
+                pass
+        elif candidate == value or (isinstance(value, str) and candidate == value.strip()):
+            return True
+    return False
+
+
+def translate(name: str, value):
+    """(forkserve setting, value) for Gunicorn setting `name`, or None when the
+    value asks for nothing. Raises Refused (a ValueError) with the reason."""
+    row = BY_NAME[name]
+    if row.kind == "honoured":
+        return row.target, value
+    if row.kind == "hook":
+        raise Refused(f"{name} is a server hook: define it as a function in a config file")
+    if _same(value, row.harmless):
+        return None
+    raise Refused(f"forkserve does not support {name} = {value!r}: {row.note}")
+
+
+def settings_from_file(namespace: dict, known: set, path: str, *, python: bool):
+    """Split a config file's names into ({setting: raw value}, {hook: function}).
+
+    `known` are forkserve's setting names. In a Python file, names starting
+    with '_', modules, classes and functions that are not hooks are the
+    file's own helpers, not settings. Any other unknown name is an error
+    naming it (a typo must not pass as a setting). Raises ValueError.
+    """
+    values, hooks = {}, {}
+    hook_names = {**HOOKS, **FORKSERVE_HOOKS}
+    for key, value in namespace.items():
+        name = key.replace("-", "_")
+        if python and (name.startswith("_") or isinstance(value, (types.ModuleType, type))):
+            continue
+        if name in hook_names:
+            hooks[name] = _check_hook(name, value, hook_names[name], path)
+            continue
+        if python and callable(value) and name not in known and name not in BY_NAME:
+            close = difflib.get_close_matches(name, hook_names, n=1, cutoff=0.8)
+            if close:
+                raise ValueError(f"config file {path}: function {key!r} is not a server hook; "
+                                 f"did you mean {close[0]!r}?")
+            continue  # a helper function of the file's own
+        if name in ("app", "wsgi_app"):
+            values["app"] = value
+        elif name in known:
+            values[name] = value
+        elif name in BY_NAME:
+            try:
+                translated = translate(name, value)
+            except Refused as exc:
+                raise ValueError(f"config file {path}: {exc}") from None
+            if translated is not None:
+                values[translated[0]] = translated[1]
+        else:
+            close = difflib.get_close_matches(name, [*known, *BY_NAME, *hook_names], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"config file {path}: unknown setting {key!r}{hint} (to keep a "
+                             f"helper value in the file, start its name with '_')")
+    return values, hooks
+
+
+def add_arguments(parser, taken):
+    """Add Gunicorn's flags that forkserve's own settings do not already have."""
+    group = parser.add_argument_group(
+        "Gunicorn's flags", "Accepted so a Gunicorn command line works unchanged; each is "
+        "honoured or refused with the reason (see the README's Gunicorn table).")
+    for row in ROWS:
+        flags = [flag for flag in row.flags if flag not in taken]
+        if not flags:
+            continue
+        dest = DEST_PREFIX + row.name
+        if row.switch:
+            group.add_argument(*flags, dest=dest, action="store_const", const=True,
+                               default=None, help=row.note)
+        else:
+            group.add_argument(*flags, dest=dest, default=None, metavar="VALUE", help=row.note)
+
+
+def _check_hook(name, value, arity, path):
+    if not callable(value):
+        raise ValueError(f"config file {path}: {name} must be a function taking {arity} "
+                         f"argument(s), not {type(value).__name__}")
+    try:
+        inspect.signature(value).bind(*range(arity))
+    except TypeError:
+        raise ValueError(f"config file {path}: hook {name} must take {arity} "
+                         "argument(s)") from None
+    except ValueError:
+        pass  # no signature to check (a builtin); Gunicorn accepts it too
+    return value
+
+
+def table() -> str:
+    """The README's table of every Gunicorn setting and what forkserve does with it."""
+    lines = ["| Gunicorn setting | forkserve | Notes |", "|---|---|---|"]
+    for row in ROWS:
+        if row.kind == "honoured":
+            what = "honoured" if row.target == row.name else f"honoured as `{row.target}`"
+        elif row.kind == "hook":
+            what = "hook"
+        else:
+            what = "refused"
+            if row.harmless:
+                shown = ", ".join(repr(value) for value in row.harmless)
+                what += f" (except {shown}: nothing to do)"
+        lines.append(f"| `{row.name}` | {what} | {row.note} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m forkserve.config.gunicorn prints the README table
+    import sys
+    sys.stdout.write(table() + "\n")

@@ -1,0 +1,393 @@
+"""Server hooks: Gunicorn's names, arguments and call points.
+
+A Gunicorn config file's `post_fork(server, worker)` and friends run here
+unchanged. The objects they get offer what real hooks use: `server.log`,
+`server.cfg` (settings by Gunicorn's or forkserve's names), `server.pid`,
+`server.num_workers`, `server.proc_name`; `worker.pid`, `worker.ppid`,
+`worker.age`, `worker.log`, `worker.cfg`, `worker.nr`, `worker.alive`;
+`req.method`, `req.path`, `req.query`, `req.uri`, `req.version`,
+`req.headers`; `resp.status`, `resp.status_code`, `resp.headers`,
+`resp.sent`.
+
+The call sites are one-line calls into this module (one server per process,
+so the hooks of the config file are installed once, by `install`). Each
+function does nothing when its hook is not defined.
+
+A hook that raises is logged with its traceback and then treated as
+Gunicorn treats it:
+  - master hooks (on_starting, when_ready, pre_fork, on_reload, pre_exec,
+    child_exit, nworkers_changed, post_freeze, pre_retire): the server stops
+    (HaltServer); Gunicorn's arbiter dies of the exception too;
+  - post_fork, post_worker_init: the worker fails to boot (the exception
+    propagates to forkserve.process.worker, which exits WORKER_BOOT_ERROR);
+  - pre_request: the request gets a 500 (the application is not called);
+  - on_exit: the server still exits, with status 1;
+  - post_request, worker_exit, worker_int, worker_abort: logged, and the
+    server carries on with what it was doing.
+"""
+
+import logging
+import os
+import signal
+import traceback
+
+from forkserve import exits
+from forkserve.config import gunicorn
+
+__all__ = ["install", "installed", "on_starting", "when_ready", "pre_fork", "post_fork",
+           "post_worker_init", "worker_int", "worker_abort", "worker_exit", "child_exit",
+           "nworkers_changed", "on_reload", "pre_exec", "on_exit", "post_freeze", "pre_retire",
+           "wrap_app", "ServerView", "WorkerView", "ConfigView", "Request", "Response"]
+
+log = logging.getLogger("forkserve.error")
+
+_functions = {}
+_server = None
+_workers = {}      # scoreboard index -> WorkerView, in the master
+_current = None    # this worker's WorkerView, in a worker
+
+
+class ConfigView:
+    """Settings by Gunicorn's names (`cfg.keepalive`) or forkserve's (`cfg.keep_alive`)."""
+
+    def __init__(self, cfg):
+        self._cfg = cfg
+
+    def __getattr__(self, name):
+        values = self._cfg.values
+        if name in values:
+            return values[name]
+        row = gunicorn.BY_NAME.get(name)
+        if row is not None and row.kind == "honoured":
+            return self._cfg.app if row.target == "app" else values.get(row.target)
+        if row is not None and row.kind == "hook":
+            return _functions.get(name)
+        if row is not None:
+            return row.harmless[0] if row.harmless else None
+        raise AttributeError(f"no setting {name!r}")
+
+
+class ServerView:
+    """What Gunicorn passes as `server` (its Arbiter)."""
+
+    def __init__(self, cfg):
+        self.cfg = ConfigView(cfg)
+        self.log = log
+        self.master = None       # forkserve's Master, once it runs
+        self.worker_age = 0
+
+    @property
+    def pid(self):
+        return os.getpid()
+
+    @property
+    def num_workers(self):
+        return self.master.target if self.master is not None else self.cfg.workers
+
+    @property
+    def proc_name(self):
+        return self.cfg.name or self.cfg.app
+
+
+class WorkerView:
+    """What Gunicorn passes as `worker`."""
+
+    def __init__(self, worker, age):
+        self._worker = worker
+        self.age = age
+        self.pid = None          # set after fork
+        self.ppid = os.getpid()
+        self.cfg = _server.cfg
+        self.log = log
+        self.booted = False
+        self.alive = True
+        self.started = 0         # requests begun, counted by the request-hook wrapper
+
+    @property
+    def nr(self):
+        """Requests this worker has begun, the current one included (as Gunicorn)."""
+        return max(self.started, self._worker.requests)
+
+    @property
+    def wsgi(self):
+        return self._worker.app
+
+    @property
+    def sockets(self):
+        return self._worker.listeners
+
+
+class Request:
+    """What Gunicorn passes as `req` to pre_request/post_request, from the environ."""
+
+    def __init__(self, environ):
+        self.method = environ["REQUEST_METHOD"]
+        self.path = environ.get("PATH_INFO", "")
+        self.query = environ.get("QUERY_STRING", "")
+        self.uri = self.path + ("?" + self.query if self.query else "")
+        protocol = environ.get("SERVER_PROTOCOL", "HTTP/1.1")
+        major, _, minor = protocol.partition("/")[2].partition(".")
+        self.version = (int(major or 1), int(minor or 0))
+        self.scheme = environ.get("wsgi.url_scheme", "http")
+        self.peer_addr = environ.get("REMOTE_ADDR")
+        self.headers = [(key[5:].replace("_", "-"), value) for key, value in environ.items()
+                        if key.startswith("HTTP_")]
+        for key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            if key in environ:
+                self.headers.append((key.replace("_", "-"), environ[key]))
+
+
+class Response:
+    """What Gunicorn passes as `resp` to post_request."""
+
+    def __init__(self):
+        self.status = None
+        self.status_code = None
+        self.headers = []
+        self.sent = 0
+
+
+# --- installing and calling ---
+
+def install(cfg):
+    """Take the config file's hooks (cfg.hooks). Called once, at boot.
+    --check-config runs none (as Gunicorn's: it starts no server)."""
+    global _server
+    _functions.clear()
+    if not cfg.check_config:
+        _functions.update(cfg.hooks)
+    _server = ServerView(cfg)
+
+
+def installed(name) -> bool:
+    return name in _functions
+
+
+def _master_hook(name, *args):
+    function = _functions.get(name)
+    if function is None:
+        return
+    try:
+        function(_server, *args)
+    except Exception as exc:
+        log.error("Exception in %s hook:\n%s", name, traceback.format_exc())
+        raise exits.HaltServer(f"the {name} hook raised {type(exc).__name__}: {exc}; "
+                               "fix the hook in the config file") from None
+
+
+def _logged_hook(name, *args):
+    function = _functions.get(name)
+    if function is None:
+        return
+    try:
+        function(*args)
+    except Exception:
+        log.error("Exception in %s hook:\n%s", name, traceback.format_exc())
+
+
+def on_starting():
+    _master_hook("on_starting")
+
+
+def when_ready(master=None, single=None):
+    """Once serving starts. With -w 0 (`single`, the SingleServer) this process
+    is also the worker that pre_request/post_request hooks get."""
+    global _current
+    if _server is None:
+        return
+    _server.master = master
+    if single is not None:
+        _current = WorkerView(single, 1)
+        _current.pid, _current.booted = os.getpid(), True
+    _master_hook("when_ready")
+
+
+def post_freeze():
+    _master_hook("post_freeze")
+
+
+def on_reload():
+    _master_hook("on_reload")
+
+
+def pre_exec():
+    _master_hook("pre_exec")
+
+
+def pre_retire(generation):
+    _master_hook("pre_retire", generation)
+
+
+def nworkers_changed(new, old):
+    _master_hook("nworkers_changed", new, old)
+
+
+def pre_fork(worker):
+    """In the master, before forking `worker` (forkserve.process.worker.Worker)."""
+    if _server is None:
+        return  # no configuration installed hooks (a Master driven by tests)
+    _server.worker_age += 1
+    view = _workers[worker.index] = WorkerView(worker, _server.worker_age)
+    _master_hook("pre_fork", view)
+
+
+def child_exit(index, pid):
+    view = _workers.pop(index, None)
+    if view is None or "child_exit" not in _functions:
+        return
+    view.pid, view.alive = pid, False
+    _master_hook("child_exit", view)
+
+
+def on_exit(status):
+    """The server's exit status after on_exit: 1 if the hook raised (as Gunicorn)."""
+    function = _functions.get("on_exit")
+    if function is None:
+        return status
+    try:
+        function(_server)
+    except Exception:
+        log.error("Exception in on_exit hook:\n%s", traceback.format_exc())
+        return status or exits.FAILURE
+    return status
+
+
+def post_fork(worker):
+    """In the worker, first thing after fork. A raise fails the worker's boot."""
+    global _current
+    if _server is None:
+        return
+    _current = _workers.get(worker.index) or WorkerView(worker, _server.worker_age)
+    _current.pid = os.getpid()
+    _workers.clear()  # the master's table means nothing here
+    function = _functions.get("post_fork")
+    if function is not None:
+        function(_server, _current)
+
+
+def post_worker_init(worker):
+    """In the worker, once it is set up; a raise fails the worker's boot."""
+    if _current is None:
+        return
+    _current.booted = True
+    if "worker_abort" in _functions:
+        signal.signal(signal.SIGABRT, _on_abort)
+    function = _functions.get("post_worker_init")
+    if function is not None:
+        function(_current)
+
+
+def worker_int(worker):
+    if _current is not None:
+        _current.alive = False
+        _logged_hook("worker_int", _current)
+
+
+def _on_abort(signum, frame):
+    """SIGABRT from the master (--timeout): a Python-level handler, so it runs
+    even while the event loop is blocked, which is why the worker timed out."""
+    worker_abort()
+    os._exit(exits.FAILURE)
+
+
+def worker_abort():
+    if _current is not None:
+        _current.alive = False
+        _logged_hook("worker_abort", _current)
+
+
+def worker_exit(worker):
+    if _current is not None and "worker_exit" in _functions:
+        _current.alive = False
+        try:
+            _functions["worker_exit"](_server, _current)
+        except Exception:
+            log.warning("Exception in worker_exit hook:\n%s", traceback.format_exc())
+
+
+def wrap_app(app):
+    """The application, with pre_request/post_request around each request when
+    either hook is defined (and the application itself otherwise)."""
+    if "pre_request" not in _functions and "post_request" not in _functions:
+        return app
+    return _HookedApp(app, _functions.get("pre_request"), _functions.get("post_request"))
+
+
+class _HookedApp:
+    def __init__(self, app, pre, post):
+        self.app = app
+        self.pre = pre
+        self.post = post
+
+    def __call__(self, environ, start_response):
+        request = Request(environ)
+        worker = _current
+        if worker is not None:
+            worker.started += 1
+        if self.pre is not None:
+            self.pre(worker, request)  # a raise reaches the handler: 500, logged
+        if self.post is None:
+            return self.app(environ, start_response)
+        response = Response()
+
+        def recording_start_response(status, headers, exc_info=None):
+            response.status = status
+            response.status_code = int(status.split(None, 1)[0])
+            response.headers = list(headers)
+            write = start_response(status, headers, exc_info)
+
+            def counting_write(data):
+                response.sent += len(data)
+                return write(data)
+            return counting_write
+
+        try:
+            result = self.app(environ, recording_start_response)
+        except BaseException:
+            self._post(worker, request, environ, response)
+            raise
+        body = _SizedBody if hasattr(result, "__len__") else _Body
+        return body(result, lambda: self._post(worker, request, environ, response), response)
+
+    def _post(self, worker, request, environ, response):
+        try:
+            self.post(worker, request, environ, response)
+        except Exception:
+            log.error("Exception in post_request hook:\n%s", traceback.format_exc())
+
+
+class _Body:
+    """The application's response iterable, counting bytes; close() runs post_request."""
+
+    def __init__(self, result, after, response):
+        self.result = result
+        self.after = after
+        self.response = response
+
+    def __iter__(self):
+        for chunk in self.result:
+            self.response.sent += len(chunk)
+            yield chunk
+
+    def close(self):
+        try:
+            close = getattr(self.result, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.after()
+
+
+class _SizedBody(_Body):
+    """A sized iterable (a list) stays sized, so the server still sets its
+    Content-Length; the server may iterate it twice, so count it once, at close."""
+
+    def __len__(self):
+        return len(self.result)
+
+    def __iter__(self):
+        return iter(self.result)
+
+    def close(self):
+        self.response.sent = sum(len(chunk) for chunk in self.result)
+        super().close()

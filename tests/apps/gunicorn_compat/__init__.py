@@ -1,0 +1,1 @@
+"""Real Django, Flask and Falcon applications served from Gunicorn config files."""
