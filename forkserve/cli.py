@@ -20,8 +20,8 @@ def main(argv=None) -> int:
         from forkserve.memory import command
         return command.main(argv[1:])
     if argv and argv[0] == "store":
-        from forkserve import store
-        return store.main(argv[1:], prog="forkserve store")
+        from forkserve.store import command
+        return command.main(argv[1:], prog="forkserve store")
     try:
         cfg = settings.parse(argv)
     except settings.ConfigError as exc:

@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from forkserve import cli
-from forkserve.store import Store, StoreError, main as store_main
+from forkserve.store import Store, StoreError
+from forkserve.store.command import main as store_main
 from forkserve.store.shards import (
     MAX_SHARDS, ShardError, cumulative_bounds, murmur2, parse_shard, part_widths, shard_of,
     split_clients_block, upper_bounds,

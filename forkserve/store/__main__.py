@@ -1,3 +1,3 @@
-from forkserve.store import main
+from forkserve.store.command import main
 
 raise SystemExit(main())
