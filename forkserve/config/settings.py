@@ -25,252 +25,10 @@ from typing import Any, Callable
 from forkserve.memory.workergc import DEFAULT as _WORKER_GC_DEFAULT
 from forkserve.memory.workergc import parse_policy as _worker_gc_policy
 from forkserve.config import gunicorn
+from forkserve.config import values
+from forkserve.config.values import ConfigError
 
 __all__ = ["Setting", "SETTINGS", "Config", "ConfigError", "parse", "settings_table"]
-
-
-class ConfigError(Exception):
-    """A setting has a value forkserve cannot use. The message says which and why."""
-
-
-# --- value converters: text (or a config-file value) in, a typed value out ---
-
-def _whole(minimum: int) -> Callable[[Any], int]:
-    def convert(value):
-        if isinstance(value, bool):
-            raise ValueError(f"expected a whole number >= {minimum}, got {value!r}")
-        try:
-            number = int(str(value).strip())
-        except ValueError:
-            raise ValueError(f"expected a whole number >= {minimum}, got {value!r}") from None
-        if number < minimum:
-            raise ValueError(f"expected a whole number >= {minimum}, got {number}")
-        return number
-    convert.__name__ = "int"
-    return convert
-
-
-def _seconds(value) -> float:
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        raise ValueError(f"expected a number of seconds, got {value!r}") from None
-    if number < 0 or number != number:
-        raise ValueError(f"expected a number of seconds >= 0, got {value!r}")
-    return number
-
-
-_seconds.__name__ = "float"
-
-
-def _text(value) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected a non-empty string, got {value!r}")
-    return value
-
-
-_text.__name__ = "str"
-
-
-def _flag(value) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
-
-
-_flag.__name__ = "bool"
-
-
-def _bind_list(value) -> list:
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-    addresses = [str(item).strip() for item in items if str(item).strip()]
-    if not addresses:
-        raise ValueError("expected at least one address such as 127.0.0.1:8000")
-    return addresses
-
-
-_bind_list.__name__ = "list"
-
-
-def _log_level(value) -> str:
-    level = str(value).strip().lower()
-    if level not in ("debug", "info", "warning", "error", "critical"):
-        raise ValueError(f"expected one of debug, info, warning, error, critical; got {value!r}")
-    return level
-
-
-_log_level.__name__ = "str"
-
-
-# --- converters for the settings Gunicorn users bring (forkserve.config.gunicorn) ---
-
-def _env_list(value) -> list:
-    items = value if isinstance(value, (list, tuple)) else [value]
-    pairs = []
-    for item in items:
-        key, sep, _ = str(item).partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"expected KEY=VALUE, got {item!r}")
-        pairs.append(str(item))
-    return pairs
-
-
-_env_list.__name__ = "list"
-
-
-def _umask(value) -> int:
-    try:
-        number = value if isinstance(value, int) and not isinstance(value, bool) else int(
-            str(value).strip(), 0)
-    except ValueError:
-        raise ValueError(f"expected a umask such as 0o022 or 18, got {value!r}") from None
-    if not 0 <= number <= 0o777:
-        raise ValueError(f"expected a umask between 0 and 0o777, got {value!r}")
-    return number
-
-
-_umask.__name__ = "int"
-
-
-def _allowed_addresses(value) -> list:
-    import ipaddress
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-    addresses = [str(item).strip() for item in items if str(item).strip()]
-    for address in addresses:
-        if address != "*":
-            try:
-                ipaddress.ip_network(address, strict=False)
-            except ValueError:
-                raise ValueError(f"{address!r} is not an IP address, a network like "
-                                 "10.0.0.0/8, or '*'") from None
-    return addresses
-
-
-_allowed_addresses.__name__ = "list"
-
-
-def _mapping(value) -> dict:
-    """A dict, JSON text, or HEADER=value,HEADER=value text."""
-    if isinstance(value, dict):
-        return dict(value)
-    text = str(value).strip()
-    if text.startswith("{"):
-        import json
-        try:
-            loaded = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"not valid JSON: {exc}") from None
-        if isinstance(loaded, dict):
-            return loaded
-    pairs = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, val = item.partition("=")
-        if not sep:
-            raise ValueError(f"expected a dict, JSON or NAME=value,NAME=value; got {value!r}")
-        pairs[key.strip()] = val.strip()
-    return pairs
-
-
-_mapping.__name__ = "dict"
-
-
-def _json_mapping(value) -> dict:
-    """A dict that survives JSON: a reload hands the settings over as JSON."""
-    mapping = _mapping(value)
-    import json
-    try:
-        json.dumps(mapping)
-    except (TypeError, ValueError):
-        raise ValueError("must hold only strings, numbers, lists and dicts (name classes and "
-                         "functions by dotted path, as in '()': 'package.module.factory')"
-                         ) from None
-    return mapping
-
-
-_json_mapping.__name__ = "dict"
-
-
-def _scheme_headers(value) -> dict:
-    return {str(name).upper(): str(val) for name, val in _mapping(value).items()}
-
-
-_scheme_headers.__name__ = "dict"
-
-
-class _AnyAtom(dict):
-    def __missing__(self, key):
-        return "-"
-
-
-def _log_format(value) -> str:
-    text = _text(value)
-    try:
-        text % _AnyAtom()
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"not a %-format with atoms like %(h)s: {exc}") from None
-    return text
-
-
-_log_format.__name__ = "str"
-
-
-def _path_list(value) -> list:
-    items = value if isinstance(value, (list, tuple)) else [value]
-    return [_text(item) for item in items]
-
-
-_path_list.__name__ = "list"
-
-
-def _reload_engine(value) -> str:
-    engine = str(value).strip().lower()
-    if engine not in ("auto", "poll"):
-        raise ValueError(f"forkserve polls for changes; use auto or poll, not {value!r}")
-    return engine
-
-
-_reload_engine.__name__ = "str"
-
-
-def _proxy_protocol(value) -> str:
-    if value is True:
-        return "auto"
-    if value is False or value is None:
-        return "off"
-    mode = str(value).strip().lower()
-    if mode not in ("off", "v1", "v2", "auto"):
-        raise ValueError(f"expected off, v1, v2 or auto; got {value!r}")
-    return mode
-
-
-_proxy_protocol.__name__ = "str"
-
-
-def _cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) or 1
-
-
-def _default_workers() -> int:
-    """WEB_CONCURRENCY when set (as Gunicorn and Heroku), else the CPU count."""
-    try:
-        return _whole(0)(os.environ["WEB_CONCURRENCY"])
-    except (KeyError, ValueError):
-        return _cpu_count()
-
-
-def _name_or_id(value) -> str:
-    """A user or group: a name, or a number (Gunicorn config files use both)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return _text(value)
-
-
-_name_or_id.__name__ = "str"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,67 +67,67 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("bind", ("-b", "--bind"), _bind_list, lambda: ["127.0.0.1:8000"],
+    Setting("bind", ("-b", "--bind"), values.bind_list, lambda: ["127.0.0.1:8000"],
             "Address to listen on: HOST:PORT, [IPv6]:PORT or unix:PATH. Repeat for several; "
             "port 0 picks a free port (the real one is logged).",
             metavar="ADDRESS", kind="append"),
-    Setting("workers", ("-w", "--workers"), _whole(0), _default_workers,
+    Setting("workers", ("-w", "--workers"), values.whole(0), values.default_workers,
             "Number of forked worker processes. 0 serves from one process with no fork.",
             metavar="N"),
-    Setting("worker_connections", ("--worker-connections",), _whole(1), 1000,
+    Setting("worker_connections", ("--worker-connections",), values.whole(1), 1000,
             "Most simultaneous connections one worker serves (one greenlet each).",
             metavar="N"),
-    Setting("backlog", ("--backlog",), _whole(1), 2048,
+    Setting("backlog", ("--backlog",), values.whole(1), 2048,
             "Listen queue length: connections the kernel holds while workers are busy.",
             metavar="N"),
-    Setting("timeout", ("--timeout",), _seconds, 30.0,
+    Setting("timeout", ("--timeout",), values.seconds, 30.0,
             "A worker whose event loop is blocked this many seconds is killed and replaced. "
             "0 disables.", metavar="SECONDS"),
-    Setting("graceful_timeout", ("--graceful-timeout",), _seconds, 30.0,
+    Setting("graceful_timeout", ("--graceful-timeout",), values.seconds, 30.0,
             "How long in-flight requests may run after a graceful stop or restart.",
             metavar="SECONDS"),
-    Setting("keep_alive", ("--keep-alive",), _seconds, 5.0,
+    Setting("keep_alive", ("--keep-alive",), values.seconds, 5.0,
             "Seconds an idle keep-alive connection is kept open. 0 closes after each response.",
             metavar="SECONDS", section="http"),
-    Setting("max_requests", ("--max-requests",), _whole(0), 0,
+    Setting("max_requests", ("--max-requests",), values.whole(0), 0,
             "Recycle a worker gracefully after it has served this many requests. 0 disables.",
             metavar="N"),
-    Setting("max_requests_jitter", ("--max-requests-jitter",), _whole(0), 0,
+    Setting("max_requests_jitter", ("--max-requests-jitter",), values.whole(0), 0,
             "Add a random 0..N to each worker's --max-requests so they do not recycle together.",
             metavar="N"),
-    Setting("pid", ("--pid",), _text, None,
+    Setting("pid", ("--pid",), values.text, None,
             "Write the master's PID to this file (removed on exit).", metavar="FILE"),
-    Setting("name", ("-n", "--name"), _text, None,
+    Setting("name", ("-n", "--name"), values.text, None,
             "Prefix for process titles, e.g. 'persondb' gives 'persondb: worker 1 [app]'.",
             metavar="NAME"),
-    Setting("access_logfile", ("--access-logfile",), _text, None,
+    Setting("access_logfile", ("--access-logfile",), values.text, None,
             "Write an access log line per request to FILE ('-' for stdout). Off by default.",
             metavar="FILE", section="logging"),
-    Setting("error_logfile", ("--error-logfile",), _text, "-",
+    Setting("error_logfile", ("--error-logfile",), values.text, "-",
             "Write the server log to FILE ('-' for stderr).", metavar="FILE", section="logging"),
-    Setting("log_level", ("--log-level",), _log_level, "info",
+    Setting("log_level", ("--log-level",), values.log_level, "info",
             "Server log level: debug, info, warning, error or critical.", metavar="LEVEL",
             section="logging"),
-    Setting("config", ("-c", "--config"), _text, None,
+    Setting("config", ("-c", "--config"), values.text, None,
             "Read settings from FILE: a Python file (like gunicorn.conf.py) or a TOML file "
             "(its [tool.forkserve] table, or the whole file). ./forkserve.conf.py, else "
             "./gunicorn.conf.py, is read when present and no -c is given.", metavar="FILE"),
-    Setting("check_config", ("--check-config",), _flag, False,
+    Setting("check_config", ("--check-config",), values.flag, False,
             "Check the settings and load the application, then exit: 0 if all is well, 2 if "
             "a setting is invalid or would be ignored.",
             kind="flag"),
-    Setting("no_monkey_patch", ("--no-monkey-patch",), _flag, False,
+    Setting("no_monkey_patch", ("--no-monkey-patch",), values.flag, False,
             "Do not call gevent.monkey.patch_all() before loading the application.",
             kind="flag"),
-    Setting("chdir", ("--chdir",), _text, None,
+    Setting("chdir", ("--chdir",), values.text, None,
             "Change to this directory before loading the application.", metavar="DIR"),
-    Setting("stats", ("--stats",), _text, None,
+    Setting("stats", ("--stats",), values.text, None,
             "Serve memory figures from the master at this address (HOST:PORT or unix:PATH): "
             "JSON at / and Prometheus text at /metrics.", metavar="ADDRESS", section="memory"),
-    Setting("memory_log_interval", ("--memory-log-interval",), _seconds, 0.0,
+    Setting("memory_log_interval", ("--memory-log-interval",), values.seconds, 0.0,
             "Log every process's shared and private memory every this many seconds. 0 disables.",
             metavar="SECONDS", section="memory"),
-    Setting("max_worker_memory", ("--max-worker-memory",), _whole(0), 0,
+    Setting("max_worker_memory", ("--max-worker-memory",), values.whole(0), 0,
             "Recycle a worker gracefully when its private anonymous memory (copy-on-write "
             "copies and its own allocations; not RSS, not mapped file pages) exceeds this many "
             "MiB. 0 disables.", metavar="MB", section="memory"),
@@ -379,93 +137,93 @@ SETTINGS = (
             "Python's thresholds), normal (Python's defaults) or idle (young generations "
             "between requests). The master's frozen heap is never collected.",
             metavar="POLICY", section="memory"),
-    Setting("limit_request_line", ("--limit-request-line",), _whole(0), 4094,
+    Setting("limit_request_line", ("--limit-request-line",), values.whole(0), 4094,
             "Longest request line in bytes, CRLF not counted (as Gunicorn); longer gets 414. "
             "At most 8190; 0 means no limit (a 1 MiB ceiling remains).",
             metavar="BYTES", section="http"),
-    Setting("limit_request_fields", ("--limit-request-fields",), _whole(0), 100,
+    Setting("limit_request_fields", ("--limit-request-fields",), values.whole(0), 100,
             "Most header fields in a request; more gets 431. 0 means the maximum, 32768.",
             metavar="N", section="http"),
     Setting("limit_request_field_size", ("--limit-request-field_size", "--limit-request-field-size"),
-            _whole(0), 8190,
+            values.whole(0), 8190,
             "Largest header line in bytes, its CRLF counted (as Gunicorn); larger gets 431. "
             "0 means no limit (a 1 MiB ceiling remains).",
             metavar="BYTES", section="http"),
-    Setting("limit_request_body", ("--limit-request-body",), _whole(0), 0,
+    Setting("limit_request_body", ("--limit-request-body",), values.whole(0), 0,
             "Largest request body in bytes; larger gets 413. 0 means no limit.",
             metavar="BYTES", section="http"),
-    Setting("header_timeout", ("--header-timeout",), _seconds, 10.0,
+    Setting("header_timeout", ("--header-timeout",), values.seconds, 10.0,
             "Seconds a client has to send the request line and headers.",
             metavar="SECONDS", section="http"),
-    Setting("body_timeout", ("--body-timeout",), _seconds, 30.0,
+    Setting("body_timeout", ("--body-timeout",), values.seconds, 30.0,
             "Seconds a client has to send the request body, counted from the application's "
             "first read: bounds each wait and the whole body; 408 and close after. 0 disables.",
             metavar="SECONDS", section="http"),
-    Setting("send_timeout", ("--send-timeout",), _seconds, 30.0,
+    Setting("send_timeout", ("--send-timeout",), values.seconds, 30.0,
             "Seconds one send of the response may wait for a client that does not read; "
             "the connection is closed after. 0 disables.",
             metavar="SECONDS", section="http"),
-    Setting("user", ("-u", "--user"), _name_or_id, None,
+    Setting("user", ("-u", "--user"), values.name_or_id, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",
             metavar="USER", section="security"),
-    Setting("group", ("-g", "--group"), _name_or_id, None,
+    Setting("group", ("-g", "--group"), values.name_or_id, None,
             "Switch workers to this group (name or gid) after the sockets are bound.",
             metavar="GROUP", section="security"),
     # --- Gunicorn's settings forkserve honours under their Gunicorn names
     # (forkserve.config.gunicorn lists what happens to every Gunicorn setting) ---
-    Setting("access_log_format", ("--access-logformat",), _log_format,
+    Setting("access_log_format", ("--access-logformat",), values.log_format,
             '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"',
             "Access log line, with Gunicorn's atoms (h l u t r m U q H s B b f a T D M L p, "
             "{header}i, {header}o, {variable}e). The default is Gunicorn's.",
             metavar="FORMAT", section="logging"),
-    Setting("capture_output", ("--capture-output",), _flag, False,
+    Setting("capture_output", ("--capture-output",), values.flag, False,
             "Send the application's stdout and stderr to the error log file.",
             kind="flag", section="logging"),
-    Setting("logconfig", ("--log-config",), _text, None,
+    Setting("logconfig", ("--log-config",), values.text, None,
             "Configure logging with logging.config.fileConfig(FILE); its 'gunicorn.error' and "
             "'gunicorn.access' loggers configure forkserve's.", metavar="FILE",
             section="logging"),
-    Setting("logconfig_dict", ("--log-config-dict",), _json_mapping, None,
+    Setting("logconfig_dict", ("--log-config-dict",), values.json_mapping, None,
             "Configure logging with logging.config.dictConfig over Gunicorn's default "
             "dict (JSON on the command line).", metavar="JSON", section="logging"),
-    Setting("logconfig_json", ("--log-config-json",), _text, None,
+    Setting("logconfig_json", ("--log-config-json",), values.text, None,
             "Like --log-config-dict, read from a JSON file.", metavar="FILE",
             section="logging"),
-    Setting("raw_env", ("-e", "--env"), _env_list, lambda: [],
+    Setting("raw_env", ("-e", "--env"), values.env_list, lambda: [],
             "Set an environment variable (KEY=VALUE) before the application loads. Repeat "
             "for several.", metavar="KEY=VALUE", kind="append"),
-    Setting("pythonpath", ("--pythonpath",), _text, None,
+    Setting("pythonpath", ("--pythonpath",), values.text, None,
             "Comma-separated directories to put first on sys.path.", metavar="DIRS"),
-    Setting("umask", ("-m", "--umask"), _umask, 0,
+    Setting("umask", ("-m", "--umask"), values.umask, 0,
             "File mode creation mask of the server (affects unix sockets, logs, pid file).",
             metavar="MASK", section="security"),
-    Setting("forwarded_allow_ips", ("--forwarded-allow-ips",), _allowed_addresses,
+    Setting("forwarded_allow_ips", ("--forwarded-allow-ips",), values.allowed_addresses,
             lambda: os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1").split(","),
             "Peers trusted to set secure_scheme_headers: addresses, networks (CIDR) or '*'. "
             "Unix-socket peers are always trusted.", metavar="ADDRESSES", section="http"),
-    Setting("secure_scheme_headers", ("--secure-scheme-headers",), _scheme_headers,
+    Setting("secure_scheme_headers", ("--secure-scheme-headers",), values.scheme_headers,
             lambda: {"X-FORWARDED-PROTOCOL": "ssl", "X-FORWARDED-PROTO": "https",
                      "X-FORWARDED-SSL": "on"},
             "Headers (and values) by which a trusted proxy says the request came over "
             "https: wsgi.url_scheme becomes https. Contradicting headers get 400.",
             metavar="NAME=VALUE,...", section="http"),
-    Setting("proxy_protocol", ("--proxy-protocol",), _proxy_protocol, "off",
+    Setting("proxy_protocol", ("--proxy-protocol",), values.proxy_protocol, "off",
             "Accept a PROXY protocol header (v1, v2 or auto; bare flag: auto) before a "
             "connection's first request, from proxy_allow_ips: it sets REMOTE_ADDR and "
             "REMOTE_PORT.", metavar="MODE", kind="optional", section="http"),
-    Setting("load_progress_interval", ("--load-progress-interval",), _seconds, 5.0,
+    Setting("load_progress_interval", ("--load-progress-interval",), values.seconds, 5.0,
             "While the application loads, log the elapsed time and the master's RSS every "
             "this many seconds. 0 logs only the start and the end.", metavar="SECONDS"),
-    Setting("reload", ("--reload",), _flag, False,
+    Setting("reload", ("--reload",), values.flag, False,
             "Development tool: reload the application (as HUP does) when one of its source "
             "files changes. Polls every second.", kind="flag"),
-    Setting("reload_extra_files", ("--reload-extra-file",), _path_list, lambda: [],
+    Setting("reload_extra_files", ("--reload-extra-file",), values.path_list, lambda: [],
             "With --reload, also watch this file (templates, data). Repeat for several.",
             metavar="FILE", kind="append"),
-    Setting("reload_engine", ("--reload-engine",), _reload_engine, "auto",
+    Setting("reload_engine", ("--reload-engine",), values.reload_engine, "auto",
             "How --reload watches: auto or poll (forkserve always polls; inotify is refused).",
             metavar="ENGINE"),
-    Setting("proxy_allow_ips", ("--proxy-allow-from",), _allowed_addresses,
+    Setting("proxy_allow_ips", ("--proxy-allow-from",), values.allowed_addresses,
             lambda: ["127.0.0.1", "::1"],
             "Peers allowed to send a PROXY protocol header (others get 403): addresses, "
             "networks or '*'.", metavar="ADDRESSES", section="http"),

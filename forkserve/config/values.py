@@ -1,0 +1,253 @@
+"""Setting values: text (from the command line, the environment or a config
+file) in, a typed value out, or a ConfigError that says what to write instead.
+
+forkserve.config.settings declares which setting uses which converter.
+"""
+
+import os
+from typing import Any, Callable
+
+__all__ = ["ConfigError", "allowed_addresses", "bind_list", "cpu_count", "default_workers", "env_list", "flag", "json_mapping", "log_format", "log_level", "mapping", "name_or_id", "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds", "text", "umask", "whole"]
+
+class ConfigError(Exception):
+    """A setting has a value forkserve cannot use. The message says which and why."""
+
+
+# --- value converters: text (or a config-file value) in, a typed value out ---
+
+def whole(minimum: int) -> Callable[[Any], int]:
+    def convert(value):
+        if isinstance(value, bool):
+            raise ValueError(f"expected a whole number >= {minimum}, got {value!r}")
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise ValueError(f"expected a whole number >= {minimum}, got {value!r}") from None
+        if number < minimum:
+            raise ValueError(f"expected a whole number >= {minimum}, got {number}")
+        return number
+    convert.__name__ = "int"
+    return convert
+
+
+def seconds(value) -> float:
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        raise ValueError(f"expected a number of seconds, got {value!r}") from None
+    if number < 0 or number != number:
+        raise ValueError(f"expected a number of seconds >= 0, got {value!r}")
+    return number
+
+
+seconds.__name__ = "float"
+
+
+def text(value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
+text.__name__ = "str"
+
+
+def flag(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+flag.__name__ = "bool"
+
+
+def bind_list(value) -> list:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    addresses = [str(item).strip() for item in items if str(item).strip()]
+    if not addresses:
+        raise ValueError("expected at least one address such as 127.0.0.1:8000")
+    return addresses
+
+
+bind_list.__name__ = "list"
+
+
+def log_level(value) -> str:
+    level = str(value).strip().lower()
+    if level not in ("debug", "info", "warning", "error", "critical"):
+        raise ValueError(f"expected one of debug, info, warning, error, critical; got {value!r}")
+    return level
+
+
+log_level.__name__ = "str"
+
+
+# --- converters for the settings Gunicorn users bring (forkserve.config.gunicorn) ---
+
+def env_list(value) -> list:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    pairs = []
+    for item in items:
+        key, sep, _ = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        pairs.append(str(item))
+    return pairs
+
+
+env_list.__name__ = "list"
+
+
+def umask(value) -> int:
+    try:
+        number = value if isinstance(value, int) and not isinstance(value, bool) else int(
+            str(value).strip(), 0)
+    except ValueError:
+        raise ValueError(f"expected a umask such as 0o022 or 18, got {value!r}") from None
+    if not 0 <= number <= 0o777:
+        raise ValueError(f"expected a umask between 0 and 0o777, got {value!r}")
+    return number
+
+
+umask.__name__ = "int"
+
+
+def allowed_addresses(value) -> list:
+    import ipaddress
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    addresses = [str(item).strip() for item in items if str(item).strip()]
+    for address in addresses:
+        if address != "*":
+            try:
+                ipaddress.ip_network(address, strict=False)
+            except ValueError:
+                raise ValueError(f"{address!r} is not an IP address, a network like "
+                                 "10.0.0.0/8, or '*'") from None
+    return addresses
+
+
+allowed_addresses.__name__ = "list"
+
+
+def mapping(value) -> dict:
+    """A dict, JSON text, or HEADER=value,HEADER=value text."""
+    if isinstance(value, dict):
+        return dict(value)
+    text = str(value).strip()
+    if text.startswith("{"):
+        import json
+        try:
+            loaded = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not valid JSON: {exc}") from None
+        if isinstance(loaded, dict):
+            return loaded
+    pairs = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ValueError(f"expected a dict, JSON or NAME=value,NAME=value; got {value!r}")
+        pairs[key.strip()] = val.strip()
+    return pairs
+
+
+mapping.__name__ = "dict"
+
+
+def json_mapping(value) -> dict:
+    """A dict that survives JSON: a reload hands the settings over as JSON."""
+    result = mapping(value)
+    import json
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError):
+        raise ValueError("must hold only strings, numbers, lists and dicts (name classes and "
+                         "functions by dotted path, as in '()': 'package.module.factory')"
+                         ) from None
+    return result
+
+
+json_mapping.__name__ = "dict"
+
+
+def scheme_headers(value) -> dict:
+    return {str(name).upper(): str(val) for name, val in mapping(value).items()}
+
+
+scheme_headers.__name__ = "dict"
+
+
+class _AnyAtom(dict):
+    def __missing__(self, key):
+        return "-"
+
+
+def log_format(value) -> str:
+    form = text(value)
+    try:
+        form % _AnyAtom()
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not a %-format with atoms like %(h)s: {exc}") from None
+    return form
+
+
+log_format.__name__ = "str"
+
+
+def path_list(value) -> list:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [text(item) for item in items]
+
+
+path_list.__name__ = "list"
+
+
+def reload_engine(value) -> str:
+    engine = str(value).strip().lower()
+    if engine not in ("auto", "poll"):
+        raise ValueError(f"forkserve polls for changes; use auto or poll, not {value!r}")
+    return engine
+
+
+reload_engine.__name__ = "str"
+
+
+def proxy_protocol(value) -> str:
+    if value is True:
+        return "auto"
+    if value is False or value is None:
+        return "off"
+    mode = str(value).strip().lower()
+    if mode not in ("off", "v1", "v2", "auto"):
+        raise ValueError(f"expected off, v1, v2 or auto; got {value!r}")
+    return mode
+
+
+proxy_protocol.__name__ = "str"
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) or 1
+
+
+def default_workers() -> int:
+    """WEB_CONCURRENCY when set (as Gunicorn and Heroku), else the CPU count."""
+    try:
+        return whole(0)(os.environ["WEB_CONCURRENCY"])
+    except (KeyError, ValueError):
+        return cpu_count()
+
+
+def name_or_id(value) -> str:
+    """A user or group: a name, or a number (Gunicorn config files use both)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return text(value)
+
+
+name_or_id.__name__ = "str"
