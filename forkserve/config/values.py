@@ -7,7 +7,12 @@ forkserve.config.settings declares which setting uses which converter.
 import os
 from typing import Any, Callable
 
-__all__ = ["ConfigError", "allowed_addresses", "bind_list", "cpu_count", "default_workers", "env_list", "flag", "json_mapping", "log_format", "log_level", "mapping", "name_or_id", "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds", "text", "umask", "whole"]
+__all__ = [
+    "ConfigError", "allowed_addresses", "bind_list", "cpu_count", "default_workers",
+    "env_list", "flag", "json_mapping", "log_format", "log_level", "mapping", "name_or_id",
+    "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds", "text",
+    "umask", "whole"]
+
 
 class ConfigError(Exception):
     """A setting has a value forkserve cannot use. The message says which and why."""
