@@ -3,5 +3,9 @@
 settings  every setting declared once (flag, env var, config key, default,
           help); the command line, config files and the README table come
           from it
+values    the converters: text in, a typed value out, or an error that says
+          what to write instead
+gunicorn  what forkserve does with each of Gunicorn's settings
+ignored   settings that would be ignored in this situation (--check-config)
 loader    turns `module:app` or `module:factory(...)` into a WSGI callable
 """

@@ -44,9 +44,10 @@ from urllib.parse import unquote
 from gevent import sleep
 from gevent import Timeout
 
+from forkserve.http.body import Body
 from forkserve.http.connection import Connection
 from forkserve.http.h1 import (  # the grammar; re-exported names are in __all__
-    _Expired, BLANK_LINES, Body, body_framing,
+    _Expired, BLANK_LINES, body_framing,
     chunk_size, ClientDisconnected, escape, GONE_ERRNOS, header_field,
     Limits, request_line, request_target, RequestError, valid_host, DISCARD_BYTES,
 )

@@ -1,20 +1,24 @@
 """The process model: who forks whom, who signals whom, and when.
 
 boot           the start-up sequence, in the order that keeps memory shared
+progress       log lines while a long application import runs
+environment    raw_env, pythonpath, umask: the process setup Gunicorn users set
 master         spawns, reaps and recycles workers (-w N)
-master_memory  what the master reads of its workers' memory (limits, log, stats)
+master_memory  the master's memory checks (--max-worker-memory) and reports
 worker         what runs in a worker after fork
-serving        what a serving process builds its servers from (preload, make_servers)
+serving        what a serving process is built from (preload, its HTTP servers)
 single         one process serving, no fork (-w 0)
 supervisor     what the master becomes after its first reload
 handover       the reload state machine: pure decisions, events in, actions out
-generations    the reload's I/O: generation processes, and the actions carried out
-reload         how processes hand over: the Role, start a generation, exec the supervisor
+generations    the I/O half of a reload: generation processes, and the driver
+reload         how a generation starts and how a master becomes a supervisor
+autoreload     --reload: a reload when a source file changes (development)
+hooks          Gunicorn's server hooks, with Gunicorn's names and arguments
 signals        which signal does what; handlers that only enqueue
 scoreboard     shared memory where workers report heartbeat and request counts
 sockets        bind, listen, describe and adopt listening sockets
-systemd        socket activation and sd_notify
+systemd        sd_notify and socket activation
 privileges     --user/--group
 procname       process titles
-unpatched      os/select/signal functions as they were before gevent patched them
+unpatched      os/select functions as they were before gevent patched them
 """

@@ -25,6 +25,7 @@ def preload():
     import gevent.pool  # noqa: F401
 
     import forkserve.http.accesslog  # noqa: F401
+    import forkserve.http.body  # noqa: F401
     import forkserve.http.connection  # noqa: F401
     import forkserve.http.handler  # noqa: F401
     import forkserve.http.proxy  # noqa: F401
