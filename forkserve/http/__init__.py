@@ -3,6 +3,7 @@
 h1          the RFC 9112 grammar and body framing, pure functions of bytes
 body        wsgi.input: reads exactly the framed request body
 response    start_response checks and the response head, pure
+responder   the response side: start_response, write, framing, sendfile
 connection  the socket side of a connection: buffered reads, sends, timers, close
 handler     one connection: read a request, run the WSGI app, write the response
 server      the per-worker gevent server: accept, cap connections, drain

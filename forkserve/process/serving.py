@@ -28,6 +28,7 @@ def preload():
     import forkserve.http.body  # noqa: F401
     import forkserve.http.connection  # noqa: F401
     import forkserve.http.handler  # noqa: F401
+    import forkserve.http.responder  # noqa: F401
     import forkserve.http.proxy  # noqa: F401
     import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
