@@ -203,11 +203,7 @@ def render_markdown(runs, meta):
     """The results page: context, the main table, PSS per phase, skips."""
     out = io.StringIO()
     w = out.write
-    w(f"# forkserve benchmark: {meta.get('title', 'PersonDB lookups')}\n\n")
-    for key, value in meta.items():
-        if key != "title":
-            w(f"- **{key}**: {value}\n")
-    w("\n")
+    render_meta(w, meta, "PersonDB lookups")
     done = [run for run in runs if run.status == "ok"]
     base = next((figures(r) for r in done if r.name == BASELINE), {})
     if done:
@@ -236,6 +232,15 @@ def render_markdown(runs, meta):
             w(f"- `{run.name}`: {run.note}\n")
         w("\n")
     return out.getvalue()
+
+
+def render_meta(w, meta, default_title):
+    """The page title and the run's context (date, command, machine...) as a list."""
+    w(f"# forkserve benchmark: {meta.get('title', default_title)}\n\n")
+    for key, value in meta.items():
+        if key != "title":
+            w(f"- **{key}**: {value}\n")
+    w("\n")
 
 
 def _render_phases(w, runs):
