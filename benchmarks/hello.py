@@ -342,7 +342,7 @@ def wrk(url, seconds, connections, cpus, workdir):
         return out.read().decode("utf-8", "replace")
 
 
-def wait_ready(group, spec, port, log_path, expected):
+def wait_ready(group, spec, port, log_path, expected, probe_path="/"):
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if not group.alive():
@@ -352,15 +352,16 @@ def wait_ready(group, spec, port, log_path, expected):
             with open(log_path, "rb") as f:
                 port = spec.port_from_log(f.read())
         if port is not None and len(group.members()) >= expected and \
-                http_status(port, "/") == 200:
+                http_status(port, probe_path) == 200:
             return port
         time.sleep(0.1)
     raise RuntimeError(f"not ready within {START_TIMEOUT:.0f}s: "
                        + log_tail(log_path, 3).replace("\n", " / "))
 
 
-def start(spec, args, log_dir, env):
-    """Start one server; (Group, port). Raises RuntimeError if it does not come up."""
+def start(spec, args, log_dir, env, probe_path="/"):
+    """Start one server; (Group, port) once GET probe_path answers 200 and all
+    its processes exist. Raises RuntimeError if it does not come up."""
     log_path = os.path.join(log_dir, f"{spec.name}.log")
     open(log_path, "wb").close()
     listener = bind_listener() if spec.needs_fd else None
@@ -377,7 +378,8 @@ def start(spec, args, log_dir, env):
         if listener:
             listener.close()
     try:
-        port = wait_ready(group, spec, port, log_path, 1 if spec.single else 1 + args.workers)
+        port = wait_ready(group, spec, port, log_path, 1 if spec.single else 1 + args.workers,
+                          probe_path)
     except BaseException:
         group.stop(grace=5)
         raise
