@@ -110,13 +110,13 @@ def _import_problem(python, statement):
     return lines[-1] if lines else f"exit status {proc.returncode}"
 
 
-def _forkserve(workers_override=None, extra=()):
+def _forkserve(workers_override=None):
     def command(python, workers, fd):
         w = workers if workers_override is None else workers_override
         # The app writes nothing per request; no --access-logfile means none.
         # --stats gives per-worker request counts (read once, after the load).
         return [python, "-m", "forkserve", "-w", str(w), "-b", "127.0.0.1:0",
-                "--stats", "127.0.0.1:0", *extra, APP]
+                "--stats", "127.0.0.1:0", APP]
     return command
 
 
@@ -181,11 +181,6 @@ def all_servers():
         ServerSpec(
             "forkserve-dict", "forkserve, plain dicts", "dict", _forkserve(),
             requires=("import forkserve.cli",), needs_fd=False,
-        ),
-        ServerSpec(
-            "forkserve-reuseport", "forkserve --reuse-port, plain dicts", "dict",
-            _forkserve(extra=("--reuse-port",)), requires=("import forkserve.cli",),
-            needs_fd=False,
         ),
         ServerSpec(
             "forkserve-share", "forkserve, dicts + forkserve.share()", "share", _forkserve(),

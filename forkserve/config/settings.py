@@ -152,10 +152,6 @@ SETTINGS = (
     Setting("backlog", ("--backlog",), _whole(1), 2048,
             "Listen queue length: connections the kernel holds while workers are busy.",
             metavar="N"),
-    Setting("reuse_port", ("--reuse-port",), _flag, False,
-            "Give each worker its own SO_REUSEPORT listening socket on every TCP address, so "
-            "the kernel spreads new connections over the workers (Linux; not with --user).",
-            kind="flag"),
     Setting("timeout", ("--timeout",), _seconds, 30.0,
             "A worker whose event loop is blocked this many seconds is killed and replaced. "
             "0 disables.", metavar="SECONDS"),

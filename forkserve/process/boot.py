@@ -54,7 +54,7 @@ def run(cfg, app=None, app_name=None) -> int:
     try:
         listeners = reload.adopted_listeners()
         if listeners is None:
-            listeners = sockets.bind_all(cfg.bind, reuse_port=cfg.reuse_port)
+            listeners = sockets.bind_all(cfg.bind)
         stats_listener = None
         if cfg.stats and not generation:  # the supervisor serves stats for generations
             stats_listener = sockets.bind(sockets.parse_address(cfg.stats))

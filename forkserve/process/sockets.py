@@ -15,7 +15,7 @@ import os
 import socket
 import stat
 
-__all__ = ["Address", "BindError", "parse_address", "bind", "describe", "reuse_port_copies"]
+__all__ = ["Address", "BindError", "parse_address", "bind", "describe"]
 
 #: errno values that mean "the address cannot be had", each with advice.
 _BIND_ADVICE = {
@@ -84,17 +84,17 @@ def parse_address(text: str) -> Address:
     return Address(family, (host, port), text)
 
 
-def bind(address: Address, *, reuse_port: bool = False) -> socket.socket:
-    """Create and bind (but do not listen on) a socket for `address`.
-
-    `reuse_port` sets SO_REUSEPORT on TCP sockets, so that workers can bind
-    their own sockets to the same port (reuse_port_copies)."""
+def bind(address: Address) -> socket.socket:
+    """Create and bind (but do not listen on) a socket for `address`."""
     sock = socket.socket(address.family, socket.SOCK_STREAM)
     try:
         if address.is_unix:
             _remove_stale_unix_socket(address.target)
         else:
-            _tcp_options(sock, reuse_port)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if address.family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address.target)
     except OSError as exc:
         sock.close()
@@ -104,41 +104,6 @@ def bind(address: Address, *, reuse_port: bool = False) -> socket.socket:
         raise BindError(f"cannot bind {address.text}: {advice}") from None
     sock.set_inheritable(True)
     return sock
-
-
-def _tcp_options(sock, reuse_port):
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if sock.family == socket.AF_INET6:
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-
-
-def reuse_port_copies(listeners, backlog) -> list:
-    """A worker's own listening socket for each TCP listener bound with
-    reuse_port: same address, SO_REUSEPORT, listening. The kernel then
-    spreads new connections over every listening socket of the port by a
-    hash of the connection (the master's shared one, which every worker
-    also serves, and one per worker), instead of letting the workers race
-    to accept from one queue. Connections still queued on a worker's own
-    socket when it closes are reset: that is SO_REUSEPORT's behaviour.
-    Runs in the worker, after fork; needs the same user as the master."""
-    copies = []
-    try:
-        for listener in listeners:
-            if listener.family == socket.AF_UNIX or \
-                    not listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT):
-                continue
-            sock = socket.socket(listener.family, socket.SOCK_STREAM)
-            copies.append(sock)
-            _tcp_options(sock, True)
-            sock.bind(listener.getsockname())
-            sock.listen(backlog)
-    except OSError:
-        close_all(copies, unlink=False)
-        raise
-    return copies
 
 
 def _remove_stale_unix_socket(path):
@@ -171,12 +136,12 @@ def describe(sock: socket.socket) -> str:
     return f"http://{host}:{port}"
 
 
-def bind_all(texts, *, reuse_port=False) -> list:
+def bind_all(texts) -> list:
     """Bind every address; on any failure close what was bound and raise."""
     bound = []
     try:
         for text in texts:
-            bound.append(bind(parse_address(text), reuse_port=reuse_port))
+            bound.append(bind(parse_address(text)))
     except BindError:
         close_all(bound, unlink=False)
         raise

@@ -20,7 +20,7 @@ import traceback
 
 from forkserve.memory import cow, reporter, procfs
 from forkserve import exits, logs
-from forkserve.process import privileges, procname, sockets
+from forkserve.process import privileges, procname
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING
 
 __all__ = ["Worker", "heartbeat_interval", "make_servers", "preload"]
@@ -104,11 +104,8 @@ class Worker:
         gevent.signal_handler(signal.SIGUSR1, logs.reopen)
 
     def boot_servers(self):
-        own = sockets.reuse_port_copies(self.listeners, self.cfg.backlog) \
-            if self.cfg.reuse_port else []  # --reuse-port: one more listener per address
-        self.servers = make_servers(self.cfg, self.app, self.listeners + own, multiprocess=True,
+        self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
                                     on_request=self._count_request)
-        sockets.close_all(own, unlink=False)  # the servers serve duplicates of them
         for server in self.servers:
             server.start()
         self.scoreboard.set_state(self.index, READY)
