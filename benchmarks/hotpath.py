@@ -2,7 +2,8 @@
 
     python benchmarks/hotpath.py                 # forkserve -w 0, hello app, 10 s windows
     python benchmarks/hotpath.py --quick         # 4 s windows
-    python benchmarks/hotpath.py --workers 4 --app examples.persondb.app:app
+    python benchmarks/hotpath.py --workers 4 --app examples.persondb.app:app --path /health
+    python benchmarks/hotpath.py --extra='--access-logfile /dev/null'   # with an access log
 
 Starts ``python -m forkserve -w N`` on the app (pinned to --server-cpus) and
 keeps it saturated with wrk (64 keep-alive connections, on --client-cpus)
@@ -30,6 +31,7 @@ import argparse
 import collections
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -150,7 +152,7 @@ def start_server(args, log_dir, env):
     spec = ServerSpec("forkserve", f"forkserve -w {args.workers}", "",
                       lambda python, workers, fd: [python, "-m", "forkserve", "-w",
                                                    str(args.workers), "-b", "127.0.0.1:0",
-                                                   args.app],
+                                                   *shlex.split(args.extra), args.app],
                       requires=(), single=args.workers == 0, needs_fd=False)
     hello_args = types.SimpleNamespace(server_cpus=args.server_cpus, python=args.python,
                                        workers=args.workers)
@@ -192,6 +194,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=0, help="forkserve -w (default 0)")
     p.add_argument("--app", default=hello.APP, help=f"WSGI app (default {hello.APP})")
     p.add_argument("--path", default="/", help="the URL path wrk requests (default /)")
+    p.add_argument("--extra", default="", help="more forkserve arguments, e.g. "
+                                               "--extra='--access-logfile /dev/null'")
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--server-cpus", default="0")
@@ -321,7 +325,7 @@ def perf_window(url, args, workdir, target, out):
 
 
 def render(args, plain, cpu_us, traced, syscalls, tracer, samples, perf_text, conditions):
-    lines = [f"# forkserve hot path: {args.app}, forkserve -w {args.workers}\n",
+    lines = [f"# forkserve hot path: {args.app}, forkserve -w {args.workers} {args.extra}\n",
              f"- command: `python benchmarks/hotpath.py {' '.join(sys.argv[1:])}`",
              f"- conditions: {conditions}",
              f"- plain window: {plain.responses:,} responses in {plain.duration_s:.1f} s "
@@ -346,7 +350,10 @@ def render(args, plain, cpu_us, traced, syscalls, tracer, samples, perf_text, co
     lines += ["## Where the time goes (py-spy, categories)\n",
               f"{n:,} samples of pid {'the single process' if not args.workers else 'one worker'}"
               "; µs per response = share × the plain window's CPU per response. Rules: "
-              "benchmarks/hotpath.py CATEGORIES.\n",
+              "benchmarks/hotpath.py CATEGORIES."
+              + (" With workers sharing a CPU, a worker waiting for the CPU is sampled where "
+                 "it waits (mostly in the hub), so these shares are wall-clock, not CPU: "
+                 "read the breakdown from a -w 0 run." if args.workers else "") + "\n",
               "| category | share | µs per response |", "|---|---:|---:|"]
     for name, share in shares.items():
         lines.append(f"| {name} | {share:.1%} | {share * cpu_us:.1f} |")
