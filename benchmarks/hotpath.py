@@ -74,6 +74,10 @@ CATEGORIES = (
      r"Server\.handle|BaseServer\._do_read|.*accept|_handle_and_close_when_done)"),
     ("gevent hub: loop, switches, callbacks", r"\(gevent/(hub|_hub_primitives|_waiter|"
                                               r"_greenlet_primitives|greenlet)\.py|^Hub\."),
+    # Last, so that a rewritten handler's functions land here until rules
+    # name them; the innermost-frames table needs no rules at all.
+    ("forkserve/http, not matched by a rule above", r"\(forkserve/http/"),
+    ("gevent, not matched by a rule above", r"\(gevent/"),
 )
 #: Seconds a tool gets to attach before wrk starts (the server idles meanwhile).
 TOOL_ATTACH_S = 1.0
@@ -157,6 +161,22 @@ def start_server(args, log_dir, env):
     hello_args = types.SimpleNamespace(server_cpus=args.server_cpus, python=args.python,
                                        workers=args.workers)
     return hello.start(spec, hello_args, log_dir, env, probe_path=args.path)
+
+
+def context_switches(pgid):
+    """(voluntary, involuntary) context switches so far of group ``pgid``'s processes."""
+    voluntary = involuntary = 0
+    for pid in procs.group_members(pgid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        voluntary += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        involuntary += int(line.split()[1])
+        except FileNotFoundError:
+            continue  # exited meanwhile
+    return voluntary, involuntary
 
 
 def load_window(url, args, workdir, during=None):
@@ -247,7 +267,10 @@ def profile(args):
         members = group.members()
         target = members[-1] if args.workers else group.pid  # a worker, or the one process
         hello.wrk(url, 2, args.connections, args.client_cpus, workdir)  # warm up
+        switches_before = context_switches(group.pid)
         plain, plain_cpu = load_window(url, args, workdir)
+        switches = [after - before for after, before
+                    in zip(context_switches(group.pid), switches_before)]
         cpu_per_req_us = plain_cpu / plain.responses * 1e6
         say(f"plain: {plain.rate:,.0f} req/s, {cpu_per_req_us:.1f} µs CPU per response")
 
@@ -268,6 +291,10 @@ def profile(args):
     steal = (steal_after[0] - steal_before[0]) / max(steal_after[1] - steal_before[1], 1)
     conditions = (f"{machine()}; load average {load_before[0]:.2f} before / "
                   f"{os.getloadavg()[0]:.2f} after; CPU steal {steal:.1%}")
+    conditions += (f"; in the plain window the server's processes were switched out "
+                   f"{switches[0] / plain.responses:.3f} times per response voluntarily "
+                   f"(waiting) and {switches[1] / plain.responses:.3f} involuntarily "
+                   "(preempted: other processes of the machine, or the other workers)")
     return render(args, plain, cpu_per_req_us, traced, syscalls, tracer, samples, perf_text,
                   conditions)
 
