@@ -2,6 +2,7 @@
 
   forkserve [OPTIONS] MODULE:APP      serve an application (see --help)
   forkserve memory [...]              show a running server's memory
+  forkserve store [...]               build, inspect and shard store files
 """
 
 import sys
@@ -18,6 +19,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "memory":
         from forkserve.memory import command
         return command.main(argv[1:])
+    if argv and argv[0] == "store":
+        from forkserve import store
+        return store.main(argv[1:], prog="forkserve store")
     try:
         cfg = settings.parse(argv)
     except settings.ConfigError as exc:

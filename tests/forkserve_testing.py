@@ -24,9 +24,9 @@ def poll(predicate, timeout=10.0, interval=0.05, message="condition"):
 
 
 class ServerProcess:
-    def __init__(self, args, *, app, env=None, cwd=None, log_dir=None):
+    def __init__(self, args, *, app, env=None, cwd=None, log_dir=None, bind="127.0.0.1:0"):
         self.log_path = os.path.join(log_dir, f"server-{time.monotonic_ns()}.log")
-        command = [sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", *args]
+        command = [sys.executable, "-m", "forkserve", "-b", bind, *args]
         if app:
             command.append(app)
         environment = dict(os.environ)

@@ -1,6 +1,7 @@
 """Pure parts of the core: app specs, addresses, exit codes, signal dispatch."""
 
 import os
+import pathlib
 import signal
 import socket
 
@@ -8,11 +9,15 @@ import pytest
 
 from forkserve import exits
 from forkserve.config import loader
-from forkserve.process import sockets
+from forkserve.process import sockets, systemd
+from forkserve.process.reload import Role
 from forkserve.process.master import Master
 from forkserve.config.settings import parse
-from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
-from forkserve.process.worker import heartbeat_interval
+from forkserve.process.signals import (MASTER_SIGNALS, SINGLE_SIGNALS, SignalQueue,
+                                      handler_name, signals_table)
+from forkserve.process.single import SingleServer
+from forkserve.process.supervisor import Supervisor
+from forkserve.process.scoreboard import heartbeat_interval
 
 
 @pytest.mark.parametrize("spec, module, attribute, call, args, kwargs", [
@@ -94,11 +99,6 @@ def test_exit_statuses_are_classified(code, signum, kind):
         assert "SIGKILL" in outcome.description
 
 
-def test_every_master_signal_has_a_handler_method():
-    for signum in MASTER_SIGNALS:
-        assert callable(getattr(Master, handler_name(signum))), signum
-
-
 def _master(*argv):
     cfg = parse([*argv, "a:b"], environ={}, cwd="/")
     return Master(cfg, app=None, listeners=[], app_name="a:b")
@@ -144,3 +144,39 @@ def test_heartbeat_is_frequent_enough_for_the_timeout():
     assert heartbeat_interval(1) <= 0.25
     assert heartbeat_interval(30) == 1.0
     assert heartbeat_interval(0) == 1.0
+
+
+def test_the_role_is_read_once_and_the_variables_leave_the_environment():
+    environ = {"FORKSERVE__FDS": "3,4", "FORKSERVE__READY_FD": "9",
+               "FORKSERVE__GENERATION": "5", "PATH": "/bin"}
+    role = Role.from_environ(environ)
+    assert role == Role(generation=5, ready_fd=9, fds=(3, 4)) and role.supervised
+    assert environ == {"PATH": "/bin"}
+    assert not Role.from_environ({}).supervised and Role.from_environ({}).generation == 1
+
+
+def test_systemd_socket_activation_is_adopted_only_by_the_pid_it_names():
+    environ = {"LISTEN_FDS": "2", "LISTEN_PID": "42", "LISTEN_FDNAMES": "a:b"}
+    assert systemd.listen_fds(dict(environ), 42) == (3, 4)
+    assert systemd.listen_fds(environ, 43) is None
+    assert environ == {}  # not for the application's children either way
+
+
+@pytest.mark.parametrize("cls, installed", [(Master, MASTER_SIGNALS),
+                                            (Supervisor, MASTER_SIGNALS),
+                                            (SingleServer, SINGLE_SIGNALS)])
+def test_every_declared_signal_has_a_handler_method_in_each_process(cls, installed):
+    for signum in installed:
+        assert callable(getattr(cls, handler_name(signum))), (cls, signum)
+
+
+def test_usr2_reloads_as_hup_does():
+    assert Master.handle_usr2 is Master.handle_hup
+    assert Supervisor.handle_usr2 is Supervisor.handle_hup
+    assert SingleServer.handle_usr2 is SingleServer.handle_hup
+
+
+def test_readme_signals_table_is_generated_from_the_declarations():
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert signals_table() in readme, (
+        "README's signals table is stale: regenerate it with python -m forkserve.process.signals")

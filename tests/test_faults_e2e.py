@@ -49,9 +49,11 @@ def test_workers_killed_at_random_under_load_only_fail_their_in_flight_requests(
         for _ in range(5):
             poll(lambda: len(server.children()) == 3, message="three workers")
             victim = rng.choice(server.children())
+            served = outcomes["ok"]
             os.kill(victim, signal.SIGKILL)
             kills += 1
-            time.sleep(0.4)
+            poll(lambda: victim not in server.children() and outcomes["ok"] > served + 5,
+                 message="the victim reaped and serving going on")
         served = outcomes["ok"]
         poll(lambda: outcomes["ok"] > served + 20, message="serving to go on")
     finally:

@@ -174,6 +174,14 @@ def test_worker_titles_show_requests_and_private_memory(run_server):
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             return handle.read().replace(b"\0", b" ").decode().strip()
 
+    def served():
+        match = re.fullmatch(r"persondb: worker 1 \[hog:app\] (\d+) req, [\d.]+ MiB private",
+                             title(worker))
+        return match and int(match.group(1))
+
     assert title(server.pid) == "persondb: master [hog:app]"
-    poll(lambda: re.fullmatch(r"persondb: worker 1 \[hog:app\] \d+ req, [\d.]+ MiB private",
-                              title(worker)), message=f"the worker title, now {title(worker)!r}")
+    poll(lambda: served() is not None, message=f"the worker title, now {title(worker)!r}")
+    before = served()
+    for _ in range(5):
+        assert server.get("/")[0] == 200
+    poll(lambda: (served() or 0) >= before + 5, message=f"the title to count, now {title(worker)!r}")

@@ -43,11 +43,11 @@ class Load:
 HANDED_OVER = re.compile(r"continues as its supervisor|Generation \d+ \(pid \d+\) exited")
 
 
-def _reload_to(server, version_file, version):
+def _reload_to(server, version_file, version, signum=signal.SIGHUP):
     """HUP, then wait until the new version answers and the old one is gone."""
     handovers = len(HANDED_OVER.findall(server.log()))
     version_file.write_text(version)
-    server.signal(signal.SIGHUP)
+    server.signal(signum)
     poll(lambda: server.get("/")[1].split()[0] == version, timeout=30,
          message=f"answers from {version}")
     poll(lambda: len(HANDED_OVER.findall(server.log())) > handovers, timeout=30,
@@ -102,6 +102,18 @@ def test_a_reload_with_a_broken_app_keeps_serving_the_old_answers(run_server, tm
     assert server.wait_exit(20) == 0
 
 
+@pytest.mark.parametrize("workers", ["1", "0"])
+def test_usr2_reloads_as_hup_does(run_server, tmp_path, workers):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("-w", workers, app="versioned:app",
+                        env={"VERSION_FILE": str(version_file)})
+    _reload_to(server, version_file, "v2", signal.SIGUSR2)  # the master's reload
+    _reload_to(server, version_file, "v3", signal.SIGUSR2)  # the supervisor's
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
+
+
 def test_the_first_reload_frees_the_old_heap_by_exec(run_server, tmp_path):
     version_file = tmp_path / "version"
     version_file.write_text("v1")
@@ -120,3 +132,90 @@ def _rss(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _loading(version_file):
+    """Pids of the generations that are loading (held) or have loaded a held version."""
+    return {int(path.name.rsplit(".", 1)[1])
+            for path in version_file.parent.glob(version_file.name + ".loading.*")}
+
+
+def _held_reload(server, version_file, version):
+    """HUP into a generation that stays in the middle of loading; its pid."""
+    before = _loading(version_file)
+    version_file.write_text(f"{version} hold")
+    server.signal(signal.SIGHUP)
+    [pid] = poll(lambda: _loading(version_file) - before, timeout=30,
+                 message="the new generation to be loading")
+    return pid
+
+
+def _release(version_file):
+    version_file.with_name(version_file.name + ".go").touch()
+
+
+def _answer(server):
+    return server.get("/")[1].split()[0]
+
+
+def _versioned(run_server, tmp_path, workers):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("-w", workers, "--graceful-timeout", "10", app="versioned:app",
+                        env={"VERSION_FILE": str(version_file)})
+    return server, version_file
+
+
+@pytest.mark.parametrize("workers, supervised", [("1", False), ("0", False), ("1", True)])
+def test_hup_during_a_reload_reloads_again_once_it_is_done(run_server, tmp_path, workers,
+                                                           supervised):
+    server, version_file = _versioned(run_server, tmp_path, workers)
+    old = "v1"
+    if supervised:  # the supervisor's reload, not the master's first one
+        _reload_to(server, version_file, "v1b")
+        old = "v1b"
+    started = server.log().count("Reloading: started generation")
+    _held_reload(server, version_file, "v2")
+    version_file.write_text("v3")
+    server.signal(signal.SIGHUP)
+    poll(lambda: "Hang up during a reload" in server.log(), message="the HUP to be remembered")
+    assert _answer(server) == old  # the old generation serves while the new one loads
+    _release(version_file)
+    poll(lambda: _answer(server) == "v3", timeout=30, message="answers from v3")
+    poll(lambda: len(HANDED_OVER.findall(server.log())) >= 2 + supervised,
+         timeout=30, message="the v2 generation to be gone")
+    assert server.log().count("Reloading: started generation") == started + 2
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
+
+
+@pytest.mark.parametrize("workers, supervised", [("1", False), ("0", False), ("1", True)])
+def test_term_during_a_reload_stops_the_starting_generation_too(run_server, tmp_path, workers,
+                                                                supervised):
+    server, version_file = _versioned(run_server, tmp_path, workers)
+    if supervised:
+        _reload_to(server, version_file, "v1b")
+    held = _held_reload(server, version_file, "v2")
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
+    poll(lambda: not os.path.exists(f"/proc/{held}"), message="the loading generation to go")
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.pid, 0)  # nothing left behind
+
+
+@pytest.mark.parametrize("workers, supervised", [("1", False), ("0", False), ("1", True)])
+def test_a_new_generation_that_dies_before_it_is_ready_leaves_the_old_one_serving(
+        run_server, tmp_path, workers, supervised):
+    server, version_file = _versioned(run_server, tmp_path, workers)
+    old = "v1"
+    if supervised:
+        _reload_to(server, version_file, "v1b")
+        old = "v1b"
+    held = _held_reload(server, version_file, "v2")
+    os.kill(held, signal.SIGKILL)
+    poll(lambda: "Reload failed" in server.log(), message="the failed reload")
+    assert "the previous generation keeps serving" in server.log()
+    assert {_answer(server) for _ in range(5)} == {old}
+    _reload_to(server, version_file, "v3")  # and the next reload works
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0

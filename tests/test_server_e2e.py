@@ -1,6 +1,8 @@
 """End-to-end: the real `python -m forkserve`, real sockets, real signals."""
 
+import http.client
 import os
+import re
 import signal
 import socket
 import threading
@@ -133,17 +135,24 @@ def test_exit_runs_app_atexit_handlers_but_not_interpreter_finalization(run_serv
     assert events == expected, server.log()
 
 
-def test_max_requests_recycles_a_worker_gracefully(run_server):
+def test_max_requests_recycles_a_worker_replacement_first(run_server):
     server = run_server("-w", "1", "--max-requests", "5")
     [first] = server.wait_workers(1)
     statuses = [server.get("/pid")[0] for _ in range(12)]
     assert statuses == [200] * 12
     poll(lambda: server.children() and first not in server.children(),
          message="the worker to be recycled")
-    assert "--max-requests" in server.log()
+    log = server.log()
+    assert "--max-requests" in log
+    # The replacement said it serves (it logs that just before the master can
+    # see it ready) before the master let the old worker go.
+    replacement = re.search(r"Booting worker 2 with pid: (\d+)", log)
+    old_exit = re.search(rf"Worker 1 \(pid {first}\) exited", log)
+    assert replacement and old_exit, log
+    assert replacement.start() < old_exit.start(), log
 
 
-def test_hup_replaces_every_worker_under_the_same_master_pid(run_server):
+def test_hup_reloads_into_a_new_generation_under_the_same_master_pid(run_server):
     server = run_server("-w", "2")
     before = set(server.wait_workers(2))
     server.signal(signal.SIGHUP)
@@ -151,6 +160,14 @@ def test_hup_replaces_every_worker_under_the_same_master_pid(run_server):
          timeout=20, message="answers from new workers only")
     poll(lambda: not before & set(_descendants(server.pid)), message="old workers gone")
     assert server.proc.poll() is None and server.get("/pid")[0] == 200
+    # A reload, not a restart of the workers: the master's one child now is
+    # generation 2 (a new interpreter), whose children serve.
+    [generation] = server.children()
+    workers = set(_descendants(generation))
+    assert len(workers) == 2 and {int(server.get("/pid")[1]) for _ in range(6)} <= workers
+    log = server.log()
+    assert f"started generation 2 (pid {generation})" in log
+    assert "continues as its supervisor" in log
 
 
 def _descendants(pid):
@@ -204,3 +221,53 @@ def test_unix_socket_bind(run_server, tmp_path):
     server.signal(signal.SIGTERM)
     server.wait_exit(10)
     assert not path.exists()
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_usr1_reopens_log_files_that_logrotate_moved(run_server, tmp_path, workers):
+    error_log, access_log = tmp_path / "error.log", tmp_path / "access.log"
+    server = run_server("-w", workers, "--error-logfile", str(error_log),
+                        "--access-logfile", str(access_log), wait=False)
+    server.log_path = str(error_log)  # the server logs there, not to its stdout
+    poll(error_log.exists, message="the error log")
+    server.wait_listening()
+    if workers != "0":
+        server.wait_workers(2)
+    assert server.get("/pid")[0] == 200
+    error_log.rename(tmp_path / "error.log.1")
+    access_log.rename(tmp_path / "access.log.1")
+    server.signal(signal.SIGUSR1)
+
+    def requests_land_in_the_new_access_log():
+        lines = len(access_log.read_text().splitlines()) if access_log.exists() else 0
+        for _ in range(4):
+            assert server.get("/pid")[0] == 200
+        return access_log.exists() and len(access_log.read_text().splitlines()) == lines + 4
+    # Once every process reopened, every request is logged in the new file.
+    poll(requests_land_in_the_new_access_log, message="requests in the new access log")
+    server.signal(signal.SIGTTIN)  # logs a line in the master (or the single process)
+    poll(lambda: error_log.exists() and "TTIN" in error_log.read_text(),
+         message="new lines in the new error log")
+    assert "TTIN" not in (tmp_path / "error.log.1").read_text()
+
+
+def test_a_stalled_stats_client_blocks_neither_other_stats_clients_nor_signals(run_server):
+    server = run_server("-w", "1", "--stats", "127.0.0.1:0")
+    port = int(re.search(r"Stats at: http://127\.0\.0\.1:(\d+)", server.log()).group(1))
+    server.wait_workers(1)
+    stalled = socket.create_connection(("127.0.0.1", port))
+    stalled.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+    silent = socket.create_connection(("127.0.0.1", port))  # sends nothing at all
+    try:
+        for path in ("/", "/metrics"):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", path)
+            assert connection.getresponse().status == 200
+            connection.close()
+        server.signal(signal.SIGTTIN)
+        assert len(server.wait_workers(2)) == 2
+        server.signal(signal.SIGTERM)
+        assert server.wait_exit(20) == 0
+    finally:
+        stalled.close()
+        silent.close()

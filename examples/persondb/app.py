@@ -24,9 +24,22 @@ Settings (environment variables, read once at import):
     - ``store``: a ``forkserve.store.Store`` built from the CSV and cached in
       ``PERSONDB_STORE`` (default: the CSV path + ``.store``); responses are
       the stored, already-encoded JSON bytes, never decoded or re-encoded.
+      With ``PERSONDB_STORE`` set and ``PERSONDB_CSV`` unset, that store file
+      is served as it is: no CSV, no rebuild (a file built beforehand and
+      mounted read-only).
+``PERSONDB_SHARD``
+    ``I/N``: serve only shard I (from 0) of N, the people whose email
+    ``forkserve.store.shards.shard_of(email, N)`` places there, as nginx's
+    split_clients routes them (examples/deploy). In ``store`` mode the
+    shard's store is cached in ``PERSONDB_STORE`` (default: the CSV path +
+    ``.shardI-of-N.store``, the name ``forkserve store build --shards N``
+    gives it). A request for an email of another shard answers 421
+    Misdirected Request, so a routing mistake never looks like a 404.
 
 Routes: ``GET /person/<email>`` (JSON; 404 JSON when unknown; emails match
-exactly) and ``GET /health`` (row count, mode and the serving pid).
+exactly) and ``GET /health`` (row count, mode, shard and the serving pid).
+A worker answers /health only after the dataset is loaded (in the master,
+before any worker is forked), which makes it the readiness check.
 """
 
 import csv
@@ -40,6 +53,7 @@ import bottle
 import orjson
 
 from examples.persondb import generate
+from forkserve.store import shards
 
 __all__ = ["MODES", "PersonDBError", "Settings", "app", "load", "make_app", "people"]
 
@@ -68,11 +82,24 @@ class Settings:
         self.rows = _int_setting(environ, "PERSONDB_ROWS", generate.DEFAULT_ROWS)
         self.seed = _int_setting(environ, "PERSONDB_SEED", generate.DEFAULT_SEED)
         self.store_path = environ.get("PERSONDB_STORE") or None
+        self.shard = None
+        if environ.get("PERSONDB_SHARD"):
+            try:
+                self.shard = shards.parse_shard(environ["PERSONDB_SHARD"])
+            except shards.ShardError as exc:
+                raise PersonDBError(f"PERSONDB_SHARD: {exc}") from None
 
     def dataset(self):
-        """The CSV path to load, generating the demo dataset if none is set."""
+        """The CSV path to load, generating the demo dataset if none is set.
+
+        None in store mode with PERSONDB_STORE and no PERSONDB_CSV: the
+        store file is served as it is (built beforehand, e.g. by
+        ``forkserve store build --shards N``, and mounted read-only).
+        """
         if self.csv_path is not None:
             return self.csv_path
+        if self.mode == "store" and self.store_path is not None:
+            return None
         path = os.path.join(
             tempfile.gettempdir(), f"persondb-{self.rows}rows-seed{self.seed}.csv"
         )
@@ -124,14 +151,25 @@ def _open_csv(path):
     return f, reader
 
 
-def load_dicts(path):
+def in_shard(shard):
+    """A predicate telling whether an email belongs to shard (I, N); None: every email."""
+    if shard is None:
+        return lambda email: True
+    index, count = shard
+    bounds = shards.upper_bounds(count)
+    return lambda email: shards.shard_of(email, count, bounds=bounds) == index
+
+
+def load_dicts(path, shard=None):
     """Read the CSV into ``{email: row dict}``, streaming it row by row."""
     f, reader = _open_csv(path)
+    wanted = in_shard(shard)
     people = {}
     with f:
         try:
             for row in reader:
-                people[row["email"]] = row
+                if wanted(row["email"]):
+                    people[row["email"]] = row
         except (UnicodeDecodeError, csv.Error) as e:
             raise PersonDBError(
                 f"PersonDB CSV {path!r} is malformed near line {reader.line_num} ({e})."
@@ -139,55 +177,75 @@ def load_dicts(path):
     return people
 
 
-def load_store(path, store_path=None):
+def load_store(path, store_path=None, shard=None):
     """Open the Store cached beside ``path``, rebuilding it if the CSV is newer."""
-    from forkserve.store import Store
+    from forkserve.store import Store, StoreError
+    from forkserve.store.split import shard_path
 
+    if path is None:
+        try:
+            return Store.open(store_path)
+        except (OSError, StoreError) as exc:
+            raise PersonDBError(
+                f"PERSONDB_STORE {store_path!r} cannot be opened ({exc}); build it with "
+                f"'forkserve store build people.csv --key email -o people.store [--shards N]', "
+                "or set PERSONDB_CSV to build it from a CSV.") from None
     # Check the CSV first so a bad file gets PersonDB's error message.
     f, _ = _open_csv(path)
     f.close()
-    store_path = store_path or f"{path}.store"
+    if store_path is None:
+        store_path = f"{path}.store" if shard is None else shard_path(f"{path}.store", *shard)
     try:
         fresh = os.stat(store_path).st_mtime >= os.stat(path).st_mtime
     except FileNotFoundError:
         fresh = False
     if not fresh:
-        _build_store(path, store_path)
+        _build_store(path, store_path, shard)
     # The file's pages live in the page cache, once, shared by every process
     # that maps them. (populate=True would also map them all into the master
     # now: no first-touch faults, at the cost of reading the whole file here.)
     return Store.open(store_path)
 
 
-def _build_store(path, store_path):
+def _build_store(path, store_path, shard):
     from forkserve.store import Store
+    from forkserve.store.csvrows import CsvRows
 
     # Build beside the target and rename: a concurrent loader never opens a
     # half-written store, and the Store we return stays valid after the rename.
     tmp = f"{store_path}.{os.getpid()}.tmp"
     try:
-        Store.from_csv(path, key="email", path=tmp).close()
+        if shard is None:
+            Store.from_csv(path, key="email", path=tmp).close()
+        else:
+            wanted = in_shard(shard)
+            rows = (row for row in CsvRows(path, "email") if wanted(row[0]))
+            Store.build(rows, tmp).close()
         os.replace(tmp, store_path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def load(path, mode, store_path=None):
-    """Load ``path`` the way ``mode`` says; returns the mapping to serve from."""
+def load(path, mode, store_path=None, shard=None):
+    """Load ``path`` the way ``mode`` says; returns the mapping to serve from.
+
+    shard (I, N) keeps only the people of shard I of N.
+    """
     started = time.perf_counter()
     if mode == "store":
-        people = load_store(path, store_path)
+        people = load_store(path, store_path, shard)
     else:
-        people = load_dicts(path)
+        people = load_dicts(path, shard)
         if mode == "share":
             import forkserve
 
             report = forkserve.share(people)
             log.info("forkserve.share: %s", report)
     log.info(
-        "loaded %d people from %s in %.2fs (mode=%s, pid=%d)",
-        len(people), path, time.perf_counter() - started, mode, os.getpid(),
+        "loaded %d people from %s in %.2fs (mode=%s, shard=%s, pid=%d)",
+        len(people), path or store_path, time.perf_counter() - started, mode, _shard_name(shard),
+        os.getpid(),
     )
     return people
 
@@ -195,9 +253,14 @@ def load(path, mode, store_path=None):
 # -- the WSGI app --------------------------------------------------------------
 
 
-def make_app(people, mode):
-    """A Bottle app serving ``people`` (a dict of rows, or a Store)."""
+def _shard_name(shard):
+    return None if shard is None else f"{shard[0]}/{shard[1]}"
+
+
+def make_app(people, mode, shard=None):
+    """A Bottle app serving ``people`` (a dict of rows, or a Store), shard I/N of them."""
     app = bottle.Bottle()
+    elsewhere = _misdirected(shard)
 
     if mode == "store":
         @app.get("/person/<email>")
@@ -205,7 +268,7 @@ def make_app(people, mode):
             # Stored values are JSON already: pass the bytes through untouched.
             body = people.get_raw(email)
             if body is None:
-                return _not_found(email)
+                return elsewhere(email) or _not_found(email)
             bottle.response.content_type = _JSON
             return body
     else:
@@ -213,7 +276,7 @@ def make_app(people, mode):
         def person(email):
             row = people.get(email)
             if row is None:
-                return _not_found(email)
+                return elsewhere(email) or _not_found(email)
             # Hand Bottle a copy, as services do so that plugins and hooks
             # can never change the shared dataset. Copying takes a reference
             # to every field, so each lookup writes the refcounts of the
@@ -226,7 +289,8 @@ def make_app(people, mode):
 
     @app.get("/health")
     def health():
-        return {"status": "ok", "rows": len(people), "mode": mode, "pid": os.getpid()}
+        return {"status": "ok", "rows": len(people), "mode": mode, "shard": _shard_name(shard),
+                "pid": os.getpid()}
 
     @app.error(404)
     @app.error(405)
@@ -235,6 +299,26 @@ def make_app(people, mode):
         return orjson.dumps({"error": error.status_line, "path": bottle.request.path})
 
     return app
+
+
+def _misdirected(shard):
+    """A function answering 421 for an email of another shard, and None for this one's."""
+    if shard is None:
+        return lambda email: None
+    index, count = shard
+    bounds = shards.upper_bounds(count)
+
+    def elsewhere(email):
+        owner = shards.shard_of(email, count, bounds=bounds)
+        if owner == index:
+            return None
+        return bottle.HTTPResponse(
+            orjson.dumps({"error": "misdirected: this instance serves another shard",
+                          "email": email, "shard": f"{index}/{count}",
+                          "owner": f"{owner}/{count}"}),
+            status=421, content_type=_JSON,
+        )
+    return elsewhere
 
 
 def _not_found(email):
@@ -256,5 +340,5 @@ def _configure_logging():
 
 _configure_logging()
 settings = Settings(os.environ)
-people = load(settings.dataset(), settings.mode, settings.store_path)
-app = make_app(people, settings.mode)
+people = load(settings.dataset(), settings.mode, settings.store_path, settings.shard)
+app = make_app(people, settings.mode, settings.shard)

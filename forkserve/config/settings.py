@@ -359,14 +359,20 @@ def parse(argv, environ=None, cwd=None) -> Config:
 
 
 def settings_table() -> str:
-    """The README's settings table, in Markdown."""
-    lines = ["| Setting (config key) | Flag | Environment | Default | What it does |",
-             "|---|---|---|---|---|"]
-    for setting in SETTINGS:
-        flag = " / ".join(f"`{flag}`" for flag in setting.flags if not flag.endswith("_size"))
-        lines.append(f"| `{setting.name}` | {flag} | `{setting.env}` | {setting.shown_default()} "
-                     f"| {setting.help} |")
-    return "\n".join(lines)
+    """The README's settings tables, one per section, in Markdown."""
+    sections = dict.fromkeys(setting.section for setting in SETTINGS)  # in declared order
+    lines = []
+    for section in sections:
+        title = "HTTP" if section == "http" else section.capitalize()
+        lines += ["" if lines else None, f"**{title}**", "",
+                  "| Setting (config key) | Flag | Environment | Default | What it does |",
+                  "|---|---|---|---|---|"]
+        for setting in (s for s in SETTINGS if s.section == section):
+            flag = " / ".join(f"`{flag}`" for flag in setting.flags
+                              if not flag.endswith("_size"))
+            lines.append(f"| `{setting.name}` | {flag} | `{setting.env}` "
+                         f"| {setting.shown_default()} | {setting.help} |")
+    return "\n".join(line for line in lines if line is not None)
 
 
 if __name__ == "__main__":  # python -m forkserve.config.settings prints the README table

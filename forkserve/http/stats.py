@@ -141,11 +141,6 @@ class StatsEndpoint:
         self.clients.pop(client.sock.fileno(), None)
         client.sock.close()
 
-    def close(self):
-        for client in list(self.clients.values()):
-            self._close(client)
-        self.listener.close()
-
 
 def wsgi_app(make_report):
     """The same endpoint as a WSGI application (for single-process mode)."""

@@ -37,7 +37,7 @@ import logging
 import os
 import sys
 
-__all__ = ["begin_load", "harden", "check", "exit_process", "hardened"]
+__all__ = ["begin_load", "harden", "check", "exit_process"]
 
 log = logging.getLogger("forkserve.error")
 
@@ -58,10 +58,6 @@ def harden():
     gc.freeze()
     gc.set_threshold(0)
     gc.enable()  # harmless with threshold 0, and what libraries expect to find
-
-
-def hardened() -> bool:
-    return gc.get_threshold()[0] == 0 and gc.get_freeze_count() > 0
 
 
 def check():

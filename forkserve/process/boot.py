@@ -21,22 +21,63 @@ import traceback
 from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import loader
-from forkserve.process import privileges, reload, signals, sockets
+from forkserve.process import privileges, reload, serving, signals, sockets
 
 __all__ = ["run"]
 
 log = logging.getLogger("forkserve.error")
 
 
-def run(cfg, app=None, app_name=None) -> int:
-    """Serve `cfg.app` (or an already loaded `app`) with the settings in `cfg`."""
+def run(cfg, app=None, app_name=None, role=None) -> int:
+    """Serve `cfg.app` (or an already loaded `app`) with the settings in `cfg`.
+
+    `role` (a reload.Role) says whether this process is a generation started
+    by a reload; by default it is read from the environment, here, once.
+    """
+    role = role or reload.Role.from_environ()
+    status = _prepare(cfg)
+    if status is not None:
+        return status
+    app_name = app_name or cfg.app or "app"
+    try:
+        listeners, stats_listener = _bind(cfg, role)
+    except sockets.BindError as exc:
+        _complain(str(exc))
+        return exits.BIND_ERROR
+    pidfile = None
+    try:
+        if app is None:
+            app = _load(cfg)
+            if app is None:
+                return exits.APP_LOAD_ERROR
+        if cfg.check_config:
+            print(f"forkserve: configuration OK; application {app_name} loaded",
+                  file=sys.stderr)
+            return exits.OK
+        signals.hold()  # until the master or single server has its handlers
+        _listen(cfg, listeners, stats_listener)
+        if cfg.pid and not role.supervised:  # the supervisor keeps the pid file
+            pidfile = write_pidfile(cfg.pid)
+        serving.preload()
+        cow.harden()
+        return _serve(cfg, app, listeners, app_name, stats_listener, role)
+    except exits.HaltServer as halt:
+        log.error("%s", halt.reason)
+        return halt.status
+    finally:
+        sockets.close_all(listeners + ([stats_listener] if stats_listener else []))
+        if pidfile:
+            remove_pidfile(pidfile)
+
+
+def _prepare(cfg):
+    """Logging, --chdir, --user/--group checks: an exit status if one fails."""
     try:
         logs.setup(cfg)
     except OSError as exc:
         _complain(str(exc))
         return exits.CONFIG_ERROR
     cow.begin_load()
-    app_name = app_name or cfg.app or "app"
     try:
         if cfg.chdir:
             os.chdir(cfg.chdir)
@@ -49,65 +90,56 @@ def run(cfg, app=None, app_name=None) -> int:
         return exits.CONFIG_ERROR
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    return None
 
-    generation = reload.role() == "generation"
+
+def _bind(cfg, role):
+    """The listening sockets (adopted or bound) and the stats one, not yet listening."""
+    listeners = reload.adopted_listeners(role)
+    if listeners is None:
+        listeners = sockets.bind_all(cfg.bind)
+    if not cfg.stats or role.supervised:  # the supervisor serves stats for generations
+        return listeners, None
     try:
-        listeners = reload.adopted_listeners()
-        if listeners is None:
-            listeners = sockets.bind_all(cfg.bind)
-        stats_listener = None
-        if cfg.stats and not generation:  # the supervisor serves stats for generations
-            stats_listener = sockets.bind(sockets.parse_address(cfg.stats))
-            stats_listener.set_inheritable(False)
-    except sockets.BindError as exc:
-        _complain(str(exc))
-        return exits.BIND_ERROR
-    pidfile = None
+        stats_listener = sockets.bind(sockets.parse_address(cfg.stats))
+    except sockets.BindError:
+        sockets.close_all(listeners)
+        raise
+    stats_listener.set_inheritable(False)
+    return listeners, stats_listener
+
+
+def _load(cfg):
+    """Monkey-patch (unless told not to) and import the application; None if it fails."""
+    if not cfg.no_monkey_patch:
+        from gevent import monkey
+        monkey.patch_all()
     try:
-        if app is None:
-            if not cfg.no_monkey_patch:
-                from gevent import monkey
-                monkey.patch_all()
-            try:
-                app = loader.load(cfg.app)
-            except loader.AppLoadError as exc:
-                _log_load_error(exc)
-                return exits.APP_LOAD_ERROR
-        if cfg.check_config:
-            print(f"forkserve: configuration OK; application {app_name} loaded",
-                  file=sys.stderr)
-            return exits.OK
-        signals.hold()  # until the master or single server has its handlers
-        for listener in listeners:
-            listener.listen(cfg.backlog)
-            log.info("Listening at: %s (%d)", sockets.describe(listener), os.getpid())
-        if stats_listener is not None:
-            stats_listener.listen(16)
-            log.info("Stats at: %s (JSON at /, Prometheus at /metrics)",
-                     sockets.describe(stats_listener))
-        if cfg.pid and not generation:
-            pidfile = write_pidfile(cfg.pid)
-        from forkserve.process import worker
-        worker.preload()
-        cow.harden()
-        return _serve(cfg, app, listeners, app_name, stats_listener)
-    except exits.HaltServer as halt:
-        log.error("%s", halt.reason)
-        return halt.status
-    finally:
-        sockets.close_all(listeners + ([stats_listener] if stats_listener else []))
-        if pidfile:
-            remove_pidfile(pidfile)
+        return loader.load(cfg.app)
+    except loader.AppLoadError as exc:
+        _log_load_error(exc)
+        return None
 
 
-def _serve(cfg, app, listeners, app_name, stats_listener):
+def _listen(cfg, listeners, stats_listener):
+    for listener in listeners:
+        listener.listen(cfg.backlog)
+        log.info("Listening at: %s (%d)", sockets.describe(listener), os.getpid())
+    if stats_listener is not None:
+        stats_listener.listen(16)
+        log.info("Stats at: %s (JSON at /, Prometheus at /metrics)",
+                 sockets.describe(stats_listener))
+
+
+def _serve(cfg, app, listeners, app_name, stats_listener, role):
     if cfg.workers == 0:
         from forkserve.process.single import SingleServer
-        return SingleServer(cfg, app, listeners, app_name, stats_listener=stats_listener).run()
+        return SingleServer(cfg, app, listeners, app_name, role,
+                            stats_listener=stats_listener).run()
     from forkserve.process.master import Master
     from forkserve.http.stats import StatsEndpoint
     stats = StatsEndpoint(stats_listener) if stats_listener is not None else None
-    return Master(cfg, app, listeners, app_name, stats=stats).run()
+    return Master(cfg, app, listeners, app_name, role, stats=stats).run()
 
 
 def write_pidfile(path):

@@ -12,10 +12,15 @@ run from the loop. The master waits with the original select(), fork() and
 waitpid() even when gevent has monkey-patched them for the application: the
 master never runs a gevent hub.
 
-Recycling (--max-requests, --max-worker-memory, HUP) is always "replacement
+Recycling (--max-requests, --max-worker-memory) is always "replacement
 first": the worker is marked retiring, which stops it counting towards the
 target, so `manage()` forks a replacement; once enough workers are ready,
 the retiring one gets TERM and drains its in-flight requests.
+
+A reload (HUP) is decided by forkserve.process.handover, shared with the
+single-process server and the supervisor; the master only carries out its
+actions (reload.Driver): spawn the generation, drain its own workers once it
+serves, exec into the supervisor once they are gone.
 """
 
 import logging
@@ -25,36 +30,28 @@ import signal
 import time
 
 from forkserve import exits
-from forkserve.memory import reporter
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.exits import HaltServer
-from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard
+from forkserve.process.generations import Driver, Generations
+from forkserve.process.handover import Handover
+from forkserve.process.master_memory import WorkerMemory
+from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
-from forkserve.process.worker import Worker, heartbeat_interval
+from forkserve.process.unpatched import original
+from forkserve.process.worker import Worker
 
 __all__ = ["Master", "WorkerRecord"]
 
 log = logging.getLogger("forkserve.error")
 
 
-def _original(module, name):
-    """The unpatched function even if gevent monkey-patched the module."""
-    try:
-        from gevent import monkey
-    except ImportError:
-        return getattr(__import__(module), name)
-    return monkey.get_original(module, name)
-
-
 class WorkerRecord:
-    __slots__ = ("index", "pid", "state", "spawned", "ready", "deadline", "expected_exit",
-                 "generation")
+    __slots__ = ("index", "pid", "state", "ready", "deadline", "expected_exit", "generation")
 
-    def __init__(self, index, pid, generation, now):
+    def __init__(self, index, pid, generation):
         self.index = index
         self.pid = pid
         self.state = "booting"     # booting, ready, retiring, stopping
-        self.spawned = now
         self.ready = False
         self.deadline = None       # when a stopping worker gets SIGKILL
         self.expected_exit = False
@@ -69,15 +66,14 @@ class WorkerRecord:
         return self.state in ("booting", "ready")
 
 
-class Master:
+class Master(Driver, WorkerMemory):
     #: consecutive boot failures after which the master gives up
     max_boot_failures = 5
     #: first backoff delay after a boot failure; doubles each time
     boot_backoff = 0.1
-    #: how often private memory is read for --max-worker-memory
-    memory_check_interval = 2.0
 
-    def __init__(self, cfg, app, listeners, app_name, *, stats=None):
+    def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *, stats=None,
+                 fork=None, waitpid=None, kill=os.kill, select=None, clock=time.monotonic):
         self.cfg = cfg
         self.app = app
         self.listeners = listeners
@@ -87,37 +83,40 @@ class Master:
         self.workers = {}
         self.scoreboard = Scoreboard()
         self.queue = SignalQueue()
-        self.generation = reload.generation_number()
+        self.role = role
+        self.generation = role.generation
         self.boot_failures = 0
         self.next_spawn_at = 0.0
         self.stopping = None
         self.stop_deadline = None
         #: HUP reloads code and data in a new generation, unless this master
         #: is itself a generation under a supervisor (then HUP restarts workers)
-        self.reloadable = reload.role() is None
-        self.pending = None
-        self.handing_over = False
-        self.reload_again = False
+        self.reloadable = not role.supervised
         self.announced = False
         self.next_memory_check = 0.0
         self.next_memory_log = 0.0
-        self._fork = _original("os", "fork")
-        self._waitpid = _original("os", "waitpid")
-        self._select = _original("select", "select")
+        self._fork = fork or original("os", "fork")
+        self._waitpid = waitpid or original("os", "waitpid")
+        self._kill = kill
+        self._select = select or original("select", "select")
+        self.clock = clock
+        self.handover = Handover(serving=self.generation, owner_serves=True,
+                                 graceful_timeout=cfg.graceful_timeout)
+        self.generations = Generations(listeners, fork=self._fork, kill=kill)
 
     # --- the loop ---
 
     def run(self) -> int:
         role = "master" if self.reloadable else f"generation {self.generation}"
         procname.set_title(self.cfg, role, self.app_name)
-        self.queue.install(MASTER_SIGNALS, setter=_original("signal", "signal"))
+        self.queue.install(MASTER_SIGNALS, setter=original("signal", "signal"))
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         try:
             while True:
                 self.dispatch_signals()
                 self.reap()
-                if self.stopping and not self.workers and self.pending is None:
+                if self.stopping and not self.workers and not self.generations.pids:
                     break
                 self.murder()
                 self.check_reload()
@@ -127,7 +126,9 @@ class Master:
         except HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
             self.stop_all(signal.SIGKILL)
-            self.wait_all(deadline=time.monotonic() + 5)
+            for number in list(self.generations.pids):  # a reload under way stops too
+                self.generations.signal(number, signal.SIGQUIT)
+            self.wait_all(deadline=self.clock() + 5)
             return halt.status
         log.info("Shutting down: master")
         return exits.OK
@@ -138,11 +139,11 @@ class Master:
 
     def sleep(self):
         timeout = heartbeat_interval(self.cfg.timeout)
-        if self.next_spawn_at > time.monotonic():
-            timeout = min(timeout, self.next_spawn_at - time.monotonic())
-        watched = [self.queue.wake_r] + (self.stats.filenos() if self.stats else [])
-        if self.pending is not None and not self.handing_over:
-            watched.append(self.pending.ready_fd)
+        now = self.clock()
+        if self.next_spawn_at > now:
+            timeout = min(timeout, self.next_spawn_at - now)
+        watched = [self.queue.wake_r, *self.generations.waiting_fds()]
+        watched += self.stats.filenos() if self.stats else []
         try:
             readable, writable, _ = self._select(
                 watched, self.stats.writable_filenos() if self.stats else [], [],
@@ -168,19 +169,12 @@ class Master:
     handle_quit = handle_int
 
     def handle_hup(self):
-        if self.stopping:
-            return
-        if self.pending or self.handing_over:
-            log.info("Hang up during a reload: reloading again once it is done")
-            self.reload_again = True
-            return
         if self.reloadable:
-            log.info("Hang up: reloading the application in a new generation")
-            systemd.notify("RELOADING=1")
-            self.pending = reload.spawn_generation(self.listeners, self.generation + 1,
-                                                   fork=self._fork)
-            return
-        self.restart_workers()
+            self.apply(self.handover.hup(self.clock()))
+        elif not self.stopping:
+            self.restart_workers()
+
+    handle_usr2 = handle_hup
 
     def restart_workers(self):
         log.info("Hang up: restarting %d workers gracefully", self.target)
@@ -188,33 +182,33 @@ class Master:
             if record.state in ("booting", "ready"):
                 record.state = "retiring"
 
-    # --- reload: hand over to a new generation (forkserve.process.reload) ---
+    # --- reload: forkserve.process.handover decides, these carry it out ---
 
     def check_reload(self):
-        if self.pending is not None and self.pending.ready():
-            log.info("Generation %d (pid %d) serves; draining the old workers",
-                     self.pending.number, self.pending.pid)
-            self.handing_over = True
-            self.stop_deadline = time.monotonic() + self.cfg.graceful_timeout + 1.0
-            self.stop_all(signal.SIGTERM)
-        if self.handing_over and (not self.workers or time.monotonic() > self.stop_deadline):
-            self.stop_all(signal.SIGKILL)
-            self.wait_all(time.monotonic() + 5)
-            pending, self.pending = self.pending, None
-            pending.close()
-            reload.exec_supervisor(self.cfg, self.app_name, pending.pid, pending.number,
-                                   self.listeners, self.stats.listener if self.stats else None,
-                                   reload_again=self.reload_again, queue=self.queue)
+        now = self.clock()
+        for _ in self.generations.newly_ready():
+            self.apply(self.handover.ready(now))
+        self.apply(self.handover.tick(now))
+        if self.handover.retiring == self.generation and not self.workers:
+            self.apply(self.handover.gone(self.generation, "drained", now))
 
-    def reload_failed(self, outcome):
-        log.error("Reload failed: generation %d (pid %d) %s before it was ready; the old "
-                  "generation keeps serving", self.pending.number, self.pending.pid,
-                  outcome.description)
-        self.pending.close()
-        self.pending = None
-        # If it died after saying it was ready, our workers are draining:
-        # manage() starts fresh ones from the data this master still holds.
-        self.handing_over = False
+    def retire(self, number):
+        if number == self.generation:
+            self.stop_all(signal.SIGTERM)
+        else:
+            self.generations.signal(number, signal.SIGTERM)
+
+    def kill_generation(self, number):
+        if number == self.generation:
+            self.stop_all(signal.SIGKILL)
+        else:
+            self.generations.signal(number, signal.SIGQUIT)
+
+    def become_supervisor(self, action):
+        reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
+                               action.number, self.listeners,
+                               self.stats.listener if self.stats else None,
+                               reload_again=action.reload_again, queue=self.queue)
 
     def handle_ttin(self):
         if self.target >= self.scoreboard.capacity // 2:
@@ -239,10 +233,9 @@ class Master:
         if self.stopping == "fast" or (self.stopping and mode == "graceful"):
             return
         self.stopping = mode
-        if self.pending is not None:
-            os.kill(self.pending.pid, signal.SIGTERM if mode == "graceful" else signal.SIGQUIT)
+        self.apply(self.handover.stop(mode, self.clock()))
         systemd.notify("STOPPING=1")
-        now = time.monotonic()
+        now = self.clock()
         if mode == "graceful":
             self.stop_deadline = now + self.cfg.graceful_timeout
             log.info("Handling signal: term (graceful stop, up to %gs)", self.cfg.graceful_timeout)
@@ -262,12 +255,11 @@ class Master:
                 return
             if pid == 0:
                 return
-            if self.pending is not None and pid == self.pending.pid:
-                if self.stopping:
-                    self.pending.close()
-                    self.pending = None
-                else:
-                    self.reload_failed(exits.classify(status))
+            number = self.generations.exited(pid)
+            if number is not None:
+                outcome = exits.classify(status)
+                self.apply(self.handover.gone(number, f"(pid {pid}) {outcome.description}",
+                                              self.clock()))
                 continue
             record = self.workers.pop(pid, None)
             if record is None:
@@ -282,7 +274,7 @@ class Master:
         if not record.ready:
             self.boot_failures += 1
             delay = self.boot_backoff * 2 ** (self.boot_failures - 1)
-            self.next_spawn_at = time.monotonic() + delay
+            self.next_spawn_at = self.clock() + delay
             log.error("Worker %d (pid %d) %s before it was ready (%d in a row)",
                       record.worker_id, record.pid, outcome.description, self.boot_failures)
             if self.boot_failures >= self.max_boot_failures:
@@ -295,7 +287,7 @@ class Master:
     # --- murder: timeouts, drain deadlines, memory limits ---
 
     def murder(self):
-        now = time.monotonic()
+        now = self.clock()
         for record in list(self.workers.values()):
             slot = self.scoreboard.read(record.index)
             if not record.ready and slot.state >= READY:  # RETIRE and STOPPING come later
@@ -321,33 +313,18 @@ class Master:
             self.next_memory_check = now + self.memory_check_interval
             self.check_worker_memory()
 
-    def check_worker_memory(self):
-        if any(r.state in ("retiring", "stopping") for r in self.workers.values()):
-            return  # one recycle at a time
-        limit = self.cfg.max_worker_memory * 1024 * 1024
-        for record in self.workers.values():
-            if record.state != "ready":
-                continue
-            reading = reporter.read_process(record.pid)
-            if reading is not None and reading.uss > limit:
-                log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
-                            "--max-worker-memory %d MiB; recycling it", record.worker_id,
-                            record.pid, reading.uss / 2**20, self.cfg.max_worker_memory)
-                record.state = "retiring"
-                return
-
     # --- manage: reach the target, retire what was replaced ---
 
     def manage(self):
-        if self.handing_over:
-            return
         if self.stopping:
-            if time.monotonic() > self.stop_deadline:
+            if self.clock() > self.stop_deadline:
                 self.stop_all(signal.SIGKILL)
             return
+        if self.handover.retiring == self.generation:
+            return  # our workers drain for the new generation: none is replaced
         serving = [r for r in self.workers.values() if r.counts_towards_target]
         missing = self.target - len(serving)
-        while missing > 0 and time.monotonic() >= self.next_spawn_at:
+        while missing > 0 and self.clock() >= self.next_spawn_at:
             if self.spawn_worker() is None:
                 break
             missing -= 1
@@ -358,7 +335,7 @@ class Master:
         ready = sum(1 for r in serving if r.ready)
         if ready >= self.target and not self.announced:
             self.announced = True
-            reload.signal_ready()  # to the supervisor, when this master is a generation
+            reload.signal_ready(self.role)  # to the supervisor, if this is a generation
             systemd.notify("READY=1")
         if ready >= self.target:
             for record in list(self.workers.values()):
@@ -370,7 +347,7 @@ class Master:
         if index is None:
             log.error("No free scoreboard slot for another worker")
             return None
-        self.scoreboard.prepare(index, self.generation)
+        self.scoreboard.prepare(index)
         max_requests = self.cfg.max_requests
         if max_requests and self.cfg.max_requests_jitter:
             max_requests += random.randint(0, self.cfg.max_requests_jitter)
@@ -380,8 +357,7 @@ class Master:
         pid = self._fork()
         if pid == 0:
             worker.start()  # never returns
-        self.scoreboard.set_pid(index, pid)
-        self.workers[pid] = WorkerRecord(index, pid, self.generation, time.monotonic())
+        self.workers[pid] = WorkerRecord(index, pid, self.generation)
         return pid
 
     def free_slot(self):
@@ -400,7 +376,7 @@ class Master:
     def stop_worker(self, record, signum=signal.SIGTERM):
         record.state = "stopping"
         record.expected_exit = True
-        record.deadline = time.monotonic() + self.cfg.graceful_timeout + 1.0
+        record.deadline = self.clock() + self.cfg.graceful_timeout + 1.0
         self.kill(record, signum)
 
     def stop_all(self, signum):
@@ -415,36 +391,12 @@ class Master:
 
     def kill(self, record, signum):
         try:
-            os.kill(record.pid, signum)
+            self._kill(record.pid, signum)
         except ProcessLookupError:
             pass  # already gone; reap() will collect it
 
     def wait_all(self, deadline):
-        while self.workers and time.monotonic() < deadline:
+        while self.workers and self.clock() < deadline:
             self.reap()
             if self.workers:
                 self._select([self.queue.wake_r], [], [], 0.05)
-
-    # --- memory reporting ---
-
-    def process_infos(self):
-        infos = [reporter.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
-                                    requests=None, generation=self.generation)]
-        for record in sorted(self.workers.values(), key=lambda r: r.index):
-            slot = self.scoreboard.read(record.index)
-            infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
-                                            worker_id=record.worker_id,
-                                            requests=slot.requests,
-                                            generation=record.generation))
-        return infos
-
-    def report(self):
-        return reporter.collect(self.process_infos())
-
-    def log_memory(self):
-        interval = self.cfg.memory_log_interval
-        now = time.monotonic()
-        if not interval or now < self.next_memory_log:
-            return
-        self.next_memory_log = now + interval
-        reporter.log_report(log, self.report())

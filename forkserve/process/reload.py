@@ -18,13 +18,17 @@ are the supervisor starting generation N+1 and stopping generation N.
 The protocol between these processes is a handful of environment variables
 (names with a double underscore, so no setting can collide with them):
 
-  FORKSERVE__ROLE        "generation" or "supervisor"
   FORKSERVE__FDS         listening descriptors to adopt, e.g. "3,4"
   FORKSERVE__READY_FD    where a generation writes b"R" once it serves
   FORKSERVE__GENERATION  the generation's number (1 is the first master)
   FORKSERVE__STATE       the supervisor's state, JSON
+
+They are read once, at the entry point (boot.run, supervisor.main), into a
+Role that is passed on; no other module reads them. When to start, retire or
+kill a generation is decided in forkserve.process.handover.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,12 +37,11 @@ import sys
 
 from forkserve.process import signals, systemd
 
-__all__ = ["role", "generation_number", "adopted_listeners", "signal_ready",
-           "spawn_generation", "exec_supervisor", "PendingGeneration"]
+__all__ = ["Role", "adopted_listeners", "signal_ready", "spawn_generation",
+           "exec_supervisor", "supervisor_state"]
 
-ROLE, FDS, READY_FD, GENERATION, STATE = (
-    "FORKSERVE__ROLE", "FORKSERVE__FDS", "FORKSERVE__READY_FD", "FORKSERVE__GENERATION",
-    "FORKSERVE__STATE")
+FDS, READY_FD, GENERATION, STATE = (
+    "FORKSERVE__FDS", "FORKSERVE__READY_FD", "FORKSERVE__GENERATION", "FORKSERVE__STATE")
 
 log = logging.getLogger("forkserve.error")
 
@@ -46,26 +49,44 @@ log = logging.getLogger("forkserve.error")
 START_DIRECTORY = os.getcwd()
 
 
-def role(environ=os.environ):
-    return environ.get(ROLE)
+@dataclasses.dataclass(frozen=True)
+class Role:
+    """How this process was started, read from the environment once, at the entry point.
+
+    generation  1 for the process started by hand or by systemd; N for the
+                generation a reload started (it serves under a supervisor)
+    ready_fd    a generation's pipe to the process that started it
+    fds         listening descriptors to adopt (a parent's, or systemd's)
+    """
+    generation: int = 1
+    ready_fd: int | None = None
+    fds: tuple | None = None
+
+    @property
+    def supervised(self) -> bool:
+        """A generation started by a reload: its parent holds the pid file and stats."""
+        return self.ready_fd is not None
+
+    @classmethod
+    def from_environ(cls, environ=os.environ):
+        """Take the protocol's variables out of `environ` (the application and
+        its children never see them) and systemd's socket activation ones."""
+        fds = environ.pop(FDS, None)
+        ready_fd = environ.pop(READY_FD, None)
+        generation = int(environ.pop(GENERATION, "1"))
+        adopted = systemd.listen_fds(environ, os.getpid())
+        if fds:
+            adopted = tuple(int(fd) for fd in fds.split(","))
+        return cls(generation=generation, fds=adopted,
+                   ready_fd=int(ready_fd) if ready_fd is not None else None)
 
 
-def generation_number(environ=os.environ) -> int:
-    return int(environ.get(GENERATION, "1"))
-
-
-def adopted_listeners(environ=os.environ):
-    """Listening sockets handed over by a parent forkserve or by systemd, or None."""
-    if environ.get(FDS):
-        fds = [int(fd) for fd in environ[FDS].split(",")]
-    elif environ.get("LISTEN_FDS") and environ.get("LISTEN_PID") == str(os.getpid()):
-        fds = list(range(3, 3 + int(environ["LISTEN_FDS"])))  # systemd socket activation
-    else:
+def adopted_listeners(role):
+    """The listening sockets handed over by a parent forkserve or by systemd, or None."""
+    if role.fds is None:
         return None
-    for name in (FDS, "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
-        os.environ.pop(name, None)  # not for processes the application starts
     listeners = []
-    for fd in fds:
+    for fd in role.fds:
         sock = socket.socket(fileno=fd)
         sock.set_inheritable(True)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -75,47 +96,27 @@ def adopted_listeners(environ=os.environ):
     return listeners
 
 
-def signal_ready(environ=os.environ):
+def signal_ready(role):
     """Tell the parent this generation serves. Harmless when there is no parent."""
-    fd = environ.pop(READY_FD, None)
-    if fd is None:
+    if role.ready_fd is None:
         return
-    os.environ.pop(READY_FD, None)
     try:
-        os.write(int(fd), b"R")
-        os.close(int(fd))
+        os.write(role.ready_fd, b"R")
+        os.close(role.ready_fd)
     except OSError as exc:
         log.warning("could not report readiness to the master: %s", exc.strerror)
 
 
-class PendingGeneration:
-    """A generation that was started and has not yet said it serves."""
-
-    def __init__(self, pid, ready_fd, number):
-        self.pid = pid
-        self.ready_fd = ready_fd
-        self.number = number
-
-    def ready(self) -> bool:
-        """True once the generation wrote its byte (reads without blocking)."""
-        try:
-            return os.read(self.ready_fd, 1) == b"R"
-        except BlockingIOError:
-            return False
-
-    def close(self):
-        if self.ready_fd is not None:
-            os.close(self.ready_fd)
-            self.ready_fd = None
-
-
-def spawn_generation(listeners, number, argv=None, fork=os.fork) -> PendingGeneration:
-    """fork + exec a new generation that adopts `listeners`."""
+def spawn_generation(listeners, number, argv=None, fork=os.fork):
+    """fork + exec a new generation that adopts `listeners`: (pid, ready read end)."""
     argv = list(argv or sys.orig_argv)
     read_end, write_end = os.pipe()
     environ = dict(os.environ)
-    environ.update({ROLE: "generation", GENERATION: str(number), READY_FD: str(write_end),
+    environ.update({GENERATION: str(number), READY_FD: str(write_end),
                     FDS: ",".join(str(sock.fileno()) for sock in listeners)})
+    # Only the process systemd started (this one, later the supervisor: same
+    # PID) talks to systemd; a generation has nothing to tell it.
+    environ.pop(systemd.NOTIFY_SOCKET, None)
     pid = fork()
     if pid == 0:
         try:
@@ -130,7 +131,12 @@ def spawn_generation(listeners, number, argv=None, fork=os.fork) -> PendingGener
     os.close(write_end)
     os.set_blocking(read_end, False)
     log.info("Reloading: started generation %d (pid %d)", number, pid)
-    return PendingGeneration(pid, read_end, number)
+    return pid, read_end
+
+
+def supervisor_state(environ=os.environ):
+    """What exec_supervisor() handed to the supervisor, taken out of `environ`."""
+    return json.loads(environ.pop(STATE))
 
 
 def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=None, *,
@@ -156,12 +162,11 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
              "reload_again": reload_again, "signals": [int(signum) for signum in handed_over]}
     environ = dict(os.environ)
     environ[STATE] = json.dumps(state)
-    environ[ROLE] = "supervisor"
     for name in (FDS, READY_FD, GENERATION):
         environ.pop(name, None)
     log.info("Generation %d serves; the master continues as its supervisor (pid %d)",
              number, os.getpid())
-    systemd.notify("READY=1")  # the reload is done: the new generation serves
+    systemd.notify("READY=1")  # the reload is done; signals are held, none is lost
     for handler in logging.getLogger("forkserve.error").handlers:
         handler.flush()
     os.execve(sys.executable, [sys.executable, "-m", "forkserve.process.supervisor"], environ)

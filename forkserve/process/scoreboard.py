@@ -18,31 +18,33 @@ import mmap
 import struct
 import time
 
-__all__ = ["Scoreboard", "Slot", "BOOTING", "READY", "RETIRE", "STOPPING"]
+__all__ = ["Scoreboard", "Slot", "BOOTING", "READY", "RETIRE", "STOPPING",
+           "heartbeat_interval"]
 
 FREE, BOOTING, READY, RETIRE, STOPPING = 0, 1, 2, 3, 4
 
-#: pid, state, beat (monotonic), started (wall clock), requests, generation
-_LAYOUT = struct.Struct("=qqddQq")
+#: state, beat (monotonic), requests; the rest of the 64-byte slot is padding
+#: so that two workers never write to the same cache line
+_LAYOUT = struct.Struct("=qdQ")
 _SLOT_SIZE = 64
-_PID, _STATE, _BEAT, _STARTED, _REQUESTS, _GENERATION = (0, 8, 16, 24, 32, 40)
+_STATE, _BEAT, _REQUESTS = 0, 8, 16
+
+
+def heartbeat_interval(timeout: float) -> float:
+    """Beat often enough that a healthy worker is never mistaken for a stuck one."""
+    if timeout <= 0:
+        return 1.0
+    return max(0.05, min(1.0, timeout / 4.0))
 
 
 class Slot:
-    __slots__ = ("index", "pid", "state", "beat", "started", "requests", "generation")
+    __slots__ = ("index", "state", "beat", "requests")
 
-    def __init__(self, index, pid, state, beat, started, requests, generation):
+    def __init__(self, index, state, beat, requests):
         self.index = index
-        self.pid = pid
         self.state = state
         self.beat = beat
-        self.started = started
         self.requests = requests
-        self.generation = generation
-
-    @property
-    def worker_id(self):
-        return self.index + 1
 
 
 class Scoreboard:
@@ -56,17 +58,12 @@ class Scoreboard:
 
     # --- master side ---
 
-    def prepare(self, index, generation=0):
+    def prepare(self, index):
         """Reset a slot for a worker about to be forked."""
-        now = time.monotonic()
-        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, 0, BOOTING, now, time.time(), 0,
-                          generation)
-
-    def set_pid(self, index, pid):
-        struct.pack_into("=q", self._mem, index * _SLOT_SIZE + _PID, pid)
+        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, BOOTING, time.monotonic(), 0)
 
     def release(self, index):
-        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, 0, FREE, 0.0, 0.0, 0, 0)
+        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, FREE, 0.0, 0)
 
     def read(self, index) -> Slot:
         return Slot(index, *_LAYOUT.unpack_from(self._mem, index * _SLOT_SIZE))

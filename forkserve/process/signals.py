@@ -1,29 +1,94 @@
-"""Which signal does what, and a queue that handlers only append to.
+"""Every signal forkserve handles, declared once, and a queue that handlers only append to.
+
+`SIGNALS` says what each signal does with -w N (the master), with -w 0 (the
+single-process server) and after a reload (the master or single server has
+become the supervisor of generations); the README's Signals table is
+generated from it (`python -m forkserve.process.signals`), and a test fails
+when they drift. Every process that handles signals has one
+`handle_<name>()` method per signal it installs (`handler_name`).
 
 Signal handlers run between two bytecodes of whatever the process was doing,
 so they do nothing but record the signal and wake the loop; the loop then
-calls one `handle_<name>()` method per signal. Tests push signals into the
-queue directly.
+calls the `handle_<name>()` method. Tests push signals into the queue
+directly.
 """
 
+import dataclasses
 import os
 import signal
+import sys
 
-__all__ = ["MASTER_SIGNALS", "SignalQueue", "handler_name", "hold", "release"]
+__all__ = ["SIGNALS", "MASTER_SIGNALS", "SINGLE_SIGNALS", "SignalQueue", "handler_name",
+           "hold", "release", "signals_table"]
 
-#: signal -> what the master does. The table is the documentation: the
-#: README's signal section is written from it.
-MASTER_SIGNALS = {
-    signal.SIGTERM: "graceful stop: stop accepting, finish in-flight requests "
-                    "(up to --graceful-timeout), exit 0",
-    signal.SIGINT: "fast stop: workers exit at once",
-    signal.SIGQUIT: "fast stop: workers exit at once",
-    signal.SIGHUP: "restart every worker gracefully (new workers first, then the old drain)",
-    signal.SIGTTIN: "one worker more",
-    signal.SIGTTOU: "one worker fewer (never below one)",
-    signal.SIGUSR1: "reopen log files (for logrotate)",
-    signal.SIGCHLD: "a worker exited: reap it and replace it if needed",
-}
+
+@dataclasses.dataclass(frozen=True)
+class Signal:
+    signum: int
+    #: what the master does (-w N)
+    workers: str
+    #: what the single-process server does (-w 0); None: not handled there
+    single: str | None
+    #: what the supervisor does, once a reload happened
+    supervisor: str
+
+    @property
+    def name(self):
+        return signal.Signals(self.signum).name[3:]
+
+
+SIGNALS = (
+    Signal(signal.SIGTERM,
+           workers="graceful stop: stop accepting, let in-flight requests finish (up to "
+                   "`--graceful-timeout`), exit 0",
+           single="the same, in the one process",
+           supervisor="graceful stop of every generation (a starting one too), exit 0"),
+    Signal(signal.SIGINT, workers="fast stop: workers exit at once", single="fast stop",
+           supervisor="fast stop of every generation"),
+    Signal(signal.SIGQUIT, workers="fast stop (as INT)", single="fast stop",
+           supervisor="fast stop of every generation"),
+    Signal(signal.SIGHUP,
+           workers="reload: a new generation (a fresh interpreter: new code, new data) starts "
+                   "on the same sockets; once it serves, the workers drain (up to "
+                   "`--graceful-timeout`) and the master becomes its supervisor, same PID. "
+                   "Memory holds both generations meanwhile. A HUP during a reload is done "
+                   "once it is over",
+           single="reload, as with `-w N`: once the new generation serves, this process "
+                  "drains and becomes its supervisor, same PID",
+           supervisor="reload: generation N+1 starts; once it serves, generation N drains "
+                      "(and is stopped after `--graceful-timeout`)"),
+    Signal(signal.SIGUSR2, workers="the same as HUP (Gunicorn upgrades its binary on USR2; "
+                                   "forkserve's reload already starts a new interpreter, "
+                                   "under the same PID)",
+           single="the same as HUP", supervisor="the same as HUP"),
+    Signal(signal.SIGTTIN, workers="one worker more", single="logged and ignored (no workers)",
+           supervisor="passed to the serving generation"),
+    Signal(signal.SIGTTOU, workers="one worker fewer (never below one)",
+           single="logged and ignored (no workers)",
+           supervisor="passed to the serving generation"),
+    Signal(signal.SIGUSR1, workers="reopen log files (for logrotate), in every worker too",
+           single="reopen log files", supervisor="reopen log files, in every generation too"),
+    Signal(signal.SIGCHLD, workers="a worker exited: reap it, replace it if needed", single=None,
+           supervisor="a generation exited: reap it; if it was serving, start a new one"),
+)
+
+#: signals the master and the supervisor install handlers for
+MASTER_SIGNALS = tuple(spec.signum for spec in SIGNALS)
+#: signals the single-process server installs handlers for (a new
+#: generation's exit is found by its loop, not by SIGCHLD)
+SINGLE_SIGNALS = tuple(spec.signum for spec in SIGNALS if spec.single is not None)
+
+
+def signals_table() -> str:
+    """The README's Signals table, in Markdown."""
+    lines = ["| Signal | Master (`-w N`) | Single process (`-w 0`) | After a reload (supervisor) |",
+             "|---|---|---|---|"]
+    for spec in SIGNALS:
+        lines.append(f"| {spec.name} | {spec.workers} | {spec.single or 'not handled'} "
+                     f"| {spec.supervisor} |")
+    lines.append("| WINCH | ignored: Gunicorn only acts on it when daemonized, and forkserve "
+                 "never daemonizes | ignored | ignored |")
+    return "\n".join(lines)
 
 
 def hold():
@@ -84,3 +149,7 @@ class SignalQueue:
     def close(self):
         os.close(self.wake_r)
         os.close(self.wake_w)
+
+
+if __name__ == "__main__":  # python -m forkserve.process.signals prints the README table
+    sys.stdout.write(signals_table() + "\n")

@@ -5,44 +5,44 @@ no application, and supervises generations (see forkserve.process.reload): one
 serving, and during a reload a second one starting. Run as
 `python -m forkserve.process.supervisor` by reload.exec_supervisor(), never by hand.
 
-    HUP         start generation N+1; once it serves, TERM generation N
-    TERM        TERM every generation (each drains), then exit 0
-    INT, QUIT   QUIT every generation, then exit 0
-    TTIN, TTOU  passed to the serving generation
-    USR1        reopen own logs, pass to every generation
+The hand-over decisions are forkserve.process.handover's (as in the master
+and the single server); this module carries them out. What each signal does
+here is declared in forkserve.process.signals.
 
 A serving generation that dies is replaced by a new one; five that fail to
 start in a row with none serving stop the supervisor (status 3).
 """
 
-import json
 import logging
 import os
 import signal
+import socket
 import sys
+import time
 
 from forkserve.memory import cow, reporter, procfs
 from forkserve import exits, logs
 from forkserve.process import procname, reload, signals, systemd
-from forkserve.process.master import _original
 from forkserve.config.settings import Config
+from forkserve.process.generations import Driver, Generations
+from forkserve.process.handover import Handover
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
+from forkserve.process.unpatched import original
 
 __all__ = ["Supervisor"]
 
 log = logging.getLogger("forkserve.error")
 
 
-class Supervisor:
+class Supervisor(Driver):
     #: failed generation starts in a row (with none serving) before giving up
     max_failures = 5
 
-    def __init__(self, state):
+    def __init__(self, state, *, fork=None, waitpid=None, kill=os.kill, select=None,
+                 clock=time.monotonic):
         self.cfg = Config(app=state["app"], values=state["values"])
         self.app_name = state["app_name"]
-        self.argv = state["argv"]
         reload.START_DIRECTORY = state["start_directory"]
-        import socket
         self.listeners = [socket.socket(fileno=fd) for fd in state["fds"]]
         self.stats = None
         if state["stats_fd"] is not None:
@@ -50,36 +50,37 @@ class Supervisor:
             stats_sock = socket.socket(fileno=state["stats_fd"])
             stats_sock.set_inheritable(False)
             self.stats = StatsEndpoint(stats_sock)
-        self.serving = state["child"]
-        self.number = state["generation"]
-        self.generations = {self.serving: self.number}   # pid -> number, incl. draining ones
-        self.pending = None
-        #: a HUP that came while a reload was under way, done once it is over
-        self.reload_again = state.get("reload_again", False)
-        self.failures = 0
+        self._waitpid = waitpid or original("os", "waitpid")
+        self._select = select or original("select", "select")
+        self.clock = clock
+        self.generations = Generations(self.listeners, state["argv"],
+                                              fork=fork or original("os", "fork"), kill=kill)
+        self.generations.pids[state["generation"]] = state["child"]
+        self.handover = Handover(serving=state["generation"], owner_serves=False,
+                                 graceful_timeout=self.cfg.graceful_timeout,
+                                 max_failures=self.max_failures,
+                                 reload_again=state.get("reload_again", False))
         self.stopping = False
         self.queue = SignalQueue()
         for signum in state.get("signals", ()):
             self.queue.push(signum)  # arrived while the master was handing over
-        self._select = _original("select", "select")
 
     def run(self) -> int:
         procname.set_title(self.cfg, "master", self.app_name)
         self.queue.install(MASTER_SIGNALS)
         signals.release()
         try:
+            self.apply(self.handover.begin(self.clock()))
             while True:
                 for signum in self.queue.pop_all():
                     getattr(self, handler_name(signum))()
                 self.reap()
-                if self.stopping and not self.generations:
+                if self.stopping and not self.generations.pids:
                     break
-                if self.pending is not None and self.pending.ready():
-                    self.promote()
-                if self.pending is None and not self.stopping and (
-                        self.serving is None or self.reload_again):
-                    self.reload_again = False
-                    self.start_generation()
+                now = self.clock()
+                for _ in self.generations.newly_ready():
+                    self.apply(self.handover.ready(now))
+                self.apply(self.handover.tick(now))
                 self.sleep()
         except exits.HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
@@ -89,9 +90,7 @@ class Supervisor:
         return exits.OK
 
     def sleep(self):
-        watched = [self.queue.wake_r]
-        if self.pending is not None:
-            watched.append(self.pending.ready_fd)
+        watched = [self.queue.wake_r, *self.generations.waiting_fds()]
         stats_r = self.stats.filenos() if self.stats else []
         stats_w = self.stats.writable_filenos() if self.stats else []
         readable, writable, _ = self._select(watched + stats_r, stats_w, [], 1.0)
@@ -100,85 +99,51 @@ class Supervisor:
         if self.stats:
             self.stats.service(readable, writable, self.report)
 
-    # --- generations ---
-
-    def start_generation(self):
-        number = self.number + 1
-        self.pending = reload.spawn_generation(self.listeners, number, self.argv,
-                                               fork=_original("os", "fork"))
-        self.generations[self.pending.pid] = number
-        self.number = number
-
-    def promote(self):
-        old, new = self.serving, self.pending
-        self.pending.close()
-        self.pending = None
-        self.serving = new.pid
-        self.failures = 0
-        log.info("Generation %d (pid %d) serves", new.number, new.pid)
-        systemd.notify("READY=1")
-        if old is not None:
-            log.info("Draining generation %d (pid %d)", self.generations.get(old, 0), old)
-            self._kill(old, signal.SIGTERM)
-
     def reap(self):
         while True:
             try:
-                pid, status = _original("os", "waitpid")(-1, os.WNOHANG)
+                pid, status = self._waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            number = self.generations.pop(pid, None)
+            number = self.generations.exited(pid)
             if number is None:
                 continue  # a worker of the generation this process used to be
-            outcome = exits.classify(status)
-            if self.pending is not None and pid == self.pending.pid:
-                self.pending.close()
-                self.pending = None
-                self.failures += 1
-                log.error("Reload failed: generation %d (pid %d) %s before it was ready; %s",
-                          number, pid, outcome.description,
-                          "the previous generation keeps serving" if self.serving
-                          else "retrying")
-                if self.serving is None and self.failures >= self.max_failures:
-                    raise exits.HaltServer("no generation could start; see the errors above",
-                                           exits.WORKER_BOOT_ERROR)
-            elif pid == self.serving:
-                self.serving = None
-                if not self.stopping:
-                    log.error("Generation %d (pid %d) %s; starting a new one", number, pid,
-                              outcome.description)
-            else:
-                log.info("Generation %d (pid %d) %s", number, pid, outcome.description)
+            description = f"(pid {pid}) {exits.classify(status).description}"
+            self.apply(self.handover.gone(number, description, self.clock()))
+
+    # --- what the hand-over asks (generations.Driver) ---
+
+    def retire(self, number):
+        self.generations.signal(number, signal.SIGTERM)
+
+    def kill_generation(self, number):
+        # QUIT, not KILL: a generation's master then kills its own workers,
+        # where SIGKILL would leave them serving with no master.
+        self.generations.signal(number, signal.SIGQUIT)
 
     # --- signals, dispatched from the loop ---
 
     def handle_hup(self):
-        if self.stopping:
-            return
-        if self.pending is not None:
-            log.info("Hang up while generation %d starts: reloading again once it serves",
-                     self.pending.number)
-            self.reload_again = True
-            return
-        log.info("Hang up: reloading")
-        systemd.notify("RELOADING=1")
-        self.start_generation()
+        self.apply(self.handover.hup(self.clock()))
+
+    handle_usr2 = handle_hup
 
     def handle_term(self):
-        self.stopping = True
-        systemd.notify("STOPPING=1")
-        log.info("Handling signal: term (graceful stop)")
-        self.signal_all(signal.SIGTERM)
+        self._stop("graceful", "Handling signal: term (graceful stop)")
 
     def handle_int(self):
-        self.stopping = True
-        systemd.notify("STOPPING=1")
-        log.info("Handling signal: fast stop")
-        self.signal_all(signal.SIGQUIT)
+        self._stop("fast", "Handling signal: fast stop")
 
     handle_quit = handle_int
+
+    def _stop(self, mode, message):
+        if not self.stopping:
+            systemd.notify("STOPPING=1")
+        self.stopping = True
+        log.info(message)
+        self.apply(self.handover.stop(mode, self.clock()))
 
     def handle_ttin(self):
         self._forward(signal.SIGTTIN)
@@ -194,24 +159,18 @@ class Supervisor:
         pass  # reap() runs every turn
 
     def _forward(self, signum):
-        if self.serving is not None:
-            self._kill(self.serving, signum)
+        if self.handover.serving is not None:
+            self.generations.signal(self.handover.serving, signum)
 
     def signal_all(self, signum):
-        for pid in list(self.generations):
-            self._kill(pid, signum)
-
-    def _kill(self, pid, signum):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass  # exited; reap() collects it
+        for number in list(self.generations.pids):
+            self.generations.signal(number, signum)
 
     # --- memory ---
 
     def report(self):
         infos = [reporter.ProcessInfo(os.getpid(), "supervisor")]
-        for pid, number in sorted(self.generations.items(), key=lambda item: item[1]):
+        for number, pid in sorted(self.generations.pids.items()):
             children = procfs.child_pids(pid)
             infos.append(reporter.ProcessInfo(pid, "master" if children else "single",
                                             generation=number))
@@ -221,8 +180,7 @@ class Supervisor:
 
 
 def main():
-    state = json.loads(os.environ.pop(reload.STATE))
-    os.environ.pop(reload.ROLE, None)
+    state = reload.supervisor_state()
     supervisor = Supervisor(state)
     logs.setup(supervisor.cfg)
     cow.begin_load()

@@ -1,21 +1,42 @@
-"""systemd readiness notification (sd_notify), used only when NOTIFY_SOCKET is set.
+"""systemd's two protocols: socket activation (LISTEN_FDS) and sd_notify.
 
-Socket activation (LISTEN_FDS) is adopted in forkserve.reload.adopted_listeners.
-Only the process systemd started (the master, later the supervisor, same PID)
-notifies; generations started for a reload stay quiet.
+Only the process systemd started (the master, later the supervisor, same
+PID) notifies: reload.spawn_generation() gives a generation no NOTIFY_SOCKET.
 """
 
 import os
 import socket
 import time
 
-__all__ = ["notify"]
+__all__ = ["notify", "listen_fds", "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID",
+           "LISTEN_FDNAMES"]
+
+#: where sd_notify messages go (a path, or "@name" in the abstract namespace)
+NOTIFY_SOCKET = "NOTIFY_SOCKET"
+#: socket activation: how many descriptors, for which pid, and their names
+LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES = "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"
+#: the first descriptor systemd passes (sd_listen_fds(3))
+LISTEN_FDS_START = 3
+
+
+def listen_fds(environ, pid):
+    """The descriptors systemd passed to `pid`, taken out of `environ`; None if none.
+
+    The variables are removed so that processes the application starts do
+    not take the sockets for theirs.
+    """
+    count, for_pid = environ.get(LISTEN_FDS), environ.get(LISTEN_PID)
+    for name in (LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES):
+        environ.pop(name, None)
+    if not count or for_pid != str(pid):
+        return None
+    return tuple(range(LISTEN_FDS_START, LISTEN_FDS_START + int(count)))
 
 
 def notify(*states):
     """Send states such as "READY=1" to systemd; a no-op outside systemd."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address or os.environ.get("FORKSERVE__ROLE") == "generation":
+    address = os.environ.get(NOTIFY_SOCKET)
+    if not address:
         return False
     if address.startswith("@"):
         address = "\0" + address[1:]  # abstract namespace

@@ -21,22 +21,16 @@ import traceback
 from forkserve.memory import cow, reporter, procfs
 from forkserve import exits, logs
 from forkserve.process import privileges, procname
-from forkserve.process.scoreboard import READY, RETIRE, STOPPING
+from forkserve.process.serving import make_servers
+from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 
-__all__ = ["Worker", "heartbeat_interval", "make_servers", "preload"]
+__all__ = ["Worker"]
 
 log = logging.getLogger("forkserve.error")
 
 #: signals whose master handlers must not survive into a worker
 _INHERITED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN,
               signal.SIGTTOU, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGWINCH)
-
-
-def heartbeat_interval(timeout: float) -> float:
-    """Beat often enough that a healthy worker is never mistaken for a stuck one."""
-    if timeout <= 0:
-        return 1.0
-    return max(0.05, min(1.0, timeout / 4.0))
 
 
 class Worker:
@@ -54,10 +48,14 @@ class Worker:
         self.requests = 0
         self.servers = []
         self.stop_mode = None   # None, "graceful" or "fast"
-        #: seconds between process-title updates; reading smaps_rollup makes
-        #: the kernel walk the process's pages, which stalls this worker's
-        #: event loop ~12.5 ms per GB mapped (measured), so not too often
+        #: seconds between private-memory readings for the process title;
+        #: reading smaps_rollup makes the kernel walk the process's pages,
+        #: which stalls this worker's event loop ~12.5 ms per GB mapped
+        #: (measured), so not too often. The request count in the title is
+        #: refreshed on every turn of the loop (at most once a heartbeat).
         self.title_interval = 30.0
+        self.private = ""       # ", 12.3 MiB private", as last read
+        self.titled = None      # the request count the title shows
         self.wakeup = None
 
     @property
@@ -108,20 +106,23 @@ class Worker:
                                     on_request=self._count_request)
         for server in self.servers:
             server.start()
-        self.scoreboard.set_state(self.index, READY)
+        # Logged before the master can see READY: a log shows a replacement
+        # booting before the worker it replaces is told to leave.
         log.info("Booting worker %d with pid: %d", self.worker_id, os.getpid())
+        self.scoreboard.set_state(self.index, READY)
 
     def run(self):
         import gevent
         interval = heartbeat_interval(self.cfg.timeout)
-        next_title = 0.0
+        next_reading = 0.0
         while self.stop_mode is None:
             self.scoreboard.beat(self.index)
             cow.check()
             now = time.monotonic()
-            if now >= next_title:
-                next_title = now + self.title_interval
-                self.update_title()
+            if now >= next_reading:
+                next_reading = now + self.title_interval
+                self.read_private()
+            self.update_title()
             self.wakeup.wait(interval)
             self.wakeup.clear()
         if self.stop_mode == "fast":
@@ -135,12 +136,18 @@ class Worker:
         gevent.joinall(drains)
         beating.kill()
 
-    def update_title(self):
-        """Show requests served and private memory in ps/top."""
+    def read_private(self):
         reading = procfs.read_process(os.getpid())
-        private = f", {reporter.format_size(reading.uss)} private" if reading else ""
+        self.private = f", {reporter.format_size(reading.uss)} private" if reading else ""
+        self.titled = None  # shown on the next update_title()
+
+    def update_title(self):
+        """Show requests served and private memory in ps/top (if either changed)."""
+        if self.titled == self.requests:
+            return
+        self.titled = self.requests
         procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name,
-                           f"{self.requests} req{private}")
+                           f"{self.requests} req{self.private}")
 
     # --- callbacks, run on the worker's event loop ---
 
@@ -162,47 +169,3 @@ class Worker:
         while True:
             self.scoreboard.beat(self.index)
             gevent.sleep(interval)
-
-
-def preload():
-    """Import, in the master, everything a worker needs after fork.
-
-    Modules imported before the fork are shared by every worker (and frozen
-    with the rest of the heap); modules imported after it are one private
-    copy per worker, and may not even be readable once --user has dropped
-    privileges.
-    """
-    import gevent.event  # noqa: F401
-    import gevent.pool  # noqa: F401
-    import gevent.pywsgi  # noqa: F401
-
-    import forkserve.http.handler  # noqa: F401
-    import forkserve.http.server  # noqa: F401
-
-
-def make_servers(cfg, app, listeners, *, multiprocess, on_request):
-    """One gevent WSGI server per listening socket, configured from settings."""
-    from gevent.pool import Pool
-
-    from forkserve.http.handler import Limits
-    from forkserve.http.server import Server
-
-    limits = Limits(limit_request_line=cfg.limit_request_line,
-                    limit_request_fields=cfg.limit_request_fields,
-                    limit_request_field_size=cfg.limit_request_field_size,
-                    limit_request_body=cfg.limit_request_body,
-                    header_timeout=cfg.header_timeout,
-                    keep_alive=cfg.keep_alive)
-    access = logs.access_log if cfg.access_logfile else None
-    pool = Pool(cfg.worker_connections)  # one cap for the worker, across its listeners
-    return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
-                   error_log=logs.error_log, multiprocess=multiprocess,
-                   on_request=on_request, pool=pool)
-            for listener in listeners]
-
-
-def gevent_socket(listener):
-    """A gevent socket on a duplicate of the inherited listening descriptor."""
-    from gevent import socket as gsocket
-    return gsocket.socket(listener.family, listener.type, listener.proto,
-                          fileno=os.dup(listener.fileno()))

@@ -312,19 +312,22 @@ class _ValuesView(collections.abc.ValuesView):
 
 # -- command line ----------------------------------------------------------
 
-def main(argv=None):
-    """python -m forkserve.store build|info|get: make and inspect store files."""
+def main(argv=None, prog="python -m forkserve.store"):
+    """forkserve store build|info|get|shard: make and inspect store files."""
     import argparse
     import logging
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m forkserve.store", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="build a store file from a CSV file")
     build.add_argument("csv", help="UTF-8 CSV file whose first line names the columns")
     build.add_argument("--key", required=True, help="column whose value is the lookup key")
     build.add_argument("-o", "--output", required=True, help="store file to write")
     build.add_argument("--codec", default="json", help="value codec (default: json)")
+    build.add_argument("--shards", type=int, default=None, metavar="N",
+                       help="write N files, OUTPUT with .shardI-of-N before its suffix, each "
+                            "holding the keys of one shard (see the shard command)")
     info = commands.add_parser("info", help="describe a store file")
     info.add_argument("store")
     info.add_argument("--verify", action="store_true",
@@ -332,11 +335,25 @@ def main(argv=None):
     get = commands.add_parser("get", help="print one record's stored bytes")
     get.add_argument("store")
     get.add_argument("key")
+    shard = commands.add_parser("shard", help="say which of N shards keys belong to, or print "
+                                "the nginx split_clients block that routes the same way")
+    shard.add_argument("keys", nargs="*", metavar="KEY")
+    shard.add_argument("--shards", type=int, required=True, metavar="N")
+    shard.add_argument("--nginx", action="store_true",
+                       help="print the nginx split_clients block for N shards")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from forkserve.store import shards, split
     try:
-        if args.command == "build":
+        if args.command == "shard":
+            return _shard_command(args)
+        if args.command == "build" and args.shards is not None:
+            for path in split.build_csv_shards(args.csv, args.key, args.output, args.shards,
+                                               codec=args.codec):
+                with Store.open(path) as store:
+                    print(f"{path}: {len(store)} records, {store.nbytes / 1e6:.1f} MB")
+        elif args.command == "build":
             with Store.from_csv(args.csv, args.key, args.output, codec=args.codec) as store:
                 print(f"{args.output}: {len(store)} records, {store.nbytes / 1e6:.1f} MB")
         elif args.command == "info":
@@ -352,9 +369,21 @@ def main(argv=None):
                     print(f"{args.store}: no record for {args.key!r}", file=sys.stderr)
                     return 1
                 sys.stdout.buffer.write(value + b"\n")
-    except (StoreError, OSError) as exc:
+    except (StoreError, OSError, shards.ShardError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _shard_command(args):
+    from forkserve.store import shards
+    if args.nginx:
+        print(shards.split_clients_block(args.shards), end="")
+    bounds = shards.upper_bounds(args.shards)
+    for key in args.keys:
+        print(f"{shards.shard_of(key, args.shards, bounds=bounds)}\t{key}")
+    if not args.keys and not args.nginx:
+        raise shards.ShardError("give one or more keys, or --nginx for the split_clients block")
     return 0
 
 

@@ -1,0 +1,127 @@
+"""The I/O half of a reload: the generation processes a driver started, and
+the actions of forkserve.process.handover carried out.
+
+The master, the single-process server and the supervisor each are a Driver:
+they feed the hand-over events and `apply()` the actions it returns.
+"""
+
+import logging
+import os
+import signal
+
+from forkserve import exits
+from forkserve.process import handover, systemd
+from forkserve.process.reload import spawn_generation
+
+__all__ = ["Generations", "Driver"]
+
+log = logging.getLogger("forkserve.error")
+
+
+class Generations:
+    """The generation processes this process started: spawn, ready, signal, reap.
+
+    The I/O half of a reload; forkserve.process.handover decides. Generations
+    are known by number; `fork` and `kill` can be injected for tests.
+    """
+
+    def __init__(self, listeners, argv=None, *, fork=os.fork, kill=os.kill):
+        self.listeners = listeners
+        self.argv = argv
+        self._fork = fork
+        self._kill = kill
+        self.pids = {}        # number -> pid, until reaped
+        self.ready_fds = {}   # number -> read end of its ready pipe, until it is ready
+
+    def spawn(self, number):
+        pid, ready_fd = spawn_generation(self.listeners, number, self.argv, fork=self._fork)
+        self.pids[number] = pid
+        self.ready_fds[number] = ready_fd
+
+    def waiting_fds(self):
+        """Descriptors that become readable when a starting generation is ready."""
+        return list(self.ready_fds.values())
+
+    def newly_ready(self):
+        """Numbers of the generations that wrote their ready byte (never blocks)."""
+        ready = []
+        for number, fd in list(self.ready_fds.items()):
+            try:
+                byte = os.read(fd, 1)
+            except BlockingIOError:
+                continue
+            if byte == b"R":
+                ready.append(number)
+            self._close(number)  # ready, or EOF: the generation died (reaped later)
+        return ready
+
+    def signal(self, number, signum):
+        pid = self.pids.get(number)
+        if pid is None:
+            return
+        try:
+            self._kill(pid, signum)
+        except ProcessLookupError:
+            pass  # exited; the reaper collects it
+
+    def exited(self, pid):
+        """The number of generation `pid`, forgotten now; None if it is not one."""
+        for number, known in list(self.pids.items()):
+            if known == pid:
+                del self.pids[number]
+                self._close(number)
+                return number
+        return None
+
+    def pid(self, number):
+        return self.pids.get(number)
+
+    def _close(self, number):
+        fd = self.ready_fds.pop(number, None)
+        if fd is not None:
+            os.close(fd)
+
+
+class Driver:
+    """Carries out forkserve.process.handover's actions: the part every driver shares.
+
+    A driver (master, single server, supervisor) has `self.handover`,
+    `self.generations` (a Generations) and its own `retire(number)` and
+    `kill_generation(number)`; the master and the single server also
+    `become_supervisor(action)`.
+    """
+
+    def apply(self, actions):
+        for action in actions:
+            getattr(self, _ACTIONS[type(action)])(action)
+
+    def _do_spawn(self, action):
+        self.generations.spawn(action.number)
+
+    def _do_retire(self, action):
+        self.retire(action.number)
+
+    def _do_kill(self, action):
+        self.kill_generation(action.number)
+
+    def _do_stop(self, action):
+        self.generations.signal(action.number,
+                                signal.SIGTERM if action.mode == "graceful" else signal.SIGQUIT)
+
+    def _do_notify(self, action):
+        systemd.notify(action.state)
+
+    def _do_log(self, action):
+        log.log(action.level, "%s", action.message)
+
+    def _do_become_supervisor(self, action):
+        self.become_supervisor(action)
+
+    def _do_halt(self, action):
+        raise exits.HaltServer(action.reason, exits.WORKER_BOOT_ERROR)
+
+
+_ACTIONS = {handover.Spawn: "_do_spawn", handover.Retire: "_do_retire",
+            handover.Kill: "_do_kill", handover.Stop: "_do_stop",
+            handover.Notify: "_do_notify", handover.Log: "_do_log",
+            handover.BecomeSupervisor: "_do_become_supervisor", handover.Halt: "_do_halt"}

@@ -1,0 +1,252 @@
+"""The reload state machine: which generation serves, which starts, which leaves.
+
+Pure decisions, no I/O: every method takes an event (a HUP, a stop, a
+generation's ready byte, a generation gone, the clock) and returns a list of
+actions for the caller to carry out. The master (-w N), the single-process
+server (-w 0) and the supervisor are thin drivers around it.
+
+    idle --HUP--> starting --ready--> retiring --old gone--> idle
+                    |                    |
+                    +-- new died --------+-- new died --> idle (owner serves
+                        (reload failed:       again) or starting (supervisor:
+                        old keeps serving)    nobody serves, start another)
+
+Invariants:
+- At most two generations at a time: the serving one and one starting (or,
+  during retiring, the new one serving and the old one draining). A HUP
+  that arrives during a reload is remembered and done once it is over: a
+  reload never starts while a generation drains.
+- A generation only retires once the next one said it serves, so a
+  generation that fails to start costs nothing but the log line.
+- The old generation gets `graceful_timeout` (+1 s) to drain, then is
+  killed; the reload always ends.
+- Once stopping, nothing starts, and the starting generation is stopped too.
+- `owner_serves`: the master and the single-process server are themselves
+  the first serving generation. When their hand-over is done they become a
+  supervisor (BecomeSupervisor); if the new generation dies while they
+  drain, they serve again. The supervisor serves nothing itself: when no
+  generation serves it starts one, and gives up after `max_failures`
+  failed starts in a row.
+"""
+
+import dataclasses
+import logging
+
+__all__ = ["Handover", "Spawn", "Retire", "Kill", "Stop", "Notify", "Log",
+           "BecomeSupervisor", "Halt"]
+
+# --- actions: what the driver is asked to do, in order ---
+
+
+@dataclasses.dataclass(frozen=True)
+class Spawn:
+    """Start generation `number` (fork + exec, adopting the listeners)."""
+    number: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Retire:
+    """Generation `number` must drain and leave (SIGTERM)."""
+    number: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Kill:
+    """Generation `number` overstayed its graceful timeout: force it out."""
+    number: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """Stop the starting generation `number`; mode is "graceful" or "fast"."""
+    number: int
+    mode: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Notify:
+    """Tell systemd, e.g. "RELOADING=1"."""
+    state: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Log:
+    level: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BecomeSupervisor:
+    """The hand-over is done: exec into the supervisor of generation `number`
+    (which tells systemd READY=1)."""
+    number: int
+    reload_again: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Halt:
+    """Give up: no generation can start."""
+    reason: str
+
+
+IDLE, STARTING, RETIRING, STOPPING, DONE = "idle", "starting", "retiring", "stopping", "done"
+
+
+class Handover:
+    """One reload at a time, for one driver; see the module docstring."""
+
+    def __init__(self, *, serving, graceful_timeout, owner_serves, max_failures=5,
+                 reload_again=False):
+        #: the number of the generation that serves (None: none does)
+        self.serving = serving
+        #: the generation started and not yet ready
+        self.starting = None
+        #: the generation draining after its successor said it serves
+        self.retiring = None
+        #: the highest generation number used so far
+        self.latest = serving
+        self.graceful_timeout = graceful_timeout
+        self.owner_serves = owner_serves
+        #: the generation this process is (master, single), or None (supervisor)
+        self.owner = serving if owner_serves else None
+        self.max_failures = max_failures
+        self.reload_again = reload_again
+        self.failures = 0
+        self.deadline = None
+        self.stopping = None
+
+    @property
+    def state(self):
+        if self.stopping:
+            return STOPPING
+        if self.retiring is not None:
+            return RETIRING
+        if self.starting is not None:
+            return STARTING
+        return IDLE
+
+    @property
+    def busy(self) -> bool:
+        """A reload is under way (a generation starts or drains)."""
+        return self.starting is not None or self.retiring is not None
+
+    # --- events ---
+
+    def hup(self, now) -> list:
+        if self.stopping:
+            return [Log(logging.INFO, "Hang up ignored: stopping")]
+        if self.busy:
+            self.reload_again = True
+            return [Log(logging.INFO, "Hang up during a reload: reloading again once it "
+                                      "is done")]
+        return [Log(logging.INFO, "Hang up: reloading the application in a new generation"),
+                Notify("RELOADING=1"), *self._spawn()]
+
+    def begin(self, now) -> list:
+        """The driver starts: a HUP that came during the previous hand-over is done now."""
+        if self.reload_again and not self.busy and not self.stopping:
+            self.reload_again = False
+            return [Log(logging.INFO, "Reloading again (a hang up came during the reload)"),
+                    Notify("RELOADING=1"), *self._spawn()]
+        return []
+
+    def stop(self, mode, now) -> list:
+        """TERM ("graceful") or INT/QUIT ("fast"): every other generation stops too.
+
+        The driver stops its own workers itself; this stops the generations
+        that are separate processes, the starting one included.
+        """
+        if self.stopping in ("fast", DONE) or (self.stopping and mode == "graceful"):
+            return []
+        self.stopping = mode
+        self.reload_again = False
+        return [Stop(number, mode) for number in (self.retiring, self.serving, self.starting)
+                if number is not None and number != self.owner]
+
+    def ready(self, now) -> list:
+        """The starting generation wrote its ready byte."""
+        if self.starting is None or self.stopping:
+            return []
+        new, old = self.starting, self.serving
+        self.starting, self.serving, self.failures = None, new, 0
+        actions = [Log(logging.INFO, f"Generation {new} serves"
+                                     + (f"; draining generation {old}" if old else ""))]
+        if old is None:
+            return actions + self._done(now)
+        self.retiring = old
+        self.deadline = now + self.graceful_timeout + 1.0
+        return actions + [Retire(old)]
+
+    def gone(self, number, description, now) -> list:
+        """Generation `number` has left: its process exited or its workers drained."""
+        if self.stopping:
+            self._forget(number)
+            return [Log(logging.INFO, f"Generation {number} {description}")]
+        if number == self.starting:
+            return self._start_failed(number, description, now)
+        if number == self.retiring:
+            self.retiring = self.deadline = None
+            return [Log(logging.INFO, f"Generation {number} {description}"), *self._done(now)]
+        if number == self.serving:
+            return self._serving_died(number, description, now)
+        return [Log(logging.INFO, f"Generation {number} {description}")]
+
+    def tick(self, now) -> list:
+        """The clock moved: a draining generation past its deadline is killed."""
+        if self.retiring is None or self.deadline is None or now <= self.deadline:
+            return []
+        self.deadline = None  # kill once; then wait for it to be gone
+        return [Log(logging.WARNING, f"Generation {self.retiring} did not finish within the "
+                                     f"graceful timeout ({self.graceful_timeout:g}s); "
+                                     "killing it"),
+                Kill(self.retiring)]
+
+    # --- transitions ---
+
+    def _spawn(self):
+        self.latest += 1
+        self.starting = self.latest
+        return [Spawn(self.latest)]
+
+    def _done(self, now):
+        """The reload is over: one generation serves."""
+        if self.owner_serves:
+            self.stopping = DONE  # nothing more happens in this process
+            # exec_supervisor tells systemd READY=1 once it holds the signals,
+            # so that a HUP sent right after READY is not lost in the exec.
+            return [BecomeSupervisor(self.serving, self.reload_again)]
+        return [Notify("READY=1"), *self.begin(now)]
+
+    def _start_failed(self, number, description, now):
+        self.starting = None
+        self.failures += 1
+        if self.serving is not None:
+            actions = [Log(logging.ERROR, f"Reload failed: generation {number} {description} "
+                                          "before it was ready; the previous generation "
+                                          "keeps serving")]
+            # The reload is over and the old generation serves; a HUP that
+            # came meanwhile (perhaps with the fix) is tried now.
+            return actions + [Notify("READY=1"), *self.begin(now)]
+        actions = [Log(logging.ERROR, f"Generation {number} {description} before it was "
+                                      f"ready ({self.failures} in a row)")]
+        if self.failures >= self.max_failures:
+            return actions + [Halt("no generation could start; see the errors above")]
+        return actions + self._spawn()
+
+    def _serving_died(self, number, description, now):
+        self.serving = None
+        if self.retiring is not None and self.owner_serves:
+            # The new generation died while ours drained: we serve again.
+            self.serving, self.retiring, self.deadline = self.retiring, None, None
+            return [Log(logging.ERROR, f"Generation {number} {description} after it took "
+                                       f"over; generation {self.serving} serves again")]
+        actions = [Log(logging.ERROR, f"Generation {number} {description}; starting a new "
+                                      "one")]
+        if self.starting is not None:
+            return actions  # already starting one
+        return actions + self._spawn()
+
+    def _forget(self, number):
+        for name in ("starting", "retiring", "serving"):
+            if getattr(self, name) == number:
+                setattr(self, name, None)

@@ -1,0 +1,56 @@
+"""What a serving process (a worker, or the single-process server) is built from.
+
+The master imports these modules before it forks (`preload`) so that every
+worker shares them, and each worker builds its gevent servers with
+`make_servers` after the fork, on duplicates of the inherited listeners.
+"""
+
+import os
+
+from forkserve import logs
+
+__all__ = ["preload", "make_servers", "gevent_socket"]
+
+
+def preload():
+    """Import, in the master, everything a worker needs after fork.
+
+    Modules imported before the fork are shared by every worker (and frozen
+    with the rest of the heap); modules imported after it are one private
+    copy per worker, and may not even be readable once --user has dropped
+    privileges.
+    """
+    import gevent.event  # noqa: F401
+    import gevent.pool  # noqa: F401
+    import gevent.pywsgi  # noqa: F401
+
+    import forkserve.http.handler  # noqa: F401
+    import forkserve.http.server  # noqa: F401
+
+
+def make_servers(cfg, app, listeners, *, multiprocess, on_request):
+    """One gevent WSGI server per listening socket, configured from settings."""
+    from gevent.pool import Pool
+
+    from forkserve.http.handler import Limits
+    from forkserve.http.server import Server
+
+    limits = Limits(limit_request_line=cfg.limit_request_line,
+                    limit_request_fields=cfg.limit_request_fields,
+                    limit_request_field_size=cfg.limit_request_field_size,
+                    limit_request_body=cfg.limit_request_body,
+                    header_timeout=cfg.header_timeout,
+                    keep_alive=cfg.keep_alive)
+    access = logs.access_log if cfg.access_logfile else None
+    pool = Pool(cfg.worker_connections)  # one cap for the worker, across its listeners
+    return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
+                   error_log=logs.error_log, multiprocess=multiprocess,
+                   on_request=on_request, pool=pool)
+            for listener in listeners]
+
+
+def gevent_socket(listener):
+    """A gevent socket on a duplicate of the inherited listening descriptor."""
+    from gevent import socket as gsocket
+    return gsocket.socket(listener.family, listener.type, listener.proto,
+                          fileno=os.dup(listener.fileno()))

@@ -1,0 +1,483 @@
+"""The reload/hand-over state machine and the master's loop, without processes.
+
+forkserve.process.handover is pure: events in, actions out. The master is
+driven with fork, waitpid, kill and the clock injected (as gunicorn's arbiter
+tests mock os.fork), its generations replaced by a fake that records.
+"""
+
+import signal
+import time
+
+import pytest
+
+from forkserve import exits
+from forkserve.config.settings import parse
+from forkserve.process import handover, systemd
+from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, Notify, Retire,
+                                        Spawn, Stop)
+from forkserve.process.master import Master
+from forkserve.process.scoreboard import READY, RETIRE
+from forkserve.process.signals import handler_name
+from forkserve.process.supervisor import Supervisor
+
+
+def _kinds(actions, *types):
+    """The actions other than log lines (or only those of `types`)."""
+    types = types or tuple(t for t in handover.__dict__.values()
+                           if isinstance(t, type) and t is not handover.Log)
+    return [a for a in actions if isinstance(a, types)]
+
+
+def _owner(**kwargs):
+    return Handover(serving=1, graceful_timeout=10, owner_serves=True, **kwargs)
+
+
+def _supervisor(**kwargs):
+    return Handover(serving=3, graceful_timeout=10, owner_serves=False, **kwargs)
+
+
+# --- the state machine ---
+
+def test_reload_hup_starts_the_next_generation_and_tells_systemd():
+    machine = _owner()
+    assert _kinds(machine.hup(now=0)) == [Notify("RELOADING=1"), Spawn(2)]
+    assert machine.state == handover.STARTING
+
+
+def test_reload_old_generation_retires_only_once_the_new_one_is_ready():
+    machine = _owner()
+    machine.hup(now=0)
+    assert _kinds(machine.tick(now=100)) == []  # no deadline while the new one starts
+    assert _kinds(machine.ready(now=5)) == [Retire(1)]
+    assert (machine.serving, machine.retiring, machine.state) == (2, 1, handover.RETIRING)
+
+
+def test_reload_master_becomes_the_supervisor_once_its_workers_drained():
+    machine = _owner()
+    machine.hup(now=0)
+    machine.ready(now=1)
+    assert _kinds(machine.gone(1, "drained", now=2)) == [BecomeSupervisor(2, False)]
+
+
+def test_reload_supervisor_tells_systemd_ready_once_the_old_generation_is_gone():
+    machine = _supervisor()
+    machine.hup(now=0)
+    assert _kinds(machine.ready(now=1)) == [Retire(3)]
+    assert _kinds(machine.gone(3, "exited cleanly", now=2)) == [Notify("READY=1")]
+    assert (machine.serving, machine.state) == (4, handover.IDLE)
+
+
+@pytest.mark.parametrize("phase", ["starting", "retiring"])
+def test_reload_hup_during_reload_reloads_again_once_done(phase):
+    machine = _supervisor()
+    machine.hup(now=0)
+    if phase == "retiring":
+        machine.ready(now=1)
+    assert _kinds(machine.hup(now=2)) == []  # remembered, no third generation
+    if phase == "starting":
+        assert _kinds(machine.ready(now=3)) == [Retire(3)]
+    assert _kinds(machine.gone(3, "exited cleanly", now=4)) == [
+        Notify("READY=1"), Notify("RELOADING=1"), Spawn(5)]
+    assert _kinds(machine.hup(now=5)) == []  # a third HUP waits for that one in turn
+
+
+def test_reload_hup_during_the_masters_reload_is_handed_to_the_supervisor():
+    machine = _owner()
+    machine.hup(now=0)
+    machine.hup(now=1)
+    machine.ready(now=2)
+    assert _kinds(machine.gone(1, "drained", now=3)) == [BecomeSupervisor(2, True)]
+    supervisor = Handover(serving=2, graceful_timeout=10, owner_serves=False,
+                          reload_again=True)
+    assert _kinds(supervisor.begin(now=4)) == [Notify("RELOADING=1"), Spawn(3)]
+
+
+@pytest.mark.parametrize("mode, signum", [("graceful", "TERM"), ("fast", "QUIT")])
+def test_reload_stop_during_reload_stops_the_starting_generation(mode, signum):
+    machine = _owner()
+    machine.hup(now=0)
+    machine.hup(now=1)
+    assert _kinds(machine.stop(mode, now=2)) == [Stop(2, mode)]
+    assert _kinds(machine.ready(now=3)) == []  # never retires, never hands over
+    assert _kinds(machine.gone(2, "exited cleanly", now=4)) == []
+    assert _kinds(machine.hup(now=5)) == []
+    assert machine.state == handover.STOPPING
+
+
+def test_reload_term_while_the_old_generation_drains_stops_the_new_one_and_never_hands_over():
+    machine = _owner()
+    machine.hup(now=0)
+    machine.ready(now=1)
+    assert _kinds(machine.stop("graceful", now=2)) == [Stop(2, "graceful")]
+    assert _kinds(machine.gone(1, "drained", now=3)) == []
+
+
+def test_reload_supervisor_term_during_reload_stops_every_generation():
+    machine = _supervisor()
+    machine.hup(now=0)
+    assert sorted(_kinds(machine.stop("graceful", now=1)), key=lambda a: a.number) == [
+        Stop(3, "graceful"), Stop(4, "graceful")]
+    assert _kinds(machine.stop("graceful", now=2)) == []  # a second TERM changes nothing
+    assert len(_kinds(machine.stop("fast", now=3))) == 2  # but INT after TERM goes faster
+
+
+def test_reload_new_generation_dying_before_ready_keeps_the_old_one_serving():
+    machine = _owner()
+    machine.hup(now=0)
+    actions = machine.gone(2, "could not load the application", now=1)
+    assert _kinds(actions) == [Notify("READY=1")]  # the reload is over
+    assert "Reload failed" in actions[0].message
+    assert "the previous generation keeps serving" in actions[0].message
+    assert (machine.serving, machine.state) == (1, handover.IDLE)
+    assert _kinds(machine.hup(now=2)) == [Notify("RELOADING=1"), Spawn(3)]  # can try again
+
+
+def test_reload_hup_during_a_reload_that_fails_tries_once_more():
+    machine = _owner()
+    machine.hup(now=0)
+    machine.hup(now=1)  # e.g. the fixed code, sent while the broken one loads
+    assert _kinds(machine.gone(2, "failed", now=2)) == [Notify("READY=1"),
+                                                        Notify("RELOADING=1"), Spawn(3)]
+
+
+def test_reload_old_generation_that_does_not_leave_within_the_graceful_timeout_is_killed():
+    machine = _owner()
+    machine.hup(now=0)
+    machine.ready(now=100)
+    assert _kinds(machine.tick(now=110.9)) == []
+    assert _kinds(machine.tick(now=111.1)) == [Kill(1)]
+    assert _kinds(machine.tick(now=200)) == []  # killed once, then waited for
+    assert _kinds(machine.gone(1, "drained", now=201)) == [BecomeSupervisor(2, False)]
+
+
+def test_reload_new_generation_dying_after_ready_lets_the_master_serve_again():
+    machine = _owner()
+    machine.hup(now=0)
+    machine.ready(now=1)
+    actions = machine.gone(2, "was killed by SIGKILL", now=2)
+    assert _kinds(actions) == []
+    assert "generation 1 serves again" in actions[0].message
+    assert (machine.serving, machine.retiring, machine.state) == (1, None, handover.IDLE)
+
+
+def test_reload_new_generation_dying_after_ready_makes_the_supervisor_start_another():
+    machine = _supervisor()
+    machine.hup(now=0)
+    machine.ready(now=1)
+    assert _kinds(machine.gone(4, "was killed by SIGKILL", now=2)) == [Spawn(5)]
+    assert _kinds(machine.gone(3, "exited cleanly", now=3)) == [Notify("READY=1")]
+    assert _kinds(machine.ready(now=4)) == [Notify("READY=1")]  # nothing left to retire
+    assert machine.serving == 5
+
+
+def test_reload_supervisor_replaces_a_serving_generation_that_dies_and_gives_up_after_five():
+    machine = _supervisor()
+    assert _kinds(machine.gone(3, "was killed by SIGKILL", now=0)) == [Spawn(4)]
+    for number in (4, 5, 6, 7):
+        assert _kinds(machine.gone(number, "failed", now=1)) == [Spawn(number + 1)]
+    assert _kinds(machine.gone(8, "failed", now=2)) == [
+        Halt("no generation could start; see the errors above")]
+
+
+def test_reload_is_not_started_while_stopping():
+    machine = _supervisor()
+    machine.stop("graceful", now=0)
+    assert _kinds(machine.hup(now=1)) == []
+    assert _kinds(machine.gone(3, "exited cleanly", now=2)) == []
+
+
+# --- the master's loop, with fork, waitpid, kill and the clock injected ---
+
+class FakeOs:
+    def __init__(self):
+        self.next_pid = 1000
+        self.forked = []
+        self.killed = []
+        self.exits = []       # (pid, status) for waitpid to report
+        self.now = time.monotonic()  # the scoreboard's heartbeats use the real clock
+
+    def fork(self):
+        self.next_pid += 1
+        self.forked.append(self.next_pid)
+        return self.next_pid
+
+    def waitpid(self, pid, options):
+        return self.exits.pop(0) if self.exits else (0, 0)
+
+    def kill(self, pid, signum):
+        self.killed.append((pid, signum))
+
+    def clock(self):
+        return self.now
+
+
+class FakeGenerations:
+    def __init__(self):
+        self.pids, self.spawned, self.signalled, self.ready = {}, [], [], []
+
+    def spawn(self, number):
+        self.pids[number] = 9000 + number
+        self.spawned.append(number)
+
+    def waiting_fds(self):
+        return []
+
+    def newly_ready(self):
+        ready, self.ready = self.ready, []
+        return ready
+
+    def signal(self, number, signum):
+        self.signalled.append((number, signum))
+
+    def exited(self, pid):
+        for number, known in list(self.pids.items()):
+            if known == pid:
+                del self.pids[number]
+                return number
+        return None
+
+    def pid(self, number):
+        return self.pids.get(number)
+
+
+@pytest.fixture
+def master():
+    cfg = parse(["-w", "2", "--graceful-timeout", "10", "--timeout", "30", "a:b"],
+                environ={}, cwd="/")
+    fake = FakeOs()
+    master = Master(cfg, app=None, listeners=[], app_name="a:b", fork=fake.fork,
+                    waitpid=fake.waitpid, kill=fake.kill, clock=fake.clock)
+    master.generations = FakeGenerations()
+    master.handed_over = []
+
+    def exec_supervisor(action):  # the real one never returns
+        master.handed_over.append(action)
+        raise Execed
+
+    master.become_supervisor = exec_supervisor
+    master.fake = fake
+    yield master
+    master.queue.close()
+    master.scoreboard.close()
+
+
+class Execed(Exception):
+    pass
+
+
+def _turn(master):
+    """One turn of Master.run's loop, minus the sleep."""
+    master.dispatch_signals()
+    master.reap()
+    master.murder()
+    master.check_reload()
+    master.manage()
+
+
+def _make_ready(master):
+    for record in master.workers.values():
+        master.scoreboard.set_state(record.index, READY)
+    _turn(master)
+
+
+def _hup_until_the_new_generation_serves(master):
+    _turn(master)
+    _make_ready(master)
+    master.queue.push(signal.SIGHUP)
+    _turn(master)
+    master.generations.ready.append(2)
+    _turn(master)
+
+
+def _exit(master, pid, status=0):
+    master.fake.exits.append((pid, status))
+
+
+def test_master_forks_workers_up_to_the_target_and_replaces_one_that_dies(master):
+    _turn(master)
+    first = list(master.fake.forked)
+    assert len(first) == 2
+    _make_ready(master)
+    _exit(master, first[0], signal.SIGKILL)  # a raw status: killed by SIGKILL
+    _turn(master)
+    assert first[0] not in master.workers
+    assert len(master.fake.forked) == 3 and len(master.workers) == 2
+
+
+def test_master_kills_a_worker_whose_heartbeat_is_older_than_the_timeout(master):
+    _turn(master)
+    _make_ready(master)
+    master.fake.now = master.scoreboard.read(0).beat + 31
+    stuck = [r.pid for r in master.workers.values() if r.index == 0][0]
+    master.murder()
+    assert (stuck, signal.SIGKILL) in master.fake.killed
+
+
+def test_master_boot_failures_back_off_then_halt(master):
+    _turn(master)
+    for attempt in range(Master.max_boot_failures):
+        pid = master.fake.forked[-1]
+        _exit(master, pid, exits.WORKER_BOOT_ERROR << 8)
+        if attempt == Master.max_boot_failures - 1:
+            with pytest.raises(exits.HaltServer):
+                master.reap()
+            return
+        master.reap()
+        forks = len(master.fake.forked)
+        master.manage()
+        assert len(master.fake.forked) == forks  # not before the backoff delay
+        master.fake.now = master.next_spawn_at
+        master.manage()
+        assert len(master.fake.forked) == forks + 1
+
+
+def test_master_recycles_replacement_first_the_old_worker_leaves_once_the_new_is_ready(master):
+    _turn(master)
+    _make_ready(master)
+    old = [r for r in master.workers.values() if r.index == 0][0]
+    master.scoreboard.set_state(old.index, RETIRE)  # --max-requests reached
+    _turn(master)
+    assert len(master.fake.forked) == 3  # the replacement first
+    assert (old.pid, signal.SIGTERM) not in master.fake.killed  # the old one still serves
+    _make_ready(master)
+    assert (old.pid, signal.SIGTERM) in master.fake.killed
+
+
+def test_reload_master_hup_drains_its_workers_only_once_the_new_generation_serves(master):
+    _turn(master)
+    _make_ready(master)
+    master.queue.push(signal.SIGHUP)
+    _turn(master)
+    assert master.generations.spawned == [2]
+    assert not [k for k in master.fake.killed if k[1] == signal.SIGTERM]
+    master.generations.ready.append(2)
+    _turn(master)
+    assert sorted(k[0] for k in master.fake.killed if k[1] == signal.SIGTERM) == sorted(
+        master.workers)
+    for pid in list(master.workers):
+        _exit(master, pid)
+    with pytest.raises(Execed):
+        _turn(master)
+    assert master.handed_over == [BecomeSupervisor(2, False)]
+
+
+def test_reload_master_does_not_replace_a_worker_that_dies_during_the_handover(master):
+    _hup_until_the_new_generation_serves(master)
+    forks = len(master.fake.forked)
+    first, second = sorted(master.workers)
+    _exit(master, first, signal.SIGKILL)
+    _turn(master)
+    assert len(master.fake.forked) == forks and master.handed_over == []
+    _exit(master, second)
+    with pytest.raises(Execed):
+        _turn(master)
+    assert len(master.fake.forked) == forks and master.handed_over == [BecomeSupervisor(2, False)]
+
+
+def test_reload_master_replaces_a_worker_that_dies_while_the_new_generation_starts(master):
+    _turn(master)
+    _make_ready(master)
+    master.queue.push(signal.SIGHUP)
+    _turn(master)
+    _exit(master, sorted(master.workers)[0], signal.SIGKILL)
+    _turn(master)
+    assert len(master.fake.forked) == 3
+
+
+def test_reload_master_kills_workers_that_outstay_the_graceful_timeout(master):
+    _hup_until_the_new_generation_serves(master)
+    master.fake.now += 11.5
+    _turn(master)
+    assert sorted(k[0] for k in master.fake.killed if k[1] == signal.SIGKILL) == sorted(
+        master.workers)
+
+
+def test_reload_master_serves_again_when_the_new_generation_dies_after_ready(master):
+    _hup_until_the_new_generation_serves(master)
+    forks = len(master.fake.forked)
+    _exit(master, master.generations.pid(2), signal.SIGKILL)
+    _turn(master)
+    assert len(master.fake.forked) == forks + 2  # fresh workers from the data it holds
+    for pid in [pid for pid, r in master.workers.items() if r.state == "stopping"]:
+        _exit(master, pid)
+    _turn(master)
+    assert master.handed_over == []
+
+
+def test_reload_master_term_during_reload_stops_the_new_generation_and_exits(master):
+    _turn(master)
+    _make_ready(master)
+    master.queue.push(signal.SIGHUP)
+    _turn(master)
+    master.queue.push(signal.SIGTERM)
+    _turn(master)
+    assert master.generations.signalled == [(2, signal.SIGTERM)]
+    for pid in list(master.workers):
+        _exit(master, pid)
+    _exit(master, master.generations.pid(2))
+    _turn(master)
+    assert not master.workers and not master.generations.pids and master.handed_over == []
+
+
+# --- the supervisor, driven the same way ---
+
+@pytest.fixture
+def supervisor(monkeypatch):
+    notified = []
+    monkeypatch.setattr(systemd, "notify", lambda *states: notified.extend(states))
+    cfg = parse(["-w", "2", "--graceful-timeout", "10", "a:b"], environ={}, cwd="/")
+    state = {"app": cfg.app, "values": cfg.values, "app_name": "a:b", "argv": ["python"],
+             "start_directory": "/", "fds": [], "stats_fd": None, "child": 500,
+             "generation": 2}
+    fake = FakeOs()
+    supervisor = Supervisor(state, fork=fake.fork, waitpid=fake.waitpid, kill=fake.kill,
+                            clock=fake.clock)
+    generations = FakeGenerations()
+    generations.pids = dict(supervisor.generations.pids)  # generation 2 is pid 500
+    supervisor.generations = generations
+    supervisor.fake, supervisor.notified = fake, notified
+    yield supervisor
+    supervisor.queue.close()
+
+
+def _supervisor_turn(supervisor):
+    for signum in supervisor.queue.pop_all():
+        getattr(supervisor, handler_name(signum))()
+    supervisor.reap()
+    now = supervisor.clock()
+    for _ in supervisor.generations.newly_ready():
+        supervisor.apply(supervisor.handover.ready(now))
+    supervisor.apply(supervisor.handover.tick(now))
+
+
+def test_reload_supervisor_retires_the_old_generation_once_the_new_one_serves(supervisor):
+    supervisor.queue.push(signal.SIGHUP)
+    _supervisor_turn(supervisor)
+    assert supervisor.generations.spawned == [3] and supervisor.notified == ["RELOADING=1"]
+    supervisor.generations.ready.append(3)
+    _supervisor_turn(supervisor)
+    assert supervisor.generations.signalled == [(2, signal.SIGTERM)]
+    supervisor.fake.exits.append((500, 0))
+    _supervisor_turn(supervisor)
+    assert supervisor.notified == ["RELOADING=1", "READY=1"]
+
+
+def test_reload_supervisor_stops_an_old_generation_that_outstays_the_graceful_timeout(
+        supervisor):
+    supervisor.queue.push(signal.SIGUSR2)  # as HUP
+    _supervisor_turn(supervisor)
+    supervisor.generations.ready.append(3)
+    _supervisor_turn(supervisor)
+    supervisor.fake.now += 11.5
+    _supervisor_turn(supervisor)
+    # QUIT, not KILL: the old generation's master then kills its own workers
+    assert supervisor.generations.signalled[-1] == (2, signal.SIGQUIT)
+
+
+def test_reload_supervisor_term_during_a_reload_stops_both_generations(supervisor):
+    supervisor.queue.push(signal.SIGHUP)
+    supervisor.queue.push(signal.SIGTERM)
+    _supervisor_turn(supervisor)
+    assert sorted(supervisor.generations.signalled) == [(2, signal.SIGTERM),
+                                                        (3, signal.SIGTERM)]
+    assert supervisor.notified == ["RELOADING=1", "STOPPING=1"]
