@@ -44,3 +44,12 @@ def test_strace_and_perf_stat_counts_are_read():
             "<not counted>,,syscalls:sys_enter_open,0,0.00,,\n")
     assert hotpath.parse_perf_stat_syscalls(perf) == {"sendto": (2011, None),
                                                       "read": (0, None)}
+
+
+def test_parser_micro_parses_both_heads_with_h1():
+    from benchmarks import parser_micro
+
+    wrk = parser_micro.parse_h1(parser_micro.HEADS["wrk"])
+    assert wrk == [("GET", "/", "HTTP/1.1"), ("Host", "127.0.0.1:8000")]
+    browser = parser_micro.parse_h1(parser_micro.HEADS["browser"])
+    assert len(browser) == 11 and browser[-1] == ("Sec-Fetch-Mode", "navigate")
