@@ -34,7 +34,8 @@ Figures (per server; "the server" is every process of its process group):
   environ, start_response, framing and sending, its event loop, bookkeeping.
 
 Ratios are to `gunicorn` (Gunicorn -k gevent -w 4) and to `gevent-pywsgi`
-(gevent's WSGIServer alone). Results: --out/results.md, summary.csv (one row
+(gevent's WSGIServer alone). The servers are in hello_servers.py, the
+figures and the page in hello_report.py. Results: --out/results.md, summary.csv (one row
 per server) and rounds.csv (one row per round), and each server's log.
 """
 
@@ -42,12 +43,9 @@ import argparse
 import csv
 import dataclasses
 import datetime
-import http.client
-import io
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,216 +54,23 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load, procs, report  # noqa: E402
+from benchmarks import load, procs  # noqa: E402
+from benchmarks.hello_report import parse_wrk, render_markdown, summary  # noqa: E402
+from benchmarks.hello_servers import (  # noqa: E402
+    APP, hello_servers, keepalive_problem, uwsgi_fallback,
+)
 from benchmarks.run import (  # noqa: E402
     _cpu_list, http_status, log_tail, machine, say, stop_on_signals, versions,
 )
-from benchmarks.servers import HERE, REPO, ServerSpec, bind_listener, python_version  # noqa: E402
+from benchmarks.servers import HERE, REPO, bind_listener, python_version  # noqa: E402
 
-APP = "benchmarks.hello_app:app"
 LUA_SCRIPT = os.path.join(HERE, "hello.lua")
-BASELINES = ("gunicorn", "gevent-pywsgi")
 
 DEFAULTS = {"duration": 10, "rounds": 3, "warmup": 2}
 QUICK = {"duration": 3, "rounds": 1, "warmup": 1}
 
 #: Seconds a server gets to start and answer.
 START_TIMEOUT = 60.0
-
-
-# -- the servers ------------------------------------------------------------------------
-
-
-def _forkserve(workers):
-    def command(python, _workers, fd):
-        return [python, "-m", "forkserve", "-w", str(workers), "-b", "127.0.0.1:0", APP]
-    return command
-
-
-def _gunicorn(python, workers, fd):
-    return [python, "-m", "gunicorn", "-k", "gevent", "-w", str(workers), "-b", f"fd://{fd}",
-            "-c", os.devnull, "--keep-alive", "5", "--worker-connections", "1000", APP]
-
-
-def _uwsgi(protocol):
-    def command(python, workers, fd):
-        # systemd socket activation, as in servers.py: the socket is fd 3.
-        script = 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"' + ("" if fd == 3 else f" 3<&{fd}")
-        return ["sh", "-c", script, "sh", python, "-c", "import pyuwsgi; pyuwsgi.run()",
-                "--master", "--processes", str(workers), "--gevent", "1000",
-                "--protocol", protocol, "--module", APP, "--need-app",
-                "--single-interpreter", "--die-on-term", "--disable-logging"]
-    return command
-
-
-def _gevent(python, workers, fd):
-    return [python, os.path.join(HERE, "gevent_single.py"), "--fd", str(fd), APP]
-
-
-def _fd_server(name):
-    def command(python, workers, fd):
-        return [python, os.path.join(HERE, "fd_servers.py"), name, "--fd", str(fd), APP]
-    return command
-
-
-UWSGI_CLOSE_NOTE = (
-    "uWSGI's keep-alive mode (--protocol http11 with its gevent loop) failed the probe here "
-    "({problem}), so it runs --protocol http: one request per connection, a new TCP "
-    "connection per request, which wrk counts as 'closed by server'.")
-
-
-def hello_servers():
-    """Every configuration, in the order of the report."""
-    gevent = ("import gevent",)
-    return [
-        ServerSpec("forkserve-w0", "forkserve -w 0 (one process)", "", _forkserve(0),
-                   requires=("import forkserve.cli",), single=True, needs_fd=False),
-        ServerSpec("forkserve-w4", "forkserve -w 4", "", _forkserve(4),
-                   requires=("import forkserve.cli",), needs_fd=False),
-        ServerSpec("gevent-pywsgi", "gevent.pywsgi.WSGIServer, one process, TCP_NODELAY",
-                   "", _gevent, requires=gevent, single=True),
-        ServerSpec("gunicorn", "gunicorn -k gevent -w 4", "", _gunicorn,
-                   requires=("import gunicorn",) + gevent),
-        ServerSpec("uwsgi", "uWSGI (pyuwsgi) --master --processes 4 --gevent 1000, keep-alive "
-                   "(--protocol http11)", "", _uwsgi("http11"),
-                   requires=("import pyuwsgi",) + gevent),
-        ServerSpec("waitress", "waitress, one process, 4 threads (its default)", "",
-                   _fd_server("waitress"), requires=("import waitress",), single=True),
-        ServerSpec("cheroot", "cheroot (CherryPy's server), one process, 10 threads", "",
-                   _fd_server("cheroot"), requires=("import cheroot",), single=True),
-        ServerSpec("bjoern", "bjoern (C, libev), one process", "", _fd_server("bjoern"),
-                   requires=("import bjoern",), single=True,
-                   note="`pip install bjoern` builds only with libev's headers "
-                        "(apt-get install libev-dev)"),
-        ServerSpec("meinheld", "meinheld (C, greenlet)", "", None,
-                   requires=("import meinheld",), single=True,
-                   note="`pip install meinheld` fails here: meinheld 1.0.2 (2020, its last "
-                        "release) pins greenlet<0.5, which does not build on Python 3.11+"),
-    ]
-
-
-def uwsgi_fallback(problem):
-    return ServerSpec("uwsgi", "uWSGI (pyuwsgi) --master --processes 4 --gevent 1000, "
-                      "one request per connection (--protocol http)", "", _uwsgi("http"),
-                      requires=("import pyuwsgi",),
-                      note=UWSGI_CLOSE_NOTE.format(problem=problem))
-
-
-def keepalive_problem(port, timeout=3.0):
-    """None if two requests on one connection both get a 200, else what went wrong."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        for n in (1, 2):
-            conn.request("GET", "/")
-            response = conn.getresponse()
-            response.read()
-            if response.status != 200 or response.will_close:
-                return f"request {n} on one connection: status {response.status}, " \
-                       f"will close: {response.will_close}"
-        return None
-    except (OSError, http.client.HTTPException) as exc:
-        return f"request {n} on one connection: {exc!r}"
-    finally:
-        conn.close()
-
-
-# -- pure parts: wrk's output, the figures, the report ----------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Round:
-    """One wrk run against one server: wrk's figures and the server's CPU seconds."""
-
-    server: str
-    round: int
-    wrk: load.PhaseResult
-    cpu_s: float
-
-
-def parse_wrk(stdout, server, round_no, cpu_s):
-    """The Round from hello.lua's BENCH_RESULT line."""
-    return Round(server, round_no, load.parse_result(stdout), cpu_s)
-
-
-def figures(rounds, app_us):
-    """One server's headline figures from its rounds (None = n/a)."""
-    responses = sum(r.wrk.responses for r in rounds)
-    cpu_us = sum(r.cpu_s for r in rounds) / responses * 1e6 if responses else None
-    return {
-        "rps": statistics.median(r.wrk.rate for r in rounds) if rounds else None,
-        "p50_ms": statistics.median(r.wrk.p50_us for r in rounds) / 1000 if rounds else None,
-        "p99_ms": statistics.median(r.wrk.p99_us for r in rounds) / 1000 if rounds else None,
-        "p999_ms": statistics.median(r.wrk.p999_us for r in rounds) / 1000 if rounds else None,
-        "cpu_us": cpu_us,
-        "app_us": app_us,
-        "overhead_us": cpu_us - app_us if cpu_us is not None and app_us is not None else None,
-        "errors": sum(r.wrk.errors for r in rounds),
-        "closed": sum(r.wrk.read_errors for r in rounds),
-        "responses": responses,
-        "rounds_rps": [round(r.wrk.rate) for r in rounds],
-    }
-
-
-def _ratio(value, base):
-    return value / base if value is not None and base else None
-
-
-def summary(results, app_us):
-    """[{server, description, figures..., ratio_rps_<baseline>...}] for servers that ran."""
-    rows = []
-    figs = {name: figures(rounds, app_us) for name, (_, rounds) in results.items() if rounds}
-    for name, (description, rounds) in results.items():
-        if not rounds:
-            continue
-        row = {"server": name, "description": description, **figs[name]}
-        for base in BASELINES:
-            row[f"rps_vs_{base}"] = _ratio(row["rps"], figs.get(base, {}).get("rps"))
-            row[f"overhead_vs_{base}"] = _ratio(row["overhead_us"],
-                                                figs.get(base, {}).get("overhead_us"))
-        rows.append(row)
-    return rows
-
-
-def _fmt(value, spec, suffix=""):
-    return "—" if value is None else f"{value:{spec}}{suffix}"
-
-
-def render_markdown(rows, skipped, notes, meta):
-    out = io.StringIO()
-    w = out.write
-    report.render_meta(w, meta, "hello world")
-    w("Ratios: req/s and server overhead relative to `gunicorn` and to `gevent-pywsgi` "
-      "(— when that server did not run). Definitions: benchmarks/hello.py's docstring.\n\n")
-    w("| server | req/s | ×gunicorn | ×gevent | p50 | p99 | p99.9 | CPU/req | app/req | "
-      "server overhead/req | overhead ×gunicorn | overhead ×gevent | errors | "
-      "closed by server | req/s per round |\n")
-    w("|---|" + "---:|" * 14 + "\n")
-    for r in rows:
-        cells = [
-            _fmt(r["rps"], ",.0f"), _fmt(r["rps_vs_gunicorn"], ".2f", "×"),
-            _fmt(r["rps_vs_gevent-pywsgi"], ".2f", "×"),
-            _fmt(r["p50_ms"], ".2f", " ms"), _fmt(r["p99_ms"], ".2f", " ms"),
-            _fmt(r["p999_ms"], ".2f", " ms"),
-            _fmt(r["cpu_us"], ",.1f", " µs"), _fmt(r["app_us"], ".2f", " µs"),
-            _fmt(r["overhead_us"], ",.1f", " µs"),
-            _fmt(r["overhead_vs_gunicorn"], ".2f", "×"),
-            _fmt(r["overhead_vs_gevent-pywsgi"], ".2f", "×"),
-            f"{r['errors']:,}", f"{r['closed']:,}",
-            ", ".join(f"{x:,}" for x in r["rounds_rps"]),
-        ]
-        w(f"| `{r['server']}` | " + " | ".join(cells) + " |\n")
-    w("\n")
-    if skipped:
-        w("## Not measured\n\n")
-        for name, reason in skipped:
-            w(f"- `{name}`: {reason}\n")
-        w("\n")
-    if notes:
-        w("## Notes\n\n")
-        for name, note in notes:
-            w(f"- `{name}`: {note}\n")
-        w("\n")
-    return out.getvalue()
 
 
 # -- measuring --------------------------------------------------------------------------
