@@ -260,3 +260,16 @@ def test_bad_csv_fails_the_import_with_the_reason(tmp_path):
     )
     assert proc.returncode != 0
     assert f"PersonDB CSV '{missing}' does not exist" in proc.stderr
+
+
+def test_store_cache_in_an_unreadable_format_is_rebuilt(dataset, tmp_path, caplog):
+    pytest.importorskip("forkserve.store")
+    from forkserve.store import layout
+
+    store_path = tmp_path / "people.store"
+    store_path.write_bytes(layout.MAGIC + (1).to_bytes(4, "little") + bytes(80))
+    os.utime(store_path, ns=(2 * 10**18, 2 * 10**18))  # newer than the CSV
+    with caplog.at_level("WARNING", logger="persondb"):
+        people = persondb.load_store(dataset, str(store_path))
+    assert len(people) == 300
+    assert any("format version 1" in message for message in caplog.messages)

@@ -22,8 +22,9 @@ Settings (environment variables, read once at import):
     - ``share``: the same dicts, passed to ``forkserve.share()`` before the
       fork, which keeps their pages shared (Python 3.12+).
     - ``store``: a ``forkserve.store.Store`` built from the CSV and cached in
-      ``PERSONDB_STORE`` (default: the CSV path + ``.store``); responses are
-      the stored, already-encoded JSON bytes, never decoded or re-encoded.
+      ``PERSONDB_STORE`` (default: the CSV path + ``.store``); field names
+      are stored once, and responses are ``get_raw()``'s JSON bytes, made
+      from the stored field bytes without decoding them.
       With ``PERSONDB_STORE`` set and ``PERSONDB_CSV`` unset, that store file
       is served as it is: no CSV, no rebuild (a file built beforehand and
       mounted read-only).
@@ -178,8 +179,12 @@ def load_dicts(path, shard=None):
 
 
 def load_store(path, store_path=None, shard=None):
-    """Open the Store cached beside ``path``, rebuilding it if the CSV is newer."""
-    from forkserve.store import Store, StoreError
+    """Open the Store cached beside ``path``, rebuilding it if the CSV is newer.
+
+    A cached file that this forkserve cannot read (written by another format
+    version, or damaged) is rebuilt too: it is only a cache of the CSV.
+    """
+    from forkserve.store import Store, StoreError, StoreFormatError
     from forkserve.store.split import shard_path
 
     if path is None:
@@ -199,11 +204,17 @@ def load_store(path, store_path=None, shard=None):
         fresh = os.stat(store_path).st_mtime >= os.stat(path).st_mtime
     except FileNotFoundError:
         fresh = False
-    if not fresh:
-        _build_store(path, store_path, shard)
-    # The file's pages live in the page cache, once, shared by every process
-    # that maps them. (populate=True would also map them all into the master
-    # now: no first-touch faults, at the cost of reading the whole file here.)
+    if fresh:
+        # The file's pages live in the page cache, once, shared by every
+        # process that maps them: workers, reload generations and any other
+        # instance on the host that opens the same file. (populate=True would
+        # also map them all into the master now: no first-touch faults, at
+        # the cost of reading the whole file here.)
+        try:
+            return Store.open(store_path)
+        except StoreFormatError as exc:
+            log.warning("rebuilding the cached store: %s", exc)
+    _build_store(path, store_path, shard)
     return Store.open(store_path)
 
 
@@ -212,7 +223,8 @@ def _build_store(path, store_path, shard):
     from forkserve.store.csvrows import CsvRows
 
     # Build beside the target and rename: a concurrent loader never opens a
-    # half-written store, and the Store we return stays valid after the rename.
+    # half-written store, and processes that map the old file keep reading
+    # the old one (its pages are never rewritten under them).
     tmp = f"{store_path}.{os.getpid()}.tmp"
     try:
         if shard is None:
@@ -220,7 +232,7 @@ def _build_store(path, store_path, shard):
         else:
             wanted = in_shard(shard)
             rows = (row for row in CsvRows(path, "email") if wanted(row[0]))
-            Store.build(rows, tmp).close()
+            Store.build(rows, tmp, codec="row").close()
         os.replace(tmp, store_path)
     finally:
         if os.path.exists(tmp):
@@ -265,7 +277,7 @@ def make_app(people, mode, shard=None):
     if mode == "store":
         @app.get("/person/<email>")
         def person(email):
-            # Stored values are JSON already: pass the bytes through untouched.
+            # JSON bytes straight from the stored fields: no dict, no encoder.
             body = people.get_raw(email)
             if body is None:
                 return elsewhere(email) or _not_found(email)

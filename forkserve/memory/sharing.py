@@ -168,11 +168,11 @@ def _support(accelerated):
     if hasattr(sys, "gettotalrefcount"):
         return _Support(None, "debug builds track every reference")
     if accelerated:
-        from forkserve import _immortal as backend
+        from forkserve.memory import _immortal as backend
     else:
         backend = _ctypes_backend()
         if backend is None:
-            return _Support(None, "the C extension forkserve._immortal is not built "
+            return _Support(None, "the C extension forkserve.memory._immortal is not built "
                                   "and ctypes is unavailable")
     value = backend.refcnt(None)
     if value != sys.getrefcount(None):
@@ -350,7 +350,7 @@ def _size(obj, kind):
 
 
 def _walk_python(root, backend, value):
-    """The C walker's job, slower: for when forkserve._immortal did not build.
+    """The C walker's job, slower: for when forkserve.memory._immortal did not build.
 
     With a backend and value, marks objects immortal and uses the mark as the
     visited mark; with None, None only caches hashes and remembers ids.

@@ -2,36 +2,45 @@
 
     store = Store.from_csv("people.csv", key="email", path="people.fsdb")
     store["ana@example.com"]        # a fresh dict, decoded on each lookup
-    store.raw("ana@example.com")    # the stored JSON bytes, ready to send
+    store.raw("ana@example.com")    # the row as JSON bytes, ready to send
 
 Why: reading a Python object writes its reference count, so every worker
 forked from a master that holds a dataset as dicts copies the pages it reads
 (measured: ~70% of 200 MB per worker). A Store holds no Python object per
-record. Its records are bytes in one buffer and its index is flat uint64
-arrays in the same buffer; a lookup reads them and builds only short-lived
-objects (the key's bytes, the result), which die in the worker's own heap.
-Measured with 200,000 ten-field records: the store is 75 MB where the same
-data as dicts grows the master by 197-214 MB, and a forked worker that looks
-up every record keeps 1.1-1.3 MB private (tests/test_store.py, memory mark).
+record. Its records are bytes in one buffer and its index is flat arrays in
+the same buffer; a lookup reads them and builds only short-lived objects
+(the key's bytes, the result), which die in the worker's own heap. Measured
+with 200,000 ten-field records, a forked worker that looks up every record
+keeps about 1 MB private (tests/test_store.py, memory mark).
+
+Compact: with codec "row" (the default for CSV) the field names are stored
+once per file and a record is its key and its field values; the file is at
+most 1.2x the CSV it came from, index included (benchmarks/store_size.py).
 
 File layout (details and the checks in forkserve.store.layout)::
 
     header    magic, format version, codec, counts, sizes, checksums
-    records   key bytes + value bytes, record after record, in input order
-    offsets   uint64 per key start and value start, then the end
-    slots     uint64 hash table: crc32(key) << 32 | record number + 1
+    records   varint key length, key, varint value length, value; in input order
+    schema    what the codec keeps once (codec "row": the field names)
+    tags      uint16 per hash slot: part of the key's crc32, 0 when empty
+    positions uint32 (uint64 past 4 GiB) per hash slot: where its record starts
     trailer   end magic and the header's checksum again
 
 Invariants:
 
-- One contiguous buffer holds everything: header, records, offsets, hash
+- One contiguous buffer holds everything: header, records, schema, hash
   table, trailer (layout in forkserve.store.layout). The Store object itself
   is a handful of attributes, whatever the number of records.
 - Opened from a file, the buffer is a read-only shared mmap: its pages are
-  page cache, shared by every process that maps the file, never copied, and
-  opening costs the same for 1 KB or 10 GB. Built in memory, the buffer is a
-  private anonymous mmap: after fork the pages stay shared until written,
-  and nothing here writes them.
+  page cache, shared by every process that maps the file (workers, reload
+  generations, other servers on the host), never copied, and opening costs
+  the same for 1 KB or 10 GB. Built in memory, the buffer is a private
+  anonymous mmap: after fork the pages stay shared until written, and
+  nothing here writes them.
+- A mapped file must never be rewritten in place: a reader would see pages
+  change under it, and one truncated under it dies of SIGBUS. Builds write a
+  temporary file and rename it over the target, so readers of the old file
+  keep the old inode.
 - Keys hash with zlib.crc32, identical in every process; records are found
   by comparing key bytes, never by Python's randomized hash().
 - Lookups only read, so a Store is safe to use from any number of greenlets
@@ -39,9 +48,9 @@ Invariants:
 - Keys are unique: building with a duplicate raises StoreError naming both
   records (CSV: both lines). Iteration yields records in the order given.
 - A file is refused on open (StoreFormatError) when its magic, version,
-  header checksum, sizes or trailer are wrong, so a foreign or truncated file
-  is never read as data. The records are not checksummed on open, which
-  would read the whole file; verify() does that on demand.
+  header checksum, sizes, schema or trailer are wrong, so a foreign, old or
+  truncated file is never read as data. The records are not checksummed on
+  open, which would read the whole file; verify() does that on demand.
 """
 
 import collections.abc
@@ -51,11 +60,14 @@ import zlib
 
 from forkserve.store import build
 from forkserve.store.csvrows import CsvRows
+from forkserve.store.codecs import get_codec
 from forkserve.store.layout import (
-    HEADER, REBUILD, VERSION, StoreError, StoreFormatError, get_codec, key_bytes, read_layout,
+    HEADER, REBUILD, VERSION, StoreError, StoreFormatError, key_bytes, read_layout, read_varint,
 )
 
 __all__ = ["Store", "StoreError", "StoreFormatError"]
+
+_MISSING = object()
 
 
 class Store(collections.abc.Mapping):
@@ -70,17 +82,26 @@ class Store(collections.abc.Mapping):
 
     def __init__(self, buffer, path=None):
         """Wrap buffer (an mmap holding a store image). Prefer the classmethods."""
-        layout = read_layout(path or "in-memory store", buffer)
+        name = path or "in-memory store"
+        layout = read_layout(name, buffer)
         self._codec = get_codec(layout.codec)
+        schema = buffer[layout.data_end:layout.schema_end]
+        if zlib.crc32(schema) != layout.schema_crc:
+            raise StoreFormatError(f"{name}: the codec's schema is damaged (checksum "
+                                   f"mismatch); {REBUILD}")
+        decoder = self._codec.decoder(schema, name)
+        self._decode = decoder.decode
+        self._encode_raw = decoder.raw
+        self._fields = getattr(decoder, "names", None)
         self._layout = layout
         self._buf = buffer
         self._path = path
         view = memoryview(buffer)
-        self._offsets = view[layout.offsets_start:layout.slots_start].cast("Q")
-        self._slots = view[layout.slots_start:layout.trailer_start].cast("Q")
+        self._tags = view[layout.tags_start:layout.tags_start + 2 * layout.nslots].cast("H")
+        self._positions = view[layout.positions_start:layout.trailer_start].cast(
+            "Q" if layout.wide else "I")
         view.release()
-        self._mask = layout.nslots - 1
-        self._decode = self._codec.decode
+        self._nslots = layout.nslots
 
     # -- making stores ---------------------------------------------------
 
@@ -88,6 +109,8 @@ class Store(collections.abc.Mapping):
     def build(cls, rows, path=None, *, codec="json"):
         """Build a store from (key, value) pairs, or from a mapping's items.
 
+        codec "json" takes any JSON value; "row" takes mappings with the same
+        field names in every record and stores the names once.
         Rows are streamed: each is encoded, written and dropped. Without
         path the store lives in memory; with path it is written to that
         file (via a temporary file and a rename) and opened from it.
@@ -98,11 +121,13 @@ class Store(collections.abc.Mapping):
         return cls._build(rows, path, codec, build.describe_record)
 
     @classmethod
-    def from_csv(cls, csv_path, key, path=None, *, codec="json", progress=None):
+    def from_csv(cls, csv_path, key, path=None, *, codec="row", progress=None):
         """Build a store from a UTF-8 CSV file with a header line.
 
         Each row becomes {column: text} for every column, under the key
-        found in column `key`. progress is None to log at INFO on the
+        found in column `key`. Codec "row" keeps the column names once in
+        the file; codec "json" keeps each row as a JSON object (names in
+        every record, ~1.5-3x bigger, raw() is then a plain slice). progress is None to log at INFO on the
         "forkserve.store" logger every few seconds, or a callable
         progress(rows_done, bytes_read, total_bytes), called every
         PROGRESS_EVERY rows and once at the end.
@@ -155,10 +180,10 @@ class Store(collections.abc.Mapping):
     # -- lookups ---------------------------------------------------------
 
     def _find(self, key):
-        """Return the index in _offsets where key's value starts, or -1.
+        """Return (key bytes, value start, value end), or None if key is absent.
 
-        Probes from slot crc32 & mask until an empty slot; reads a record's
-        key bytes only when its slot carries the same crc32.
+        Probes from the key's home slot until an empty one; reads a record's
+        key only when its slot carries the same tag.
         """
         if type(key) is str:  # the fast path; key_bytes() handles the rest
             try:
@@ -168,70 +193,109 @@ class Store(collections.abc.Mapping):
         elif type(key) is not bytes:
             key = key_bytes(key)
         if key is None:
-            return -1
+            return None
         crc = zlib.crc32(key)
-        slots = self._slots
-        mask = self._mask
-        i = crc & mask
-        entry = slots[i]
-        while entry:
-            if entry >> 32 == crc:
-                start = 2 * (entry & 0xFFFFFFFF) - 2  # low half: record number + 1
-                offsets = self._offsets
-                if self._buf[offsets[start]:offsets[start + 1]] == key:
-                    return start + 1
-            i = (i + 1) & mask
-            entry = slots[i]
-        return -1
+        nslots = self._nslots
+        i = (crc * nslots) >> 32  # layout.home()
+        wanted = crc & 0xFFFF or 1  # layout.tag()
+        tags = self._tags
+        found = tags[i]
+        while found:
+            if found == wanted:
+                buf = self._buf
+                start = self._positions[i]
+                length = buf[start]
+                if length < 0x80:
+                    start += 1
+                else:
+                    length, start = read_varint(buf, start)
+                end = start + length
+                if length == len(key) and buf[start:end] == key:
+                    length = buf[end]
+                    if length < 0x80:
+                        return key, end + 1, end + 1 + length
+                    high = buf[end + 1]
+                    if high < 0x80:  # values of 128 bytes to 16 KiB: two bytes
+                        return key, end + 2, end + 2 + (length & 0x7F | high << 7)
+                    length, start = read_varint(buf, end)
+                    return key, start, start + length
+            i += 1
+            if i == nslots:
+                i = 0
+            found = tags[i]
+        return None
 
-    def _value(self, key, where):
-        offsets = self._offsets
-        data = self._buf[offsets[where]:offsets[where + 1]]
-        try:
-            return self._decode(data)
-        except ValueError as exc:
-            raise StoreFormatError(
-                f"{self._name}: the value of {key!r} does not decode as "
-                f"{self._codec.name} ({exc}), so the file is damaged; {REBUILD}") from exc
+    def _damaged(self, key, exc):
+        """The error for a value that does not decode: the file is damaged."""
+        return StoreFormatError(
+            f"{self._name}: the value of {key.decode('utf-8', 'surrogateescape')!r} "
+            f"does not decode as {self._codec.name} ({exc}), so the file is damaged; {REBUILD}")
 
     def __getitem__(self, key):
-        where = self._find(key)
-        if where < 0:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
             raise KeyError(key)
-        return self._value(key, where)
+        return value
 
     def get(self, key, default=None):
         """Return the decoded value for key, or default."""
-        where = self._find(key)
-        return default if where < 0 else self._value(key, where)
+        found = self._find(key)
+        if found is None:
+            return default
+        key, start, end = found
+        try:
+            return self._decode(self._buf[start:end], key)
+        except (ValueError, IndexError) as exc:
+            raise self._damaged(key, exc) from exc
 
     def raw(self, key):
-        """Return the value's stored bytes (for codec "json", JSON to send as is)."""
-        where = self._find(key)
-        if where < 0:
+        """Return the value as bytes to send without decoding it.
+
+        For codec "json" these are the stored JSON bytes; for "row" the JSON
+        object joined from the stored field bytes and the names (no decode,
+        no encode; byte for byte orjson.dumps of the row); for the other
+        codecs the stored bytes.
+        """
+        value = self.get_raw(key, _MISSING)
+        if value is _MISSING:
             raise KeyError(key)
-        offsets = self._offsets
-        return self._buf[offsets[where]:offsets[where + 1]]
+        return value
 
     def get_raw(self, key, default=None):
-        """Return the value's stored bytes, or default."""
-        where = self._find(key)
-        if where < 0:
+        """Return raw(key), or default if key is absent."""
+        found = self._find(key)
+        if found is None:
             return default
-        offsets = self._offsets
-        return self._buf[offsets[where]:offsets[where + 1]]
+        key, start, end = found
+        value = self._buf[start:end]
+        if self._encode_raw is None:
+            return value
+        try:
+            return self._encode_raw(value, key)
+        except (ValueError, IndexError) as exc:
+            raise self._damaged(key, exc) from exc
 
     def __contains__(self, key):
-        return self._find(key) >= 0
+        return self._find(key) is not None
 
     def __len__(self):
         return self._layout.count
 
-    def __iter__(self):
+    def _walk(self):
+        """Yield (key bytes, value start, value end) for every record, in order."""
         buf = self._buf
-        offsets = self._offsets
-        for i in range(0, 2 * self._layout.count, 2):
-            yield buf[offsets[i]:offsets[i + 1]].decode("utf-8", "surrogateescape")
+        pos = HEADER.size
+        data_end = self._layout.data_end
+        while pos < data_end:
+            length, pos = read_varint(buf, pos)
+            key = buf[pos:pos + length]
+            length, pos = read_varint(buf, pos + length)
+            yield key, pos, pos + length
+            pos += length
+
+    def __iter__(self):
+        for key, _, _ in self._walk():
+            yield key.decode("utf-8", "surrogateescape")
 
     def items(self):
         return _ItemsView(self)
@@ -241,15 +305,25 @@ class Store(collections.abc.Mapping):
 
     def _records(self):
         """Yield (key, value) for every record, in order, without hashing."""
-        for i, key in enumerate(self):
-            yield key, self._value(key, 2 * i + 1)
+        buf = self._buf
+        for key, start, end in self._walk():
+            try:
+                value = self._decode(buf[start:end], key)
+            except (ValueError, IndexError) as exc:
+                raise self._damaged(key, exc) from exc
+            yield key.decode("utf-8", "surrogateescape"), value
 
     # -- about the store ---------------------------------------------------
 
     @property
     def codec(self):
-        """Name of the value codec: "json", "bytes", "str" or "msgpack"."""
+        """Name of the value codec: "row", "json", "bytes", "str" or "msgpack"."""
         return self._codec.name
+
+    @property
+    def fields(self):
+        """The field names every value has (codec "row"), or None for other codecs."""
+        return self._fields
 
     @property
     def path(self):
@@ -274,7 +348,7 @@ class Store(collections.abc.Mapping):
         layout = self._layout
         for what, start, end, expected in [
                 ("records", HEADER.size, layout.data_end, layout.data_crc),
-                ("index", layout.offsets_start, layout.trailer_start, layout.index_crc)]:
+                ("index", layout.tags_start, layout.trailer_start, layout.index_crc)]:
             with memoryview(self._buf) as view, view[start:end] as region:
                 if zlib.crc32(region) != expected:
                     raise StoreFormatError(f"{self._name}: the {what} are damaged "
@@ -284,8 +358,8 @@ class Store(collections.abc.Mapping):
         """Unmap the buffer. Later lookups raise ValueError, as a closed file's reads do."""
         if self._buf.closed:
             return
-        self._offsets.release()
-        self._slots.release()
+        self._tags.release()
+        self._positions.release()
         self._buf.close()
 
     def __enter__(self):
@@ -324,7 +398,7 @@ def main(argv=None, prog="python -m forkserve.store"):
     build.add_argument("csv", help="UTF-8 CSV file whose first line names the columns")
     build.add_argument("--key", required=True, help="column whose value is the lookup key")
     build.add_argument("-o", "--output", required=True, help="store file to write")
-    build.add_argument("--codec", default="json", help="value codec (default: json)")
+    build.add_argument("--codec", default="row", help="value codec (default: row)")
     build.add_argument("--shards", type=int, default=None, metavar="N",
                        help="write N files, OUTPUT with .shardI-of-N before its suffix, each "
                             "holding the keys of one shard (see the shard command)")
@@ -391,15 +465,22 @@ def _describe(store):
     layout = store._layout
     count = len(store)
     records = layout.data_end - HEADER.size
-    index = layout.trailer_start - layout.offsets_start
+    index = layout.trailer_start - layout.tags_start
     lines = [
         ("path", store.path),
         ("format", f"forkserve store, version {VERSION}"),
         ("codec", store.codec),
         ("records", f"{count:,}"),
         ("size", f"{store.nbytes:,} bytes: {records:,} of records, {index:,} of index"),
+        *_schema_lines(store),
         ("per record", f"{store.nbytes / max(count, 1):,.0f} bytes on average"),
         ("hash table", f"{layout.nslots:,} slots, {count / layout.nslots:.0%} in use"),
     ]
     return "\n".join(f"{label + ':':12}{value}" for label, value in lines)
+
+
+def _schema_lines(store):
+    if store.fields is None:
+        return []
+    return [("fields", f"{len(store.fields)}, stored once: {', '.join(store.fields)}")]
 

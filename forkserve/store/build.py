@@ -3,10 +3,10 @@
 Invariants:
 
 - Rows are consumed one at a time and dropped once written. Per record the
-  builder keeps two uint64 offsets and a uint32 crc32 in arrays (20 bytes),
-  then the hash table (16-32 bytes a record); never a dict of the keys or a
-  list of the rows, so building a store of N records needs about N * 50
-  bytes besides the image itself.
+  builder keeps a uint64 position and a uint32 crc32 in arrays (12 bytes),
+  then the hash table with a uint32 owner per slot (14-18 bytes a record);
+  never a dict of the keys or a list of the rows, so building a store of N
+  records needs about N * 30 bytes besides the image itself.
 - The image is written front to back in the layout of forkserve.store.layout; only the
   header is written last, over the zeros reserved at offset 0.
 - A file is built under a temporary name in the target's directory and
@@ -27,7 +27,8 @@ import zlib
 from array import array
 
 from forkserve.store.layout import (
-    HEADER, MAX_RECORDS, StoreError, key_bytes, pack_header, table_size,
+    HEADER, MAX_RECORDS, StoreError, home, key_bytes, pack_header, positions_are_wide,
+    read_varint, table_size, tag, varint,
 )
 
 __all__ = ["build_in_memory", "build_file", "atomic_file", "describe_record"]
@@ -92,9 +93,10 @@ class _FileSink:
 
 def _write_image(sink, rows, codec, describe):
     """Write a whole store image for rows into sink."""
-    encode = codec.encode
+    encoder = codec.encoder()
+    encode = encoder.encode
     crc32 = zlib.crc32
-    offsets = array("Q")
+    positions = array("Q")
     hashes = array("I")
     sink.write(bytes(HEADER.size))
     pos = HEADER.size
@@ -110,58 +112,76 @@ def _write_image(sink, rows, codec, describe):
             raise StoreError(f"{describe(number)}: a key must be str or bytes, "
                              f"not {type(key).__name__}")
         try:
-            encoded = encode(value)
+            encoded = encode(data, value)
         except (TypeError, ValueError, OverflowError) as exc:
             raise StoreError(f"{describe(number)}, key {_show_key(data)}: codec "
                              f"{codec.name!r} cannot encode the value: {exc}") from exc
+        record = b"".join((varint(len(data)), data, varint(len(encoded)), encoded))
         hashes.append(crc32(data))
-        offsets.append(pos)
-        offsets.append(pos + len(data))
-        pos += len(data) + len(encoded)
-        data_crc = crc32(encoded, crc32(data, data_crc))
-        sink.write(data)
-        sink.write(encoded)
+        positions.append(pos)
+        pos += len(record)
+        data_crc = crc32(record, data_crc)
+        sink.write(record)
     count = len(hashes)
     if count > MAX_RECORDS:
         raise StoreError(f"{count} records; a store holds at most {MAX_RECORDS}: split the data")
-    offsets.append(pos)
-    sink.write(bytes(-pos % 8))
+    schema = encoder.schema()
+    sink.write(schema)
+    sink.write(bytes(-sink.pos % 8))
 
-    slots = _fill_table(hashes, offsets, sink.read, describe)
-    del hashes
-    index_crc = crc32(slots, crc32(offsets))
-    sink.write(_as_bytes(offsets))
+    tags, slots = _fill_table(hashes, positions, positions_are_wide(pos), sink.read, describe)
+    del hashes, positions
+    tags_bytes = _as_bytes(tags)
+    index_crc = crc32(tags_bytes)
+    sink.write(tags_bytes)
+    padding = bytes(-sink.pos % 8)
+    index_crc = crc32(_as_bytes(slots), crc32(padding, index_crc))
+    sink.write(padding)
     sink.write(_as_bytes(slots))
-    header, trailer = pack_header(codec.name, count, len(slots), pos, data_crc, index_crc)
+    header, trailer = pack_header(codec.name, count, len(tags), pos, len(schema),
+                                  (data_crc, crc32(schema), index_crc))
     sink.write(trailer)
     sink.write_at(0, header)
 
 
-def _fill_table(hashes, offsets, read, describe):
-    """Return the slot array for records with these crc32s and offsets.
+def _key_at(read, position):
+    """The key of the record starting at position, read back from the sink."""
+    head = read(position, position + 10)
+    length, start = read_varint(head, 0)
+    return read(position + start, position + start + length)
+
+
+def _fill_table(hashes, positions, wide, read, describe):
+    """Return (tags, positions by slot) for records with these crc32s and positions.
 
     Raises StoreError naming both records when two keys are equal: a
     duplicate is most often an error in the data, and keeping either one
-    silently would hide it.
+    silently would hide it. While filling, a uint32 per slot remembers its
+    record, so only records with the same full crc32 have their keys read.
     """
     nslots = table_size(len(hashes))
-    mask = nslots - 1
-    slots = array("Q", [0]) * nslots
+    tags = array("H", bytes(2 * nslots))
+    slots = array("Q" if wide else "I", bytes((8 if wide else 4) * nslots))
+    owners = array("I", bytes(4 * nslots))
     for record, crc in enumerate(hashes):
-        i = crc & mask
-        entry = slots[i]
-        while entry:
-            if entry >> 32 == crc:
-                other = (entry & 0xFFFFFFFF) - 1
-                key = read(offsets[2 * record], offsets[2 * record + 1])
-                if read(offsets[2 * other], offsets[2 * other + 1]) == key:
+        i = home(crc, nslots)
+        owner = owners[i]
+        while owner:
+            other = owner - 1
+            if hashes[other] == crc:
+                key = _key_at(read, positions[record])
+                if _key_at(read, positions[other]) == key:
                     raise StoreError(
                         f"duplicate key {_show_key(key)}: {describe(other)} and "
                         f"{describe(record)}; keys must be unique, so remove or merge one")
-            i = (i + 1) & mask
-            entry = slots[i]
-        slots[i] = (crc << 32) | (record + 1)
-    return slots
+            i += 1
+            if i == nslots:
+                i = 0
+            owner = owners[i]
+        owners[i] = record + 1
+        tags[i] = tag(crc)
+        slots[i] = positions[record]
+    return tags, slots
 
 
 def build_in_memory(rows, codec, describe=describe_record):

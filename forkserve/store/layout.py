@@ -1,70 +1,78 @@
-"""The byte layout of a forkserve store, the checks that guard it, and codecs.
+"""The byte layout of a forkserve store and the checks that guard it.
 
 Pure: nothing here opens files. It packs and checks headers, says where each
-region lies, hashes keys and names the value codecs, so tests can drive it
-with plain bytes.
+region lies, frames records and hashes keys, so tests can drive it with
+plain bytes.
 
-Layout (integers little-endian; every region starts 8-byte aligned)::
+Layout, format version 2 (integers little-endian)::
 
-    0               header, HEADER.size (80) bytes
-    80              records: key bytes then value bytes, one record after
-                    another, in the order they were given
-    data_end        zero padding to a multiple of 8
-    offsets_start   2 * count + 1 uint64: the absolute offset where key 0
-                    starts, value 0 starts, key 1 starts, ... and where the
-                    last value ends. Record r's key is [2r, 2r+1), its value
-                    [2r+1, 2r+2).
-    slots_start     nslots uint64: an open-addressing hash table with linear
-                    probing. 0 is an empty slot; otherwise the slot holds
-                    (crc32(key) << 32) | (record number + 1).
+    0               header, HEADER.size (88) bytes
+    88              records, one after another in the order given, each
+                    varint(len(key)) key varint(len(value)) value
+    data_end        the codec's schema (for codec "row": the field names,
+                    once for the whole file), schema_size bytes
+    tags_start      (8-byte aligned) nslots uint16: the hash table's tags;
+                    0 marks an empty slot
+    positions_start (8-byte aligned) nslots uint32, or uint64 when the
+                    records end past 4 GiB (flag WIDE_POSITIONS): where the
+                    record of each used slot starts
     trailer_start   TRAILER: END_MAGIC and the header's crc32 once more
     file_size
 
-The table always has an empty slot (nslots > count), so every probe ends.
-Keys hash with zlib.crc32, which is the same in every process and every
-Python (Python's own hash() of str is randomized per process). A slot stores
-the full crc32 as a tag, so a probe reads key bytes only when the crc32
-matches. A key's probe starts at slot crc32 & (nslots - 1); measured on
-200,000 e-mail keys (load 0.38), a hit takes 1.3 probes on average.
+Why this shape (version 1 stored field names in every record and spent
+32-48 bytes of index on each, which made a store 1.5-3x its CSV): records
+carry no padding and no per-record offsets; the hash table is two parallel
+arrays, 2 + 4 bytes a slot, at most MAX_LOAD full, so the index costs about
+8 bytes a record (9.3 past 4 GiB). Iteration walks the records in order.
+
+A key's probe starts at slot home(crc32(key)) and moves right (wrapping)
+until an empty slot; a slot whose tag (low 16 bits of the crc32, 0 mapped to
+1) matches has its record's key compared. The table always has an empty
+slot (nslots > count), so every probe ends. Keys hash with zlib.crc32, which
+is the same in every process and every Python (Python's own hash() of str is
+randomized per process).
 """
 
 import struct
 import sys
 import zlib
-from typing import Callable, NamedTuple
-
-import orjson
+from typing import NamedTuple
 
 __all__ = [
     "MAGIC", "VERSION", "HEADER", "TRAILER", "MAX_LOAD", "MAX_RECORDS", "REBUILD",
-    "StoreError", "StoreFormatError", "Layout", "Codec",
-    "get_codec", "key_bytes", "table_size", "pack_header", "read_layout",
+    "WIDE_POSITIONS", "StoreError", "StoreFormatError", "Layout",
+    "key_bytes", "table_size", "home", "tag", "varint", "read_varint",
+    "pack_header", "read_layout",
 ]
 
 #: First bytes of every store. The high byte and the CR LF / ^Z pair catch
 #: files mangled by text-mode transfers, as PNG's signature does.
 MAGIC = b"\x89FSDB\r\n\x1a"
 END_MAGIC = b"FSDB-END"
-VERSION = 1
+VERSION = 2
 
-#: magic, version, flags (0), codec name, count, nslots, data_end, file_size,
-#: crc32 of the records, crc32 of offsets + slots, crc32 of the 72 bytes
-#: before it; 4 bytes of padding.
-HEADER = struct.Struct("<8sII16sQQQQIII4x")
-_HEADER_CRC_SPAN = HEADER.size - 8
+#: magic, version, flags, codec name, count, nslots, data_end, schema_size,
+#: file_size, crc32 of the records, of the schema, of the index (tags and
+#: positions), then the crc32 of the 84 bytes before it.
+HEADER = struct.Struct("<8sII16sQQQQQIIII")
+_HEADER_CRC_SPAN = HEADER.size - 4
 TRAILER = struct.Struct("<8sI4x")
-_U64 = struct.Struct("<Q")
 
-#: Highest share of slots in use; loads fall between half this and this. At
-#: 0.5 linear probing costs 1.5 probes a hit and 2.5 a miss on average, and
-#: the table takes 16-32 bytes per record (a PersonDB record is ~300).
-MAX_LOAD = 0.5
+#: Header flag: slot positions are uint64 (records end past 4 GiB), not uint32.
+WIDE_POSITIONS = 1
 
-#: A slot keeps the record number + 1 in 32 bits.
+#: Highest share of slots in use. Linear probing at 0.75 costs 2.5 probes a
+#: hit and 8.5 a miss on average (Knuth); a probe reads one uint16 tag, and
+#: a key only when the tag matches. The table takes 8 bytes a record.
+MAX_LOAD = 0.75
+
+#: A store holds at most this many records (a safe bound on the build's
+#: uint32 record numbers).
 MAX_RECORDS = 2**32 - 2
 
 #: What to do about a file that is not a usable store.
-REBUILD = "rebuild it with Store.from_csv(...) or Store.build(...)"
+REBUILD = ("rebuild it from its source: python -m forkserve.store build DATA.csv "
+           "--key COLUMN -o NEW.fsdb, or Store.from_csv(...) / Store.build(...)")
 
 
 class StoreError(Exception):
@@ -72,7 +80,7 @@ class StoreError(Exception):
 
 
 class StoreFormatError(StoreError):
-    """A file is not a usable store: foreign, truncated, damaged or too new."""
+    """A file is not a usable store: foreign, truncated, damaged or another version."""
 
 
 class Layout(NamedTuple):
@@ -81,29 +89,70 @@ class Layout(NamedTuple):
     codec: str
     count: int
     nslots: int
+    wide: bool
     data_end: int
-    offsets_start: int
-    slots_start: int
+    schema_end: int
+    tags_start: int
+    positions_start: int
     trailer_start: int
     file_size: int
     data_crc: int
+    schema_crc: int
     index_crc: int
 
 
-def regions(count, nslots, data_end):
-    """Return (offsets_start, slots_start, trailer_start, file_size)."""
-    offsets_start = data_end + (-data_end % 8)
-    slots_start = offsets_start + 8 * (2 * count + 1)
-    trailer_start = slots_start + 8 * nslots
-    return offsets_start, slots_start, trailer_start, trailer_start + TRAILER.size
+def regions(nslots, data_end, schema_size, wide):
+    """Return (tags_start, positions_start, trailer_start, file_size)."""
+    schema_end = data_end + schema_size
+    tags_start = schema_end + (-schema_end % 8)
+    tags_end = tags_start + 2 * nslots
+    positions_start = tags_end + (-tags_end % 8)
+    trailer_start = positions_start + (8 if wide else 4) * nslots
+    return tags_start, positions_start, trailer_start, trailer_start + TRAILER.size
 
 
 def table_size(count):
-    """Number of hash slots for count records: a power of two, load <= MAX_LOAD."""
-    nslots = 8
-    while nslots * MAX_LOAD < count:
-        nslots *= 2
-    return nslots
+    """Number of hash slots for count records: load at most MAX_LOAD, one slot free."""
+    return max(count + 1, -(-count * 4 // 3))  # ceil(count / MAX_LOAD)
+
+
+def home(crc, nslots):
+    """The slot where a key with this crc32 starts its probe (Lemire's fastrange)."""
+    return (crc * nslots) >> 32
+
+
+def tag(crc):
+    """The uint16 a slot keeps of its key's crc32; never 0, which marks empty."""
+    return crc & 0xFFFF or 1
+
+
+_ONE_BYTE = [bytes((number,)) for number in range(0x80)]
+
+
+def varint(number):
+    """Encode a non-negative int as LEB128: 7 bits a byte, low bits first."""
+    if number < 0x80:
+        return _ONE_BYTE[number]
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
+
+
+def read_varint(buf, pos):
+    """Decode the LEB128 number at buf[pos]; return (number, position after it)."""
+    number = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        number |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return number, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("a record length runs past 9 bytes")
 
 
 def key_bytes(key):
@@ -126,21 +175,37 @@ def key_bytes(key):
     return None
 
 
-def pack_header(codec, count, nslots, data_end, data_crc, index_crc):
-    """Return (header bytes, trailer bytes) for a store with this content."""
-    file_size = regions(count, nslots, data_end)[3]
-    head = HEADER.pack(MAGIC, VERSION, 0, codec.encode("ascii"), count, nslots,
-                       data_end, file_size, data_crc, index_crc, 0)
+def pack_header(codec, count, nslots, data_end, schema_size, crcs):
+    """Return (header bytes, trailer bytes); crcs is (records, schema, index)."""
+    wide = positions_are_wide(data_end)
+    file_size = regions(nslots, data_end, schema_size, wide)[3]
+    head = HEADER.pack(MAGIC, VERSION, WIDE_POSITIONS if wide else 0, codec.encode("ascii"),
+                       count, nslots, data_end, schema_size, file_size, *crcs, 0)
     header_crc = zlib.crc32(head[:_HEADER_CRC_SPAN])
-    head = head[:_HEADER_CRC_SPAN] + struct.pack("<I4x", header_crc)
+    head = head[:_HEADER_CRC_SPAN] + struct.pack("<I", header_crc)
     return head, TRAILER.pack(END_MAGIC, header_crc)
+
+
+def positions_are_wide(data_end):
+    """True when slot positions need uint64: some record may start past 4 GiB."""
+    return data_end > 2**32
+
+
+def _version_problem(version):
+    if version < VERSION:
+        return (f"format version {version}, written by an older forkserve; this forkserve "
+                f"reads version {VERSION} only (field names stored once, a smaller index): "
+                f"{REBUILD}, and point the servers at the new file")
+    return (f"format version {version}, written by a newer forkserve; this forkserve "
+            f"reads version {VERSION}: upgrade forkserve, or {REBUILD}")
 
 
 def read_layout(name, buf):
     """Check the header and trailer of buf (bytes-like) and return its Layout.
 
-    Cheap whatever the size: reads 96 bytes. Raises StoreFormatError saying
-    what is wrong and what to do; name is the path shown in the message.
+    Cheap whatever the size: reads the header and trailer. Raises
+    StoreFormatError saying what is wrong and what to do; name is the path
+    shown in the message.
     """
     def refuse(problem):
         return StoreFormatError(f"{name}: {problem}; {REBUILD}")
@@ -148,89 +213,33 @@ def read_layout(name, buf):
     if sys.byteorder != "little":
         raise StoreError("forkserve stores need a little-endian machine")
     size = len(buf)
-    if size < HEADER.size:
+    if size < 12:
         if size == 0:
             raise refuse("the file is empty, not a forkserve store")
         raise refuse(f"only {size} bytes, too short to be a forkserve store")
-    (magic, version, _flags, codec, count, nslots, data_end, file_size,
-     data_crc, index_crc, header_crc) = HEADER.unpack_from(buf)
+    magic, version = struct.unpack_from("<8sI", buf)
     if magic != MAGIC:
         raise refuse(f"not a forkserve store (it starts with {bytes(buf[:8])!r})")
     if version != VERSION:
-        raise refuse(f"format version {version}, but this forkserve reads version {VERSION}")
+        raise StoreFormatError(f"{name}: {_version_problem(version)}")
+    if size < HEADER.size:
+        raise refuse(f"only {size} bytes, too short to be a forkserve store")
+    (_, _, flags, codec, count, nslots, data_end, schema_size, file_size,
+     data_crc, schema_crc, index_crc, header_crc) = HEADER.unpack_from(buf)
     if zlib.crc32(buf[:_HEADER_CRC_SPAN]) != header_crc:
         raise refuse("the header is damaged (its checksum does not match)")
     if file_size != size:
         if size < file_size:
             raise refuse(f"truncated: the header says {file_size} bytes but the file has {size}")
         raise refuse(f"{size - file_size} bytes of trailing data after the store's {file_size}")
-    offsets_start, slots_start, trailer_start, expected = regions(count, nslots, data_end)
-    if (expected != file_size or nslots & (nslots - 1) or nslots <= count
-            or data_end < HEADER.size or count > MAX_RECORDS):
+    wide = bool(flags & WIDE_POSITIONS)
+    tags_start, positions_start, trailer_start, expected = regions(
+        nslots, data_end, schema_size, wide)
+    if (expected != file_size or nslots <= count or data_end < HEADER.size
+            or count > MAX_RECORDS or wide != positions_are_wide(data_end)):
         raise refuse("the header's sizes do not add up")
     if TRAILER.unpack_from(buf, trailer_start) != (END_MAGIC, header_crc):
         raise refuse("the trailer is missing or does not match the header")
-    first, = _U64.unpack_from(buf, offsets_start)
-    last, = _U64.unpack_from(buf, slots_start - 8)
-    if (first, last) != (HEADER.size, data_end):
-        raise refuse("the record offsets do not match the header")
-    return Layout(codec.rstrip(b"\0").decode("ascii", "replace"), count, nslots,
-                  data_end, offsets_start, slots_start, trailer_start, file_size,
-                  data_crc, index_crc)
-
-
-class Codec(NamedTuple):
-    """How values become stored bytes and back. decode takes bytes."""
-
-    name: str
-    encode: Callable[[object], bytes]
-    decode: Callable[[bytes], object]
-
-
-def _encode_bytes(value):
-    if not isinstance(value, (bytes, bytearray, memoryview)):
-        raise TypeError(f"expected bytes, not {type(value).__name__}")
-    return bytes(value)
-
-
-def _encode_str(value):
-    if not isinstance(value, str):
-        raise TypeError(f"expected str, not {type(value).__name__}")
-    return value.encode()
-
-
-def _msgpack_codec():
-    try:
-        import msgpack
-    except ImportError:
-        raise StoreError("codec 'msgpack' needs the msgpack package: "
-                         "pip install msgpack, or use codec='json'") from None
-    return Codec("msgpack", lambda value: msgpack.packb(value, use_bin_type=True),
-                 lambda data: msgpack.unpackb(data, raw=False))
-
-
-# Why orjson rather than the standard json module, measured on a 10-field
-# PersonDB record (best of 5 x 200,000 calls, 2-core x86-64 VM), for
-# CPython 3.11 / 3.12 / 3.13:
-#   json.dumps(record).encode()   3.0 / 3.1 / 3.6 us
-#   orjson.dumps(record)         0.19 / 0.19 / 0.35 us
-#   json.loads(data)              3.5 / 3.8 / 3.3 us
-#   orjson.loads(data)           0.79 / 0.87 / 0.74 us
-# orjson also writes UTF-8 instead of \u escapes (302 bytes against 329), and
-# returns bytes, which a service can send as a response body unchanged.
-_CODECS = {
-    "json": Codec("json", orjson.dumps, orjson.loads),
-    "bytes": Codec("bytes", _encode_bytes, bytes),
-    "str": Codec("str", _encode_str, bytes.decode),
-}
-
-
-def get_codec(name):
-    """Return the Codec called name, or raise StoreError listing the known ones."""
-    if name == "msgpack":
-        return _msgpack_codec()
-    try:
-        return _CODECS[name]
-    except (KeyError, TypeError):
-        known = ", ".join(sorted([*_CODECS, "msgpack"]))
-        raise StoreError(f"unknown codec {name!r}; use one of: {known}") from None
+    return Layout(codec.rstrip(b"\0").decode("ascii", "replace"), count, nslots, wide,
+                  data_end, data_end + schema_size, tags_start, positions_start,
+                  trailer_start, file_size, data_crc, schema_crc, index_crc)

@@ -35,7 +35,7 @@ def shard_path(path, index, count):
     return f"{root}.shard{index}-of-{count}{ext}"
 
 
-def build_csv_shards(csv_path, key, path, count, *, codec="json", progress=None):
+def build_csv_shards(csv_path, key, path, count, *, codec="row", progress=None):
     """Build count store files from a CSV, split by shard_of(key); return their paths."""
     bounds = upper_bounds(count)
     placement = array("H")  # the shard of each row, in order, noted by the first pass
