@@ -14,8 +14,14 @@ no tool's overhead lands in another's figures:
    response; the scale for everything below;
 2. perf stat on the syscall tracepoints of every server process, or
    strace -c -f where perf cannot: syscalls per response;
-3. py-spy record --nonblocking (the server is not paused to sample) on the
-   process that serves (-w 0) or on one worker: each sample's stack is put
+3. py-spy record on the process that serves (-w 0) or on one worker,
+   --nonblocking by default (--spy-blocking pauses it per sample instead).
+   Neither is exact: on a saturated server that nothing else preempts,
+   --nonblocking failed to read 58% of its samples here, not at random;
+   the blocking mode stops the process at syscall boundaries and so
+   over-counts the frames around syscalls (gevent's getsockopt got 21%).
+   The page gives py-spy's sample and error counts; check the shares
+   against perf's kernel share (4.). Each sample's stack is put
    in the first category, from the innermost frame outwards, whose rule
    matches (CATEGORIES); share x CPU per response = microseconds per
    response (an estimate: sampling, plus time the thread was preempted is
@@ -221,6 +227,8 @@ def main(argv=None):
     p.add_argument("--server-cpus", default="0")
     p.add_argument("--client-cpus", default="1")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second (250)")
+    p.add_argument("--spy-blocking", action="store_true",
+                   help="let py-spy pause the server for each sample (see the docstring)")
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "forkserve-hotpath"))
     args = p.parse_args(argv)
     if args.duration is None:
@@ -279,12 +287,14 @@ def profile(args):
 
         spy_out = os.path.join(out, "py-spy.raw.txt")
         _, _ = load_window(url, args, workdir, during=lambda: procs.Group(pinned(
-            [_pyspy(args.python), "record", "--nonblocking", "-r", str(args.rate), "-f", "raw",
+            [_pyspy(args.python), "record", *([] if args.spy_blocking else ["--nonblocking"]),
+             "-r", str(args.rate), "-f", "raw",
              "-o", spy_out, "-p", str(target), "-d", str(args.duration + 5)],
             args.client_cpus), log_path=os.path.join(out, "logs", "py-spy.log")))
         with open(spy_out) as f:
             samples = parse_pyspy_raw(f.read())
-        say(f"py-spy: {sum(n for _, n in samples):,} samples")
+        spy_summary = _last_line(os.path.join(out, "logs", "py-spy.log"), "Samples:")
+        say(f"py-spy: {sum(n for _, n in samples):,} samples; {spy_summary}")
 
         perf_text = perf_window(url, args, workdir, target, out)
     steal_after = hello.cpu_times()
@@ -295,8 +305,8 @@ def profile(args):
                    f"{switches[0] / plain.responses:.3f} times per response voluntarily "
                    f"(waiting) and {switches[1] / plain.responses:.3f} involuntarily "
                    "(preempted: other processes of the machine, or the other workers)")
-    return render(args, plain, cpu_per_req_us, traced, syscalls, tracer, samples, perf_text,
-                  conditions)
+    return render(args, plain, cpu_per_req_us, traced, syscalls, tracer, samples, spy_summary,
+                  perf_text, conditions)
 
 
 def syscall_window(url, args, workdir, members, out):
@@ -329,6 +339,13 @@ def perf_works():
     return proc.returncode == 0
 
 
+def _last_line(path, marker):
+    """The last line of ``path`` containing ``marker`` (py-spy's sample and error counts)."""
+    with open(path, errors="replace") as f:
+        found = [line.strip() for line in f if marker in line]
+    return found[-1] if found else f"no '{marker}' line in {path}"
+
+
 def perf_window(url, args, workdir, target, out):
     """perf's per-DSO and per-symbol shares, or why there are none."""
     if not shutil.which("perf"):
@@ -351,7 +368,8 @@ def perf_window(url, args, workdir, target, out):
     return "\n".join(sections)
 
 
-def render(args, plain, cpu_us, traced, syscalls, tracer, samples, perf_text, conditions):
+def render(args, plain, cpu_us, traced, syscalls, tracer, samples, spy_summary, perf_text,
+           conditions):
     lines = [f"# forkserve hot path: {args.app}, forkserve -w {args.workers} {args.extra}\n",
              f"- command: `python benchmarks/hotpath.py {' '.join(sys.argv[1:])}`",
              f"- conditions: {conditions}",
@@ -375,7 +393,8 @@ def render(args, plain, cpu_us, traced, syscalls, tracer, samples, perf_text, co
     shares = category_shares(samples)
     n = sum(count for _, count in samples)
     lines += ["## Where the time goes (py-spy, categories)\n",
-              f"{n:,} samples of pid {'the single process' if not args.workers else 'one worker'}"
+              f"{n:,} samples of {'the single process' if not args.workers else 'one worker'} "
+              f"(py-spy: {spy_summary.removeprefix('py-spy> ')})"
               "; µs per response = share × the plain window's CPU per response. Rules: "
               "benchmarks/hotpath.py CATEGORIES."
               + (" With workers sharing a CPU, a worker waiting for the CPU is sampled where "
