@@ -21,13 +21,22 @@ fork):
 - CoW faults: mean minor page faults per worker during the load phases
   (a copy-on-write copy is a minor fault; so is first touch of new memory).
 - req/s: responses over the summed phase durations; p50 is the median of
-  the phases' p50s, p99 the worst phase's p99 (wrk reports percentiles per
-  run and they cannot be merged exactly).
+  the phases' p50s, p99 and p99.9 the worst phase's (wrk reports
+  percentiles per run and they cannot be merged exactly).
 - CPU/req: CPU time (user + system) of all the server's processes during
   the phases, per response. Unlike req/s it hardly depends on what else
   runs on the machine, so it is the fairer efficiency figure on a shared
   host.
 - errors: statuses other than 200/404, connect/write errors and timeouts.
+- balance: per serving process, the CPU seconds it used during the phases
+  (every server) and the requests it served (forkserve's stats endpoint;
+  n/a for the others); "max/mean" is the busiest process's figure over the
+  mean, 1.00 being perfectly even.
+- probe p50/p99/max: latencies of benchmarks.load.LatencyProbe's lookups
+  (one at a time, at most one every 50 ms, each on a new connection,
+  alongside wrk), the same samples
+  plotted over time in latency.png; "probe failures" counts probes that got
+  no answer within its timeout.
 """
 
 import csv
@@ -74,6 +83,10 @@ class ServerRun:
     samples: list = dataclasses.field(default_factory=list)
     #: benchmarks.load.PhaseResult-like objects, in order.
     phases: list = dataclasses.field(default_factory=list)
+    #: LatencyProbe records: (seconds since start, latency s, status or 0).
+    probes: list = dataclasses.field(default_factory=list)
+    #: {pid: requests served} per serving process, where the server reports it.
+    worker_requests: dict = dataclasses.field(default_factory=dict)
 
 
 def _points(run, point):
@@ -148,6 +161,7 @@ def figures(run):
         "cpu_us": (cpu_end - cpu_start) / responses * 1e6 if responses and final else None,
         "p50_ms": statistics.median(p.p50_us for p in phases) / 1000 if phases else None,
         "p99_ms": max(p.p99_us for p in phases) / 1000 if phases else None,
+        "p999_ms": max(p.p999_us for p in phases) / 1000 if phases else None,
         "errors": sum(p.errors for p in phases) if phases else None,
         "closed": sum(p.read_errors for p in phases) if phases else None,
         "responses": responses,
@@ -159,6 +173,54 @@ def figures(run):
 
 def _mean_of(rows, key):
     return statistics.fmean(r[key] for r in rows) if rows else None
+
+
+def worker_cpu_seconds(run):
+    """{pid: CPU seconds during the phases} of each serving process that lived
+    from the loaded sample to the last one."""
+    loaded = {r["pid"]: r["cpu_s"] for r in _serving(_points(run, "loaded").get(0, []))}
+    ends = _points(run, "phase_end")
+    final = _serving(ends[max(ends)]) if ends else []
+    return {r["pid"]: r["cpu_s"] - loaded[r["pid"]] for r in final if r["pid"] in loaded}
+
+
+def spread(values):
+    """max / mean of ``values``: 1.0 is perfectly even; None if there is nothing to compare."""
+    values = list(values)
+    if len(values) < 2 or not sum(values):
+        return None
+    return max(values) / statistics.fmean(values)
+
+
+def percentile(values, q):
+    """The q-th percentile (0-100) by nearest rank; None for no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def balance_and_probes(run):
+    """Per-process balance and the probe's latency figures of one run."""
+    cpu = worker_cpu_seconds(run)
+    answered = [latency for _, latency, status in run.probes if status]
+    requests = run.worker_requests
+    return {
+        "cpu_per_worker": [round(v, 1) for v in sorted(cpu.values(), reverse=True)],
+        "cpu_spread": spread(cpu.values()),
+        "requests_per_worker": sorted(requests.values(), reverse=True) if requests else None,
+        "requests_spread": spread(requests.values()) if requests else None,
+        "probes": len(run.probes),
+        "probe_failures": len(run.probes) - len(answered),
+        "probe_p50_ms": _ms(percentile(answered, 50)),
+        "probe_p99_ms": _ms(percentile(answered, 99)),
+        "probe_max_ms": _ms(max(answered) if answered else None),
+    }
+
+
+def _ms(seconds):
+    return None if seconds is None else seconds * 1000
 
 
 def ratio(value, base):
@@ -183,6 +245,7 @@ COLUMNS = (
     ("cpu_us", "CPU/req", lambda v: f"{v:,.0f} µs", True),
     ("p50_ms", "p50", lambda v: f"{v:.1f} ms", True),
     ("p99_ms", "p99", lambda v: f"{v:.1f} ms", True),
+    ("p999_ms", "p99.9", lambda v: f"{v:.1f} ms", True),
     ("errors", "errors", lambda v: f"{v:,}", False),
 )
 
@@ -203,6 +266,8 @@ def summary_rows(runs):
     for run in done:
         figs = figures(run)
         row = {"server": run.name, "description": run.description, **figs}
+        for key, value in balance_and_probes(run).items():
+            row[key] = " ".join(map(str, value)) if isinstance(value, list) else value
         for key, _, _, with_ratio in COLUMNS:
             if with_ratio:
                 row[f"ratio_{key}"] = ratio(figs[key], base.get(key))
@@ -214,11 +279,7 @@ def render_markdown(runs, meta):
     """The results page: context, the main table, PSS per phase, skips."""
     out = io.StringIO()
     w = out.write
-    w(f"# forkserve benchmark: {meta.get('title', 'PersonDB lookups')}\n\n")
-    for key, value in meta.items():
-        if key != "title":
-            w(f"- **{key}**: {value}\n")
-    w("\n")
+    render_meta(w, meta, "PersonDB lookups")
     done = [run for run in runs if run.status == "ok"]
     base = next((figures(r) for r in done if r.name == BASELINE), {})
     if done:
@@ -233,6 +294,7 @@ def render_markdown(runs, meta):
             w(f"| `{run.name}` | " + " | ".join(cells) + " |\n")
         w("\n")
         _render_phases(w, done)
+        _render_balance(w, done)
         _render_timings(w, done)
     skipped = [run for run in runs if run.status != "ok"]
     if skipped:
@@ -249,6 +311,15 @@ def render_markdown(runs, meta):
     return out.getvalue()
 
 
+def render_meta(w, meta, default_title):
+    """The page title and the run's context (date, command, machine...) as a list."""
+    w(f"# forkserve benchmark: {meta.get('title', default_title)}\n\n")
+    for key, value in meta.items():
+        if key != "title":
+            w(f"- **{key}**: {value}\n")
+    w("\n")
+
+
 def _render_phases(w, runs):
     series = {run.name: total_pss_by_phase(run) for run in runs}
     width = max(len(points) for points in series.values())
@@ -263,6 +334,30 @@ def _render_phases(w, runs):
         cells = [f"{pss / MIB:,.0f} [{responses:,}]" for responses, pss in points]
         cells += ["—"] * (width - len(cells))
         w(f"| `{name}` | " + " | ".join(cells) + " |\n")
+    w("\n")
+
+
+def _render_balance(w, runs):
+    w("Balance over the serving processes (busiest first; max/mean 1.00 = even) and the "
+      "latency probe (one lookup at a time, at most every 50 ms, on a new connection, "
+      "alongside wrk; "
+      "latency.png plots every probe):\n\n")
+    w("| server | requests per process | max/mean | CPU s per process | max/mean | "
+      "probes | probe p50 | probe p99 | probe max | probe failures |\n")
+    w("|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n")
+    for run in runs:
+        b = balance_and_probes(run)
+
+        def num(value, fmt):
+            return "—" if value is None else fmt.format(value)
+
+        requests = ("n/a (no per-worker counts)" if b["requests_per_worker"] is None
+                    else ", ".join(f"{n:,}" for n in b["requests_per_worker"]))
+        w(f"| `{run.name}` | {requests} | {num(b['requests_spread'], '{:.2f}')} | "
+          f"{', '.join(map(str, b['cpu_per_worker'])) or '—'} | "
+          f"{num(b['cpu_spread'], '{:.2f}')} | {b['probes']:,} | "
+          f"{num(b['probe_p50_ms'], '{:.1f} ms')} | {num(b['probe_p99_ms'], '{:.1f} ms')} | "
+          f"{num(b['probe_max_ms'], '{:.1f} ms')} | {b['probe_failures']:,} |\n")
     w("\n")
 
 
@@ -302,6 +397,60 @@ def write_summary_csv(runs, stream):
     writer.writeheader()
     for row in rows + skipped:
         writer.writerow(row)
+
+
+def write_probes_csv(runs, stream):
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(["server", "t_s", "latency_s", "status"])
+    for run in runs:
+        for record in run.probes:
+            writer.writerow([run.name, *record])
+
+
+def plot_latency(runs, path, title):
+    """Every probe's latency against time, one panel per server, same axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [run for run in runs if run.status == "ok" and run.probes]
+    if not done:
+        return
+    columns = 2
+    rows = -(-len(done) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(13, 2.6 * rows + 0.8), squeeze=False,
+                             sharex=True, sharey=True)
+    answered = [lat for run in done for _, lat, status in run.probes if status]
+    top = max(answered) * 1000 * 1.5 if answered else 1000
+    for axis, run in zip(axes.flat, done):
+        ok = [(t, lat * 1000) for t, lat, status in run.probes if status]
+        failed = [t for t, _, status in run.probes if not status]
+        first = run.probes[0][0]
+        axis.plot([t - first for t, _ in ok], [lat for _, lat in ok], ".", markersize=2,
+                  alpha=0.6)
+        if failed:
+            axis.plot([t - first for t in failed], [top / 1.2] * len(failed), "x",
+                      color="red", markersize=4, label="no answer")
+            axis.legend(fontsize=7, loc="upper right")
+        b = balance_and_probes(run)
+        axis.set_title(f"{run.name}: probe p50 {b['probe_p50_ms']:.1f} ms, "
+                       f"p99 {b['probe_p99_ms']:.1f} ms", fontsize=9)
+        axis.set_yscale("log")
+        axis.set_ylim(0.1, top)
+        axis.grid(True, alpha=0.3)
+    for axis in axes.flat[len(done):]:
+        axis.set_visible(False)
+    for axis in axes[-1]:
+        axis.set_xlabel("seconds since the first probe (gaps: between phases)")
+    for axis in axes[:, 0]:
+        axis.set_ylabel("latency (ms)")
+    fig.suptitle(textwrap.fill("Latency of probe lookups (one at a time, at most every 50 ms, new "
+                               "connection each) alongside wrk's load. "
+                               + title, 140), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot(runs, path, title):

@@ -9,7 +9,8 @@ in its master), wait until every worker is up, sample the memory of every
 process in its process group, then drive --phases phases of random lookups
 with wrk, sampling during and after each phase; then stop it and time the
 stop. Results go to --out: samples.csv (every process at every sample),
-summary.csv, results.md and memory.png. See benchmarks/README.md.
+summary.csv, results.md, memory.png, latency.png and probes.csv (the latency
+probe, load.LatencyProbe). See benchmarks/README.md.
 
 Every process started here runs in its own process group and is stopped
 (SIGTERM, then SIGKILL) on the way out, also on Ctrl-C or SIGTERM.
@@ -99,6 +100,9 @@ def parse_args(argv):
                    help="taskset CPU list for wrk and this harness ('' = unpinned; default 1)")
     p.add_argument("--sample-interval", type=float, default=2.0,
                    help="seconds between memory samples during a phase (default 2)")
+    p.add_argument("--probe-interval", type=float, default=0.05,
+                   help="seconds between latency probes during the phases (default 0.05); "
+                        "see load.LatencyProbe")
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"),
                    help="where the generated dataset is cached (default: %(default)s)")
     p.add_argument("--out", help="results directory (default: benchmarks/results, "
@@ -293,10 +297,12 @@ def run_server(spec, args, csv_path, load_spec, env, workdir, budget):
         time.sleep(SETTLE_S)
         sampler = Sampler(run, server.pid, spec.single, started, args.sample_interval)
         sampler.record("loaded", 0)
+        probe = load.LatencyProbe(port, load.probe_paths(load_spec.emails_path), started,
+                                  interval=args.probe_interval)
         responses = 0
         url = f"http://127.0.0.1:{port}"
         for phase in range(1, args.phases + 1):
-            with sampler.during(phase):
+            with sampler.during(phase), probe:
                 cap = budget.phase_cap(args.phase_timeout, args.phases - phase + 1)
                 result = load.run_phase(url, load_spec, args.requests, cap,
                                         workdir, phase_id=phase)
@@ -312,8 +318,28 @@ def run_server(spec, args, csv_path, load_spec, env, workdir, budget):
                 f"({result.rate:,.0f}/s, p99 {result.p99_us / 1000:.1f} ms, "
                 f"{result.errors} errors), total PSS {pss / report.MIB:,.0f} MiB"
                 + (" [hit the time cap]" if result.timed_out else ""))
+        run.probes = probe.records
+        with open(log_path, "rb") as f:
+            stats_port = spec.stats_port_from_log(f.read())
+        if stats_port is not None:
+            run.worker_requests = worker_requests(stats_port)
         run.stop_s = server.stop()
     return run
+
+
+def worker_requests(stats_port):
+    """{pid: requests served} of the serving processes, from forkserve's stats JSON."""
+    conn = http.client.HTTPConnection("127.0.0.1", stats_port, timeout=30)
+    try:
+        conn.request("GET", "/")
+        report_ = json.loads(conn.getresponse().read())
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        say(f"  no per-worker request counts: stats endpoint: {exc!r}")
+        return {}
+    finally:
+        conn.close()
+    return {p["pid"]: p["requests"] for p in report_["processes"]
+            if p["role"] in ("worker", "single") and p["requests"] is not None}
 
 
 # -- the whole run ----------------------------------------------------------------
@@ -463,13 +489,16 @@ def write_results(runs, meta, out):
         report.write_samples_csv(runs, f)
     with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
         report.write_summary_csv(runs, f)
+    with open(os.path.join(out, "probes.csv"), "w", newline="") as f:
+        report.write_probes_csv(runs, f)
     markdown = report.render_markdown(runs, meta)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(markdown)
-    png = os.path.join(out, "memory.png")
     try:
-        report.plot(runs, png, f"{meta['dataset']}; {meta['load']}")
-        say(f"plot: {png}")
+        for name, plot in (("memory.png", report.plot), ("latency.png", report.plot_latency)):
+            png = os.path.join(out, name)
+            plot(runs, png, f"{meta['dataset']}; {meta['load']}")
+            say(f"plot: {png}")
     except ImportError as exc:
         say(f"no plot ({exc}); pip install matplotlib")
     print(markdown)

@@ -32,6 +32,7 @@ REPO = os.path.dirname(HERE)
 APP = "examples.persondb.app:app"
 
 _LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
+_STATS = re.compile(rb"Stats at: http://127\.0\.0\.1:(\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,11 @@ class ServerSpec:
         match = _LISTENING.search(log_bytes)
         return int(match.group(1)) if match else None
 
+    def stats_port_from_log(self, log_bytes):
+        """The port of forkserve's stats endpoint, or None (no --stats, other servers)."""
+        match = _STATS.search(log_bytes)
+        return int(match.group(1)) if match else None
+
 
 def bind_listener(backlog=2048):
     """A listening TCP socket on 127.0.0.1, port chosen by the kernel."""
@@ -108,7 +114,9 @@ def _forkserve(workers_override=None):
     def command(python, workers, fd):
         w = workers if workers_override is None else workers_override
         # The app writes nothing per request; no --access-logfile means none.
-        return [python, "-m", "forkserve", "-w", str(w), "-b", "127.0.0.1:0", APP]
+        # --stats gives per-worker request counts (read once, after the load).
+        return [python, "-m", "forkserve", "-w", str(w), "-b", "127.0.0.1:0",
+                "--stats", "127.0.0.1:0", APP]
     return command
 
 

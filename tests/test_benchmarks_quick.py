@@ -291,3 +291,54 @@ def test_interrupted_run_stops_every_process_it_started(tmp_path):
         if harness.poll() is None:
             harness.kill()
             harness.wait()
+
+
+# -- balance, tail, the latency probe ----------------------------------------------
+
+
+def test_balance_compares_the_busiest_process_with_the_mean():
+    run_ = prefork_run()
+    run_.worker_requests = {2: 300, 3: 100}
+    run_.probes = [(0.0, 0.002, 200), (0.05, 0.004, 200), (0.1, 0.010, 404), (0.15, 10.0, 0)]
+    b = report.balance_and_probes(run_)
+    assert b["cpu_per_worker"] == [1.0, 1.0] and b["cpu_spread"] == 1.0
+    assert b["requests_per_worker"] == [300, 100] and b["requests_spread"] == 1.5
+    assert (b["probes"], b["probe_failures"]) == (4, 1)
+    assert b["probe_p50_ms"] == 4.0 and b["probe_max_ms"] == 10.0
+    assert report.spread([5]) is None and report.percentile([], 99) is None
+
+
+def test_p999_is_the_worst_phase_and_the_page_has_a_balance_table():
+    run_ = prefork_run()
+    assert report.figures(run_)["p999_ms"] == 9.0
+    text = report.render_markdown([run_], {})
+    assert "| `gunicorn` | n/a (no per-worker counts) | — | 1.0, 1.0 | 1.00 |" in text
+
+
+@pytest.mark.e2e
+def test_latency_probe_records_answers_and_failures(tmp_path):
+    import http.server
+    import threading
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/person/a@x" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        probe = load.LatencyProbe(httpd.server_address[1], ["/person/a@x"], started=0.0)
+        records = [probe.probe_once() for _ in range(3)]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert [status for _, _, status in records] == [200, 200, 200]
+    assert all(latency > 0 for _, latency, _ in records)
+    gone = load.LatencyProbe(httpd.server_address[1], ["/"], started=0.0, timeout=1.0)
+    assert gone.probe_once()[2] == 0

@@ -1,0 +1,353 @@
+"""Hello world on every WSGI server that runs here: the servers' own cost.
+
+    python benchmarks/hello.py                  # 3 rounds x 10 s per server
+    python benchmarks/hello.py --quick          # 1 round x 3 s: a smoke run
+    python benchmarks/hello.py --servers forkserve-w0,gevent-pywsgi --out /tmp/h
+
+Every server serves benchmarks/hello_app.py (13 bytes, one start_response,
+no framework), pinned with taskset to --server-cpus (default CPU 0); wrk,
+pinned to --client-cpus (default CPU 1), keeps --connections (default 64)
+keep-alive connections busy with GET /. All servers are started first and
+then measured in rounds, one server after the other within a round, so a
+change in the machine's load hits every server alike rather than the last
+ones. An idle server costs next to nothing while another one is measured.
+
+Figures (per server; "the server" is every process of its process group):
+
+- req/s: the median over the rounds of responses / wrk's measured duration.
+- p50, p99, p99.9: the median over the rounds of wrk's percentiles (wrk
+  records every request's latency at 1 us resolution, so each round's
+  percentiles are exact; across rounds they cannot be merged, hence the
+  median).
+- CPU/req: utime + stime (from /proc/PID/stat, 10 ms ticks) of every process
+  of the server's group, read just before wrk starts and just after it ends,
+  summed over the rounds and divided by the responses of those rounds. It
+  includes the kernel's work for the server's sockets that is charged to
+  the server (its syscalls; most of loopback TCP processing runs in the
+  sender's context and is shared with wrk's CPU).
+- app/req: the CPU time of calling the same app in a loop inside one plain
+  Python process (same interpreter, same CPU, no server): the app call, a
+  no-op start_response, iterating the body and closing it, with a fixed
+  environ like a server's. Median of 5 batches.
+- server overhead/req: CPU/req - app/req. What the server spends per
+  request that the app does not: accept, reading and parsing, building the
+  environ, start_response, framing and sending, its event loop, bookkeeping.
+
+Ratios are to `gunicorn` (Gunicorn -k gevent -w 4) and to `gevent-pywsgi`
+(gevent's WSGIServer alone). The servers are in hello_servers.py, the
+figures and the page in hello_report.py. Results: --out/results.md, summary.csv (one row
+per server) and rounds.csv (one row per round), and each server's log.
+"""
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import load, procs  # noqa: E402
+from benchmarks.hello_report import parse_wrk, render_markdown, summary  # noqa: E402
+from benchmarks.hello_servers import (  # noqa: E402
+    APP, hello_servers, keepalive_problem, uwsgi_fallback,
+)
+from benchmarks.run import (  # noqa: E402
+    _cpu_list, http_status, log_tail, machine, say, stop_on_signals, versions,
+)
+from benchmarks.servers import HERE, REPO, bind_listener, python_version  # noqa: E402
+
+LUA_SCRIPT = os.path.join(HERE, "hello.lua")
+
+DEFAULTS = {"duration": 10, "rounds": 3, "warmup": 2}
+QUICK = {"duration": 3, "rounds": 1, "warmup": 1}
+
+#: Seconds a server gets to start and answer.
+START_TIMEOUT = 60.0
+
+
+# -- measuring --------------------------------------------------------------------------
+
+
+APP_COST_CODE = r"""
+import importlib, json, statistics, sys, time
+module, _, attr = sys.argv[1].partition(":")
+app = getattr(importlib.import_module(module), attr)
+environ = {
+    "REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": "/", "QUERY_STRING": "",
+    "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1",
+    "REMOTE_ADDR": "127.0.0.1", "REMOTE_PORT": "50000", "HTTP_HOST": "127.0.0.1:8000",
+    "wsgi.version": (1, 0), "wsgi.url_scheme": "http", "wsgi.input": None,
+    "wsgi.errors": sys.stderr, "wsgi.multithread": True, "wsgi.multiprocess": False,
+    "wsgi.run_once": False,
+}
+def write(data):
+    pass
+def start_response(status, headers, exc_info=None):
+    return write
+def once():
+    result = app(environ, start_response)
+    try:
+        for chunk in result:
+            pass
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+n = int(sys.argv[2])
+for _ in range(n):
+    once()
+batches = []
+for _ in range(5):
+    started = time.process_time()
+    for _ in range(n):
+        once()
+    batches.append((time.process_time() - started) / n * 1e6)
+print(json.dumps({"app_us": statistics.median(batches), "batches_us": batches}))
+"""
+
+
+def app_cost_us(python, cpus, calls=200_000):
+    """CPU microseconds per call of the app alone, on the servers' CPU (see the docstring)."""
+    argv = ["taskset", "-c", cpus] if cpus else []
+    argv += [python, "-c", APP_COST_CODE, APP, str(calls)]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+    if proc.returncode != 0:
+        raise RuntimeError("measuring the app's own cost failed:\n" + proc.stderr[-2000:])
+    return json.loads(proc.stdout)["app_us"]
+
+
+def group_cpu_seconds(pgid):
+    """CPU seconds so far of the live processes of group ``pgid``."""
+    return sum(filter(None, (procs.cpu_seconds(pid) for pid in procs.group_members(pgid))))
+
+
+def wrk(url, seconds, connections, cpus, workdir):
+    """Run wrk with hello.lua; its stdout."""
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout=10s",
+            "-s", LUA_SCRIPT, url]
+    if cpus:
+        argv = ["taskset", "-c", cpus] + argv
+    out_path = os.path.join(workdir, "wrk.out")
+    with open(out_path, "w+b") as out:
+        with procs.Group(argv, stdout=out, stderr=subprocess.STDOUT) as proc:
+            try:
+                proc.popen.wait(timeout=seconds + 30)
+            except subprocess.TimeoutExpired:
+                pass  # Group.__exit__ kills it
+        out.seek(0)
+        return out.read().decode("utf-8", "replace")
+
+
+def wait_ready(group, spec, port, log_path, expected, probe_path="/"):
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if not group.alive():
+            raise RuntimeError(f"exited with status {group.popen.returncode} while starting: "
+                               + log_tail(log_path, 3).replace("\n", " / "))
+        if port is None:
+            with open(log_path, "rb") as f:
+                port = spec.port_from_log(f.read())
+        if port is not None and len(group.members()) >= expected and \
+                http_status(port, probe_path) == 200:
+            return port
+        time.sleep(0.1)
+    raise RuntimeError(f"not ready within {START_TIMEOUT:.0f}s: "
+                       + log_tail(log_path, 3).replace("\n", " / "))
+
+
+def start(spec, args, log_dir, env, probe_path="/"):
+    """Start one server; (Group, port) once GET probe_path answers 200 and all
+    its processes exist. Raises RuntimeError if it does not come up."""
+    log_path = os.path.join(log_dir, f"{spec.name}.log")
+    open(log_path, "wb").close()
+    listener = bind_listener() if spec.needs_fd else None
+    fd = listener.fileno() if listener else None
+    port = listener.getsockname()[1] if listener else None
+    argv = ["taskset", "-c", args.server_cpus or f"0-{os.cpu_count() - 1}"]
+    argv += spec.command(args.python, args.workers, fd)
+    with open(log_path, "ab") as log:
+        log.write(f"$ {shlex.join(argv)}\n".encode())
+    try:
+        group = procs.Group(argv, log_path=log_path, env=env, cwd=REPO,
+                            pass_fds=(fd,) if fd is not None else ())
+    finally:
+        if listener:
+            listener.close()
+    try:
+        port = wait_ready(group, spec, port, log_path, 1 if spec.single else 1 + args.workers,
+                          probe_path)
+    except BaseException:
+        group.stop(grace=5)
+        raise
+    return group, port
+
+
+def cpu_times():
+    """(steal, total) jiffies of all CPUs, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[7], sum(fields[:8])
+
+
+def parse_args(argv):
+    names = [s.name for s in hello_servers()]
+    p = argparse.ArgumentParser(prog="python benchmarks/hello.py",
+                                description="Hello-world req/s, latency and CPU per request "
+                                            "of every WSGI server that runs here.")
+    p.add_argument("--quick", action="store_true", help="1 round of 3 s per server")
+    p.add_argument("--servers", default="all", help="comma-separated: " + ", ".join(names))
+    p.add_argument("--duration", type=int, help="seconds per round (default 10, --quick 3)")
+    p.add_argument("--rounds", type=int, help="rounds per server (default 3, --quick 1)")
+    p.add_argument("--warmup", type=int, help="seconds of unmeasured load first (default 2)")
+    p.add_argument("--connections", type=int, default=64, help="keep-alive connections (64)")
+    p.add_argument("--workers", type=int, default=4, help="processes of pre-fork servers (4)")
+    p.add_argument("--python", default=sys.executable, help="the servers' interpreter")
+    p.add_argument("--server-cpus", default="0", help="taskset CPUs for the servers (0)")
+    p.add_argument("--client-cpus", default="1", help="taskset CPUs for wrk and the harness (1)")
+    p.add_argument("--out", help="results directory (default benchmarks/results/hello, "
+                                 "or a temp dir with --quick)")
+    args = p.parse_args(argv)
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.out is None:
+        args.out = (os.path.join(tempfile.gettempdir(), "forkserve-hello-quick") if args.quick
+                    else os.path.join(HERE, "results", "hello"))
+    if args.servers == "all":
+        args.servers = names
+    else:
+        args.servers = [n.strip() for n in args.servers.split(",") if n.strip()]
+        unknown = sorted(set(args.servers) - set(names))
+        if unknown:
+            p.error(f"unknown server(s) {', '.join(unknown)}; choose from {', '.join(names)}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    if args.client_cpus:
+        os.sched_setaffinity(0, _cpu_list(args.client_cpus))
+    with stop_on_signals():
+        results, skipped, notes, app_us, meta = run_all(args, argv)
+    rows = summary(results, app_us)
+    with open(os.path.join(args.out, "summary.csv"), "w", newline="") as f:
+        fields = [k for k in rows[0] if k != "rounds_rps"] if rows else ["server"]
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore",
+                                lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(os.path.join(args.out, "rounds.csv"), "w", newline="") as f:
+        fields = ["server", "round", "cpu_s"]
+        fields += [field.name for field in dataclasses.fields(load.PhaseResult)]
+        writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for _, rounds in results.values():
+            writer.writerows({"server": r.server, "round": r.round, "cpu_s": r.cpu_s,
+                              **dataclasses.asdict(r.wrk)} for r in rounds)
+    markdown = render_markdown(rows, skipped, notes, meta)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(markdown)
+    print(markdown)
+    say(f"results in {args.out}")
+    return 0 if rows else 1
+
+
+def run_all(args, argv):
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    py_version = python_version(args.python)
+    started_at = datetime.datetime.now(datetime.timezone.utc)
+    load_before = os.getloadavg()
+    steal_before = cpu_times()
+    skipped, notes, running = [], [], {}
+    results = {}
+    app_us = app_cost_us(args.python, args.server_cpus)
+    say(f"the app alone: {app_us:.2f} µs per call")
+    log_dir = os.path.join(args.out, "logs")
+    try:
+        for spec in [s for s in hello_servers() if s.name in args.servers]:
+            reason = spec.skip_reason(args.python, py_version)
+            if reason:
+                say(f"{spec.name}: skipped: {reason}")
+                skipped.append((spec.name, f"{spec.note or 'not importable here'}: {reason}"))
+                continue
+            try:
+                group, port = start(spec, args, log_dir, env)
+                problem = keepalive_problem(port) if spec.name == "uwsgi" else None
+                if problem:
+                    group.stop(grace=5)
+                    spec = uwsgi_fallback(problem)
+                    group, port = start(spec, args, log_dir, env)
+            except RuntimeError as exc:
+                say(f"{spec.name}: FAILED: {exc}")
+                skipped.append((spec.name, f"failed to start: {exc}"))
+                continue
+            if spec.note and spec.name != "bjoern":
+                notes.append((spec.name, spec.note))
+            running[spec.name] = (spec, group, port)
+            results[spec.name] = (spec.description, [])
+            say(f"{spec.name}: ready on port {port} ({len(group.members())} processes)")
+        with tempfile.TemporaryDirectory(prefix="forkserve-hello-") as workdir:
+            for name, (spec, group, port) in running.items():
+                wrk(f"http://127.0.0.1:{port}/", args.warmup, args.connections,
+                    args.client_cpus, workdir)
+            for round_no in range(1, args.rounds + 1):
+                for name, (spec, group, port) in running.items():
+                    if not group.alive():
+                        say(f"{name}: died; no more rounds")
+                        continue
+                    before = group_cpu_seconds(group.pid)
+                    text = wrk(f"http://127.0.0.1:{port}/", args.duration, args.connections,
+                               args.client_cpus, workdir)
+                    cpu = group_cpu_seconds(group.pid) - before
+                    r = parse_wrk(text, name, round_no, cpu)
+                    results[name][1].append(r)
+                    per_req = cpu / max(r.wrk.responses, 1) * 1e6
+                    say(f"round {round_no} {name}: {r.wrk.rate:,.0f} req/s, p99 "
+                        f"{r.wrk.p99_us / 1000:.2f} ms, CPU {per_req:.1f} µs/req, "
+                        f"{r.wrk.errors} errors, {r.wrk.read_errors} closed")
+    finally:
+        for spec, group, port in running.values():
+            group.stop(grace=10)
+    steal_after = cpu_times()
+    steal = (steal_after[0] - steal_before[0]) / max(steal_after[1] - steal_before[1], 1)
+    v = versions(args.python)
+    extra = ("waitress", "cheroot", "bjoern")
+    command = "python benchmarks/hello.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    meta = {
+        "title": "hello world" + (" (--quick)" if args.quick else ""),
+        "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": f"`{command.strip()}`",
+        "machine": machine() + f"; load average {load_before[0]:.2f} before / "
+                   f"{os.getloadavg()[0]:.2f} after; CPU steal during the run {steal:.1%} "
+                   "(all CPUs, /proc/stat)",
+        "versions": ", ".join(f"{k} {val}" for k, val in v.items()) + ", "
+                    + ", ".join(f"{name} {_version(args.python, name)}" for name in extra),
+        "load": f"wrk 1 thread, {args.connections} keep-alive connections, GET / on "
+                f"{APP}; {args.rounds} round(s) x {args.duration} s per server after "
+                f"{args.warmup} s of warm-up",
+        "servers": f"pinned to CPU {args.server_cpus or 'any'}; wrk and the harness on CPU "
+                   f"{args.client_cpus or 'any'}; pre-fork servers run {args.workers} "
+                   "workers on that one CPU",
+    }
+    return results, skipped, notes, app_us, meta
+
+
+def _version(python, dist):
+    proc = subprocess.run([python, "-c", "import importlib.metadata as m, sys; "
+                           "print(m.version(sys.argv[1]))", dist],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else "not installed"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
