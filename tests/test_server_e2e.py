@@ -238,11 +238,17 @@ def test_usr1_reopens_log_files_that_logrotate_moved(run_server, tmp_path, worke
     access_log.rename(tmp_path / "access.log.1")
     server.signal(signal.SIGUSR1)
 
+    batches = []
+
     def requests_land_in_the_new_access_log():
-        lines = len(access_log.read_text().splitlines()) if access_log.exists() else 0
-        for _ in range(4):
-            assert server.get("/pid")[0] == 200
-        return access_log.exists() and len(access_log.read_text().splitlines()) == lines + 4
+        # Lines reach the file up to AccessFileHandler.flush_interval after
+        # their request, so an earlier batch is checked while a new one goes.
+        batch = [f"/pid?batch={len(batches)}&n={n}" for n in range(4)]
+        for path in batch:
+            assert server.get(path)[0] == 200
+        batches.append(batch)
+        text = access_log.read_text() if access_log.exists() else ""
+        return any(all(path in text for path in earlier) for earlier in batches)
     # Once every process reopened, every request is logged in the new file.
     poll(requests_land_in_the_new_access_log, message="requests in the new access log")
     server.signal(signal.SIGTTIN)  # logs a line in the master (or the single process)

@@ -35,12 +35,12 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     `role` (a reload.Role) says whether this process is a generation started
     by a reload; by default it is read from the environment, here, once.
     """
+    moot = ignored.check(cfg, os.environ, os.getpid())  # before Role takes systemd's variables
     role = role or reload.Role.from_environ()
     status = _prepare(cfg)
     if status is not None:
         return status
     app_name = app_name or cfg.app or "app"
-    moot = ignored.check(cfg, os.environ, os.getpid())  # before systemd's variables go
     for message in moot:
         log.warning("%s", message)
     try:
