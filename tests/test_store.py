@@ -889,3 +889,17 @@ def test_unrelated_processes_opening_one_store_file_share_its_pages(tmp_path):
             reader.stdin.close()
             reader.wait(timeout=30)
             reader.stdout.close()
+
+
+def test_a_hash_index_with_no_empty_slot_is_reported_as_damaged_not_looped_on(tmp_path):
+    path = tmp_path / "people.fsdb"
+    Store.build({f"k{i}": i for i in range(10)}.items(), str(path)).close()
+    with Store.open(str(path)) as store:
+        layout_ = store._layout
+        start, count = layout_.tags_start, layout_.nslots
+    data = bytearray(path.read_bytes())
+    data[start:start + 2 * count] = b"\x01\x00" * count  # every slot taken, no tag matches
+    path.write_bytes(bytes(data))
+    with Store.open(str(path)) as store:
+        with pytest.raises(StoreFormatError, match="no empty slot"):
+            store.get("absent")

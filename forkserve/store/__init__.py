@@ -200,6 +200,7 @@ class Store(collections.abc.Mapping):
         wanted = crc & 0xFFFF or 1  # layout.tag()
         tags = self._tags
         found = tags[i]
+        probes = nslots
         while found:
             if found == wanted:
                 buf = self._buf
@@ -223,6 +224,10 @@ class Store(collections.abc.Mapping):
             if i == nslots:
                 i = 0
             found = tags[i]
+            probes -= 1
+            if not probes:  # a built index is at most 75% full: never all tags set
+                raise StoreFormatError(f"{self._name}: the hash index has no empty slot, so "
+                                       f"the file is damaged; {REBUILD}")
         return None
 
     def _damaged(self, key, exc):
