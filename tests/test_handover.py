@@ -17,7 +17,7 @@ from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, 
                                         Spawn, Stop)
 from forkserve.process.master import Master
 from forkserve.process.scoreboard import READY, RETIRE
-from forkserve.process.signals import handler_name
+from forkserve.process.signals import MASTER_SIGNALS, handler_name
 from forkserve.process.supervisor import Supervisor
 
 
@@ -481,3 +481,19 @@ def test_reload_supervisor_term_during_a_reload_stops_both_generations(superviso
     assert sorted(supervisor.generations.signalled) == [(2, signal.SIGTERM),
                                                         (3, signal.SIGTERM)]
     assert supervisor.notified == ["RELOADING=1", "STOPPING=1"]
+
+
+def test_master_forks_a_worker_with_the_servers_signals_blocked(master):
+    # A TERM sent to a worker between the fork and its own handlers must wait
+    # for them, not run the master's handler in the child and be lost.
+    masks = []
+    fork = master.fake.fork
+
+    def recording_fork():
+        masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        return fork()
+
+    master._fork = recording_fork
+    master.spawn_worker()
+    assert masks and set(MASTER_SIGNALS) <= masks[0]
+    assert not set(MASTER_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])

@@ -374,9 +374,16 @@ class Master(Driver, WorkerMemory):
                         self.app_name, generation=self.generation, max_requests=max_requests,
                         close_fds=self.master_fds())
         hooks.pre_fork(worker)
-        pid = self._fork()
-        if pid == 0:
-            worker.start()  # never returns
+        # Until the worker has its own handlers, a signal sent to it (a TERM
+        # right after the fork) must wait, not run the master's handler in it
+        # and be lost: the worker unblocks them in init_process().
+        signals.hold()
+        try:
+            pid = self._fork()
+            if pid == 0:
+                worker.start()  # never returns
+        finally:
+            signals.release()
         self.workers[pid] = WorkerRecord(index, pid, self.generation)
         return pid
 

@@ -21,7 +21,7 @@ import traceback
 
 from forkserve.memory import cow, reporter, procfs, workergc
 from forkserve import exits, logs
-from forkserve.process import hooks, privileges, procname
+from forkserve.process import hooks, privileges, procname, signals
 from forkserve.process.serving import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 
@@ -108,6 +108,7 @@ class Worker:
         gevent.signal_handler(signal.SIGINT, self._request_stop, "fast")
         gevent.signal_handler(signal.SIGQUIT, self._request_stop, "fast")
         gevent.signal_handler(signal.SIGUSR1, logs.reopen)
+        signals.release()  # blocked by the master across the fork; pending ones arrive now
 
     def boot_servers(self):
         self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
