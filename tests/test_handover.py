@@ -146,8 +146,31 @@ def test_reload_old_generation_that_does_not_leave_within_the_graceful_timeout_i
     machine.ready(now=100)
     assert _kinds(machine.tick(now=110.9)) == []
     assert _kinds(machine.tick(now=111.1)) == [Kill(1)]
-    assert _kinds(machine.tick(now=200)) == []  # killed once, then waited for
-    assert _kinds(machine.gone(1, "drained", now=201)) == [BecomeSupervisor(2, False)]
+    assert _kinds(machine.tick(now=111.1 + handover.KILL_GRACE - 0.1)) == []
+    # a generation whose loop is blocked ignores the fast stop: SIGKILL follows
+    assert _kinds(machine.tick(now=111.2 + handover.KILL_GRACE)) == [Kill(1, hard=True)]
+    assert _kinds(machine.tick(now=500)) == []  # nothing stronger: waited for
+    assert _kinds(machine.gone(1, "drained", now=501)) == [BecomeSupervisor(2, False)]
+
+
+@pytest.mark.parametrize("mode, grace", [("graceful", 11.0), ("fast", 1.0)])
+def test_reload_generations_that_do_not_stop_are_stopped_fast_then_killed(mode, grace):
+    machine = _supervisor()
+    machine.hup(now=0)
+    machine.stop(mode, now=10)
+    assert _kinds(machine.tick(now=10 + grace - 0.1)) == []
+    assert _kinds(machine.tick(now=10.1 + grace)) == [Kill(3), Kill(4)]
+    machine.gone(3, "exited cleanly", now=10.2 + grace)
+    assert _kinds(machine.tick(now=10.3 + grace + handover.KILL_GRACE)) == [
+        Kill(4, hard=True)]
+    assert _kinds(machine.tick(now=1000)) == []
+
+
+def test_reload_a_fast_stop_after_a_graceful_one_forces_out_sooner():
+    machine = _supervisor()
+    machine.stop("graceful", now=0)
+    machine.stop("fast", now=2)
+    assert _kinds(machine.tick(now=3.1)) == [Kill(3)]
 
 
 def test_reload_new_generation_dying_after_ready_lets_the_master_serve_again():
@@ -165,7 +188,8 @@ def test_reload_new_generation_dying_after_ready_makes_the_supervisor_start_anot
     machine.hup(now=0)
     machine.ready(now=1)
     assert _kinds(machine.gone(4, "was killed by SIGKILL", now=2)) == [Spawn(5)]
-    assert _kinds(machine.gone(3, "exited cleanly", now=3)) == [Notify("READY=1")]
+    # no READY=1 while no generation serves (5 is still starting)
+    assert _kinds(machine.gone(3, "exited cleanly", now=3)) == []
     assert _kinds(machine.ready(now=4)) == [Notify("READY=1")]  # nothing left to retire
     assert machine.serving == 5
 
@@ -228,6 +252,9 @@ class FakeGenerations:
 
     def signal(self, number, signum):
         self.signalled.append((number, signum))
+
+    def force_out(self, number, hard=False):
+        self.signal(number, signal.SIGKILL if hard else signal.SIGQUIT)
 
     def exited(self, pid):
         for number, known in list(self.pids.items()):
@@ -472,6 +499,10 @@ def test_reload_supervisor_stops_an_old_generation_that_outstays_the_graceful_ti
     _supervisor_turn(supervisor)
     # QUIT, not KILL: the old generation's master then kills its own workers
     assert supervisor.generations.signalled[-1] == (2, signal.SIGQUIT)
+    supervisor.fake.now += handover.KILL_GRACE + 0.1
+    _supervisor_turn(supervisor)
+    # ... unless its loop is blocked: then SIGKILL (its workers leave with it)
+    assert supervisor.generations.signalled[-1] == (2, signal.SIGKILL)
 
 
 def test_reload_supervisor_term_during_a_reload_stops_both_generations(supervisor):

@@ -64,6 +64,16 @@ class Generations:
         except ProcessLookupError:
             pass  # exited; the reaper collects it
 
+    def force_out(self, number, hard=False):
+        """SIGQUIT (its master kills its own workers) or, `hard`, SIGKILL (its
+        workers see their master gone and leave), saying which in the log."""
+        pid = self.pids.get(number)
+        if pid is None:
+            return
+        signum = signal.SIGKILL if hard else signal.SIGQUIT
+        log.warning("Sending %s to generation %d (pid %d)", signum.name, number, pid)
+        self.signal(number, signum)
+
     def exited(self, pid):
         """The number of generation `pid`, forgotten now; None if it is not one."""
         for number, known in list(self.pids.items()):
@@ -86,8 +96,8 @@ class Driver:
     """Carries out forkserve.process.handover's actions: the part every driver shares.
 
     A driver (master, single server, supervisor) has `self.handover`,
-    `self.generations` (a Generations) and its own `retire(number)` and
-    `kill_generation(number)`; the master and the single server also
+    `self.generations` (a Generations) and its own `retire(number)`; the
+    master also `kill_own_workers()`; the master and the single server also
     `become_supervisor(action)`.
     """
 
@@ -104,7 +114,10 @@ class Driver:
         self.retire(action.number)
 
     def _do_kill(self, action):
-        self.kill_generation(action.number)
+        if action.number == self.handover.owner:
+            self.kill_own_workers()  # the master's own generation: its workers
+        else:
+            self.generations.force_out(action.number, action.hard)
 
     def _do_stop(self, action):
         self.generations.signal(action.number,

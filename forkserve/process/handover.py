@@ -18,9 +18,13 @@ Invariants:
   reload never starts while a generation drains.
 - A generation only retires once the next one said it serves, so a
   generation that fails to start costs nothing but the log line.
-- The old generation gets `graceful_timeout` (+1 s) to drain, then is
-  killed; the reload always ends.
-- Once stopping, nothing starts, and the starting generation is stopped too.
+- The old generation gets `graceful_timeout` (+1 s) to drain, then a fast
+  stop (Kill), then KILL_GRACE seconds more before SIGKILL (Kill hard): the
+  reload always ends, even when a generation's loop is blocked.
+- Once stopping, nothing starts, and the starting generation is stopped too;
+  the generations told to stop get the same escalation (after
+  `graceful_timeout` for TERM, at once for INT/QUIT), so a stop always ends.
+- READY=1 is only told to systemd while a generation serves.
 - `owner_serves`: the master and the single-process server are themselves
   the first serving generation. When their hand-over is done they become a
   supervisor (BecomeSupervisor); if the new generation dies while they
@@ -52,8 +56,13 @@ class Retire:
 
 @dataclasses.dataclass(frozen=True)
 class Kill:
-    """Generation `number` overstayed its graceful timeout: force it out."""
+    """Generation `number` overstayed its graceful timeout: force it out.
+
+    First a fast stop (SIGQUIT: its master kills its own workers); `hard`
+    when that was ignored for KILL_GRACE seconds: SIGKILL.
+    """
     number: int
+    hard: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +100,9 @@ class Halt:
 
 IDLE, STARTING, RETIRING, STOPPING, DONE = "idle", "starting", "retiring", "stopping", "done"
 
+#: seconds a generation gets after the fast stop (Kill) before SIGKILL (Kill hard)
+KILL_GRACE = 5.0
+
 
 class Handover:
     """One reload at a time, for one driver; see the module docstring."""
@@ -113,7 +125,13 @@ class Handover:
         self.reload_again = reload_again
         self.failures = 0
         self.deadline = None
+        #: the retiring generation was sent the fast stop; the deadline is now SIGKILL's
+        self.killed = False
         self.stopping = None
+        #: generations told to stop and not gone yet, and when they are forced out
+        self.stopped = set()
+        self.stop_deadline = None
+        self.stop_killed = False
 
     @property
     def state(self):
@@ -160,8 +178,13 @@ class Handover:
             return []
         self.stopping = mode
         self.reload_again = False
-        return [Stop(number, mode) for number in (self.retiring, self.serving, self.starting)
-                if number is not None and number != self.owner]
+        numbers = [number for number in (self.retiring, self.serving, self.starting)
+                   if number is not None and number != self.owner]
+        self.stopped.update(numbers)
+        grace = self.graceful_timeout + 1.0 if mode == "graceful" else 1.0
+        if self.stop_deadline is None or now + grace < self.stop_deadline:
+            self.stop_deadline, self.stop_killed = now + grace, False
+        return [Stop(number, mode) for number in numbers]
 
     def ready(self, now) -> list:
         """The starting generation wrote its ready byte."""
@@ -181,25 +204,50 @@ class Handover:
         """Generation `number` has left: its process exited or its workers drained."""
         if self.stopping:
             self._forget(number)
+            self.stopped.discard(number)
             return [Log(logging.INFO, f"Generation {number} {description}")]
         if number == self.starting:
             return self._start_failed(number, description, now)
         if number == self.retiring:
             self.retiring = self.deadline = None
+            self.killed = False
             return [Log(logging.INFO, f"Generation {number} {description}"), *self._done(now)]
         if number == self.serving:
             return self._serving_died(number, description, now)
         return [Log(logging.INFO, f"Generation {number} {description}")]
 
     def tick(self, now) -> list:
-        """The clock moved: a draining generation past its deadline is killed."""
+        """The clock moved: a generation past its deadline is forced out, fast
+        stop first, SIGKILL KILL_GRACE seconds later."""
+        if self.stopping:
+            return self._tick_stopping(now)
         if self.retiring is None or self.deadline is None or now <= self.deadline:
             return []
-        self.deadline = None  # kill once; then wait for it to be gone
+        if self.killed:
+            self.deadline = None  # nothing stronger than SIGKILL: wait for it to be gone
+            return [Log(logging.ERROR, f"Generation {self.retiring} is still there "
+                                       f"{KILL_GRACE:g}s after the fast stop; sending SIGKILL"),
+                    Kill(self.retiring, hard=True)]
+        self.killed, self.deadline = True, now + KILL_GRACE
         return [Log(logging.WARNING, f"Generation {self.retiring} did not finish within the "
                                      f"graceful timeout ({self.graceful_timeout:g}s); "
-                                     "killing it"),
+                                     f"stopping it fast (SIGKILL in {KILL_GRACE:g}s if it "
+                                     "stays)"),
                 Kill(self.retiring)]
+
+    def _tick_stopping(self, now):
+        if not self.stopped or self.stop_deadline is None or now <= self.stop_deadline:
+            return []
+        numbers = sorted(self.stopped)
+        if self.stop_killed:
+            self.stop_deadline = None
+            return [Log(logging.ERROR, f"Generation {number} is still there {KILL_GRACE:g}s "
+                                       "after the fast stop; sending SIGKILL")
+                    for number in numbers] + [Kill(number, hard=True) for number in numbers]
+        self.stop_killed, self.stop_deadline = True, now + KILL_GRACE
+        return [Log(logging.WARNING, f"Generation {number} has not stopped; stopping it fast "
+                                     f"(SIGKILL in {KILL_GRACE:g}s if it stays)")
+                for number in numbers] + [Kill(number) for number in numbers]
 
     # --- transitions ---
 
@@ -215,6 +263,8 @@ class Handover:
             # exec_supervisor tells systemd READY=1 once it holds the signals,
             # so that a HUP sent right after READY is not lost in the exec.
             return [BecomeSupervisor(self.serving, self.reload_again)]
+        if self.serving is None:  # the new one died too: another starts (_serving_died)
+            return self.begin(now)
         return [Notify("READY=1"), *self.begin(now)]
 
     def _start_failed(self, number, description, now):
@@ -238,6 +288,7 @@ class Handover:
         if self.retiring is not None and self.owner_serves:
             # The new generation died while ours drained: we serve again.
             self.serving, self.retiring, self.deadline = self.retiring, None, None
+            self.killed = False
             return [Log(logging.ERROR, f"Generation {number} {description} after it took "
                                        f"over; generation {self.serving} serves again")]
         actions = [Log(logging.ERROR, f"Generation {number} {description}; starting a new "

@@ -93,6 +93,8 @@ class Master(Driver, WorkerMemory):
         #: HUP reloads code and data in a new generation, unless this master
         #: is itself a generation under a supervisor (then HUP restarts workers)
         self.reloadable = not role.supervised
+        #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
+        self.parent = os.getppid() if role.supervised else None
         self.announced = False
         self.next_memory_check = 0.0
         self.next_memory_log = 0.0
@@ -119,6 +121,7 @@ class Master(Driver, WorkerMemory):
             hooks.when_ready(self)
             while True:
                 self.dispatch_signals()
+                self.check_parent()
                 self.reap()
                 if self.stopping and not self.workers and not self.generations.pids:
                     break
@@ -137,6 +140,11 @@ class Master(Driver, WorkerMemory):
             return halt.status
         log.info("Shutting down: master")
         return exits.OK
+
+    def check_parent(self):
+        if self.parent is not None and not self.stopping and os.getppid() != self.parent:
+            log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
+            self.begin_stop("graceful")
 
     def dispatch_signals(self):
         for signum in self.queue.pop_all():
@@ -210,11 +218,10 @@ class Master(Driver, WorkerMemory):
         else:
             self.generations.signal(number, signal.SIGTERM)
 
-    def kill_generation(self, number):
-        if number == self.generation:
-            self.stop_all(signal.SIGKILL)
-        else:
-            self.generations.signal(number, signal.SIGQUIT)
+    def kill_own_workers(self):
+        log.warning("Sending SIGKILL to the %d workers of generation %d", len(self.workers),
+                    self.generation)
+        self.stop_all(signal.SIGKILL)
 
     def become_supervisor(self, action):
         reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),

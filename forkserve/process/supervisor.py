@@ -119,11 +119,6 @@ class Supervisor(Driver):
     def retire(self, number):
         self.generations.signal(number, signal.SIGTERM)
 
-    def kill_generation(self, number):
-        # QUIT, not KILL: a generation's master then kills its own workers,
-        # where SIGKILL would leave them serving with no master.
-        self.generations.signal(number, signal.SIGQUIT)
-
     # --- signals, dispatched from the loop ---
 
     def handle_hup(self):
