@@ -17,7 +17,6 @@ from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, 
                                         Spawn, Stop)
 from forkserve.process.master import Master
 from forkserve.process.scoreboard import READY, RETIRE
-from forkserve.process.signals import handler_name
 from forkserve.process.supervisor import Supervisor
 
 
@@ -294,11 +293,7 @@ class Execed(Exception):
 
 def _turn(master):
     """One turn of Master.run's loop, minus the sleep."""
-    master.dispatch_signals()
-    master.reap()
-    master.murder()
-    master.check_reload()
-    master.manage()
+    master.turn()
 
 
 def _make_ready(master):
@@ -446,6 +441,17 @@ def test_reload_master_term_during_reload_stops_the_new_generation_and_exits(mas
     assert not master.workers and not master.generations.pids and master.handed_over == []
 
 
+def test_reload_master_kills_a_retired_worker_that_stays_after_the_new_generation_died(
+        master):
+    _hup_until_the_new_generation_serves(master)
+    retired = sorted(master.workers)
+    _exit(master, master.generations.pid(2), signal.SIGKILL)
+    _turn(master)  # generation 1 serves again: the hand-over's deadline is gone
+    master.fake.now += 11.5
+    _turn(master)
+    assert sorted(k[0] for k in master.fake.killed if k[1] == signal.SIGKILL) == retired
+
+
 # --- the supervisor, driven the same way ---
 
 @pytest.fixture
@@ -468,13 +474,7 @@ def supervisor(monkeypatch):
 
 
 def _supervisor_turn(supervisor):
-    for signum in supervisor.queue.pop_all():
-        getattr(supervisor, handler_name(signum))()
-    supervisor.reap()
-    now = supervisor.clock()
-    for _ in supervisor.generations.newly_ready():
-        supervisor.apply(supervisor.handover.ready(now))
-    supervisor.apply(supervisor.handover.tick(now))
+    supervisor.turn()
 
 
 def test_reload_supervisor_retires_the_old_generation_once_the_new_one_serves(supervisor):

@@ -119,17 +119,7 @@ class Master(Driver, WorkerMemory):
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         try:
             hooks.when_ready(self)
-            while True:
-                self.dispatch_signals()
-                self.check_parent()
-                self.reap()
-                if self.stopping and not self.workers and not self.generations.pids:
-                    break
-                self.murder()
-                self.check_reload()
-                self.manage()
-                self.log_memory()
-                autoreload.poll()
+            while self.turn():
                 self.sleep()
         except HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
@@ -140,6 +130,20 @@ class Master(Driver, WorkerMemory):
             return halt.status
         log.info("Shutting down: master")
         return exits.OK
+
+    def turn(self) -> bool:
+        """One turn of the loop, but the sleep; False once stopped with no child left."""
+        self.dispatch_signals()
+        self.check_parent()
+        self.reap()
+        if self.stopping and not self.workers and not self.generations.pids:
+            return False
+        self.murder()
+        self.check_reload()
+        self.manage()
+        self.log_memory()
+        autoreload.poll()
+        return True
 
     def check_parent(self):
         if self.parent is not None and not self.stopping and os.getppid() != self.parent:
@@ -214,14 +218,22 @@ class Master(Driver, WorkerMemory):
             # `forkserve memory --pid` reads from the title which generation serves
             procname.set_title(self.cfg, "master", self.app_name,
                                f"serving generation {self.handover.serving}")
-            self.stop_all(signal.SIGTERM)
+            for record in list(self.workers.values()):
+                # each with its own SIGKILL deadline: the hand-over's ends
+                # if the new generation dies meanwhile
+                self.stop_worker(record)
         else:
             self.generations.signal(number, signal.SIGTERM)
 
     def kill_own_workers(self):
-        log.warning("Sending SIGKILL to the %d workers of generation %d", len(self.workers),
-                    self.generation)
-        self.stop_all(signal.SIGKILL)
+        # murder() SIGKILLs each retired worker at its own deadline (and
+        # clears it); this catches any still waiting for theirs.
+        for record in list(self.workers.values()):
+            if record.deadline is not None:
+                log.warning("Sending SIGKILL to worker %d (pid %d) of generation %d",
+                            record.worker_id, record.pid, self.generation)
+                record.deadline = None
+                self.kill(record, signal.SIGKILL)
 
     def become_supervisor(self, action):
         reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),

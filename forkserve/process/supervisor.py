@@ -71,17 +71,7 @@ class Supervisor(Driver):
         signals.release()
         try:
             self.apply(self.handover.begin(self.clock()))
-            while True:
-                for signum in self.queue.pop_all():
-                    getattr(self, handler_name(signum))()
-                self.reap()
-                if self.stopping and not self.generations.pids:
-                    break
-                now = self.clock()
-                for _ in self.generations.newly_ready():
-                    self.apply(self.handover.ready(now))
-                    self.set_title()
-                self.apply(self.handover.tick(now))
+            while self.turn():
                 self.sleep()
         except exits.HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
@@ -89,6 +79,20 @@ class Supervisor(Driver):
             return halt.status
         log.info("Shutting down: master")
         return exits.OK
+
+    def turn(self) -> bool:
+        """One turn of the loop, but the sleep; False once stopped with no generation left."""
+        for signum in self.queue.pop_all():
+            getattr(self, handler_name(signum))()
+        self.reap()
+        if self.stopping and not self.generations.pids:
+            return False
+        now = self.clock()
+        for _ in self.generations.newly_ready():
+            self.apply(self.handover.ready(now))
+            self.set_title()
+        self.apply(self.handover.tick(now))
+        return True
 
     def sleep(self):
         watched = [self.queue.wake_r, *self.generations.waiting_fds()]
