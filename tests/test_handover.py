@@ -12,7 +12,7 @@ import pytest
 
 from forkserve import exits
 from forkserve.config.settings import parse
-from forkserve.process import handover, systemd
+from forkserve.process import handover, reload, systemd
 from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, Notify, Retire,
                                         Spawn, Stop)
 from forkserve.process.master import Master
@@ -450,6 +450,14 @@ def test_reload_master_kills_a_retired_worker_that_stays_after_the_new_generatio
     master.fake.now += 11.5
     _turn(master)
     assert sorted(k[0] for k in master.fake.killed if k[1] == signal.SIGKILL) == retired
+
+
+def test_reload_workers_close_the_ready_pipes(master):
+    master.generations.waiting_fds = lambda: [41]  # a generation starting: its read end
+    master.role = reload.Role(generation=3, ready_fd=42)  # this master is a generation
+    assert {41, 42} <= set(master.master_fds())
+    master.announced = True  # signal_ready() wrote and closed 42: the number is free
+    assert 42 not in master.master_fds()
 
 
 # --- the supervisor, driven the same way ---

@@ -407,7 +407,12 @@ class Master(Driver, WorkerMemory):
         return None
 
     def master_fds(self):
+        """Descriptors a worker closes: the master's own, and the reload pipes
+        (a worker holding a ready pipe would hide its generation's death)."""
         fds = [self.queue.wake_r, self.queue.wake_w] + (self.why.filenos() if self.why else [])
+        fds += self.generations.waiting_fds()
+        if self.role.ready_fd is not None and not self.announced:  # closed once announced
+            fds.append(self.role.ready_fd)
         if self.stats:
             fds.extend(self.stats.all_filenos())
         return fds

@@ -29,6 +29,7 @@ kill a generation is decided in forkserve.process.handover.
 """
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -77,8 +78,15 @@ class Role:
         adopted = systemd.listen_fds(environ, os.getpid())
         if fds:
             adopted = tuple(int(fd) for fd in fds.split(","))
-        return cls(generation=generation, fds=adopted,
-                   ready_fd=int(ready_fd) if ready_fd is not None else None)
+        if ready_fd is not None:
+            ready_fd = int(ready_fd)
+            try:  # the application's own subprocesses never hold the ready pipe
+                os.set_inheritable(ready_fd, False)
+            except OSError as exc:
+                if exc.errno != errno.EBADF:
+                    raise
+                # not open: signal_ready() reports it when it writes
+        return cls(generation=generation, fds=adopted, ready_fd=ready_fd)
 
 
 def adopted_listeners(role):
