@@ -5,6 +5,8 @@ driven with fork, waitpid, kill and the clock injected (as gunicorn's arbiter
 tests mock os.fork), its generations replaced by a fake that records.
 """
 
+import errno
+import os
 import signal
 import time
 
@@ -13,6 +15,7 @@ import pytest
 from forkserve import exits
 from forkserve.config.settings import parse
 from forkserve.process import handover, reload, systemd
+from forkserve.process.generations import Generations
 from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, Notify, Retire,
                                         Spawn, Stop)
 from forkserve.process.master import Master
@@ -458,6 +461,22 @@ def test_reload_workers_close_the_ready_pipes(master):
     assert {41, 42} <= set(master.master_fds())
     master.announced = True  # signal_ready() wrote and closed 42: the number is free
     assert 42 not in master.master_fds()
+
+
+def test_reload_a_fork_that_fails_is_a_failed_reload_and_leaks_no_descriptor(master, caplog):
+    def fork():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    _turn(master)
+    _make_ready(master)
+    master.generations = Generations([], ["python"], fork=fork, kill=master.fake.kill)
+    open_before = len(os.listdir("/proc/self/fd"))
+    master.queue.push(signal.SIGHUP)
+    _turn(master)  # the master goes on
+    assert len(os.listdir("/proc/self/fd")) == open_before
+    assert (master.handover.serving, master.handover.state) == (1, handover.IDLE)
+    assert "Reload failed: generation 2 could not be started (fork: " in caplog.text
+    assert not [k for k in master.fake.killed if k[1] == signal.SIGTERM]  # workers serve on
 
 
 # --- the supervisor, driven the same way ---

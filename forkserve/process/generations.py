@@ -5,6 +5,7 @@ The master, the single-process server and the supervisor each are a Driver:
 they feed the hand-over events and `apply()` the actions it returns.
 """
 
+import errno
 import logging
 import os
 import signal
@@ -16,6 +17,9 @@ from forkserve.process.reload import spawn_generation
 __all__ = ["Generations", "Driver"]
 
 log = logging.getLogger("forkserve.error")
+
+#: what fork() raises when the system is out of processes or memory
+FORK_ERRNOS = {errno.EAGAIN, errno.ENOMEM}
 
 
 class Generations:
@@ -95,7 +99,7 @@ class Generations:
 class Driver:
     """Carries out forkserve.process.handover's actions: the part every driver shares.
 
-    A driver (master, single server, supervisor) has `self.handover`,
+    A driver (master, single server, supervisor) has `self.handover`, `self.clock()`,
     `self.generations` (a Generations) and its own `retire(number)`; the
     master also `kill_own_workers()`; the master and the single server also
     `become_supervisor(action)`.
@@ -108,7 +112,15 @@ class Driver:
     def _do_spawn(self, action):
         hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
         hooks.pre_exec()
-        self.generations.spawn(action.number)
+        try:
+            self.generations.spawn(action.number)
+        except OSError as exc:
+            if exc.errno not in FORK_ERRNOS:
+                raise
+            # a failed start, as if it had died loading: the serving one goes on
+            self.apply(self.handover.gone(
+                action.number, f"could not be started (fork: {exc.strerror}; free "
+                               "memory or raise the process limit)", self.clock()))
 
     def _do_retire(self, action):
         self.retire(action.number)

@@ -125,7 +125,12 @@ def spawn_generation(listeners, number, argv=None, fork=os.fork):
     # Only the process systemd started (this one, later the supervisor: same
     # PID) talks to systemd; a generation has nothing to tell it.
     environ.pop(systemd.NOTIFY_SOCKET, None)
-    pid = fork()
+    try:
+        pid = fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
     if pid == 0:
         try:
             os.chdir(START_DIRECTORY)

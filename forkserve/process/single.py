@@ -49,6 +49,7 @@ class SingleServer(Driver):
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=original("os", "fork"))
         self.draining = False
+        self.clock = _now
         #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
         self.parent = os.getppid() if role.supervised else None
 
