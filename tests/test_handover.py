@@ -500,6 +500,18 @@ def supervisor(monkeypatch):
     supervisor.queue.close()
 
 
+def test_reload_supervisor_starts_generations_where_the_master_started():
+    cfg = parse(["a:b"], environ={}, cwd="/")
+    state = {"app": cfg.app, "values": cfg.values, "app_name": "a:b", "argv": ["python"],
+             "start_directory": "/srv/where-the-master-started", "fds": [], "stats_fd": None,
+             "child": 500, "generation": 2}
+    ours = reload.START_DIRECTORY
+    supervisor = Supervisor(state)
+    supervisor.queue.close()
+    assert supervisor.generations.directory == "/srv/where-the-master-started"
+    assert reload.START_DIRECTORY == ours  # no module global rewritten
+
+
 def _supervisor_turn(supervisor):
     supervisor.turn()
 

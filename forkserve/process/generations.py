@@ -26,19 +26,22 @@ class Generations:
     """The generation processes this process started: spawn, ready, signal, reap.
 
     The I/O half of a reload; forkserve.process.handover decides. Generations
-    are known by number; `fork` and `kill` can be injected for tests.
+    are known by number; `fork` and `kill` can be injected for tests. They
+    start in `directory` (default: the one this process started in).
     """
 
-    def __init__(self, listeners, argv=None, *, fork=os.fork, kill=os.kill):
+    def __init__(self, listeners, argv=None, *, fork=os.fork, kill=os.kill, directory=None):
         self.listeners = listeners
         self.argv = argv
+        self.directory = directory
         self._fork = fork
         self._kill = kill
         self.pids = {}        # number -> pid, until reaped
         self.ready_fds = {}   # number -> read end of its ready pipe, until it is ready
 
     def spawn(self, number):
-        pid, ready_fd = spawn_generation(self.listeners, number, self.argv, fork=self._fork)
+        pid, ready_fd = spawn_generation(self.listeners, number, self.argv, fork=self._fork,
+                                         directory=self.directory)
         self.pids[number] = pid
         self.ready_fds[number] = ready_fd
 

@@ -115,8 +115,11 @@ def signal_ready(role):
         log.warning("could not report readiness to the master: %s", exc.strerror)
 
 
-def spawn_generation(listeners, number, argv=None, fork=os.fork):
-    """fork + exec a new generation that adopts `listeners`: (pid, ready read end)."""
+def spawn_generation(listeners, number, argv=None, fork=os.fork, directory=None):
+    """fork + exec a new generation that adopts `listeners`: (pid, ready read end).
+
+    It starts in `directory`, by default the one forkserve started in.
+    """
     argv = list(argv or sys.orig_argv)
     read_end, write_end = os.pipe()
     environ = dict(os.environ)
@@ -133,7 +136,7 @@ def spawn_generation(listeners, number, argv=None, fork=os.fork):
         raise
     if pid == 0:
         try:
-            os.chdir(START_DIRECTORY)
+            os.chdir(directory or START_DIRECTORY)
             os.set_inheritable(write_end, True)
             for sock in listeners:
                 sock.set_inheritable(True)

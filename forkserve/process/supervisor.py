@@ -42,7 +42,6 @@ class Supervisor(Driver):
                  clock=time.monotonic):
         self.cfg = Config(app=state["app"], values=state["values"])
         self.app_name = state["app_name"]
-        reload.START_DIRECTORY = state["start_directory"]
         self.listeners = [socket.socket(fileno=fd) for fd in state["fds"]]
         self.stats = None
         if state["stats_fd"] is not None:
@@ -54,7 +53,8 @@ class Supervisor(Driver):
         self._select = select or original("select", "select")
         self.clock = clock
         self.generations = Generations(self.listeners, state["argv"],
-                                              fork=fork or original("os", "fork"), kill=kill)
+                                       fork=fork or original("os", "fork"), kill=kill,
+                                       directory=state["start_directory"])
         self.generations.pids[state["generation"]] = state["child"]
         self.handover = Handover(serving=state["generation"], owner_serves=False,
                                  graceful_timeout=self.cfg.graceful_timeout,
