@@ -168,6 +168,22 @@ def test_reload_generations_that_do_not_stop_are_stopped_fast_then_killed(mode, 
     assert _kinds(machine.tick(now=1000)) == []
 
 
+def test_reload_a_generation_stuck_loading_is_forced_out_and_a_queued_hup_goes_on():
+    machine = _owner(start_timeout=60)
+    machine.hup(now=0)
+    machine.hup(now=1)  # queued behind the generation that never says it serves
+    assert _kinds(machine.tick(now=59.9)) == []
+    actions = machine.tick(now=60.1)
+    assert _kinds(actions) == [Kill(2)]
+    assert "did not say it serves within 60s" in actions[0].message
+    assert _kinds(machine.tick(now=60.2 + handover.KILL_GRACE)) == [Kill(2, hard=True)]
+    assert _kinds(machine.gone(2, "was killed by SIGKILL", now=66)) == [
+        Notify("READY=1"), Notify("RELOADING=1"), Spawn(3)]
+    assert _kinds(machine.tick(now=125)) == []  # generation 3 has its own 60 s
+    assert _kinds(machine.ready(now=126)) == [Retire(1)]
+    assert _kinds(machine.tick(now=1000)) == [Kill(1)]  # only the drain's deadline is left
+
+
 def test_reload_a_fast_stop_after_a_graceful_one_forces_out_sooner():
     machine = _supervisor()
     machine.stop("graceful", now=0)

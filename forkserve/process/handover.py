@@ -21,6 +21,9 @@ Invariants:
 - The old generation gets `graceful_timeout` (+1 s) to drain, then a fast
   stop (Kill), then KILL_GRACE seconds more before SIGKILL (Kill hard): the
   reload always ends, even when a generation's loop is blocked.
+- A generation that has not said it serves within `start_timeout`
+  (START_TIMEOUT, 10 minutes, unless given) is forced out the same way and
+  counts as a failed start, so HUPs queued behind it are not held forever.
 - Once stopping, nothing starts, and the starting generation is stopped too;
   the generations told to stop get the same escalation (after
   `graceful_timeout` for TERM, at once for INT/QUIT), so a stop always ends.
@@ -102,13 +105,16 @@ IDLE, STARTING, RETIRING, STOPPING, DONE = "idle", "starting", "retiring", "stop
 
 #: seconds a generation gets after the fast stop (Kill) before SIGKILL (Kill hard)
 KILL_GRACE = 5.0
+#: seconds a generation may take to load and say it serves: generous, since
+#: loading a large dataset takes minutes; past it, it is a failed start
+START_TIMEOUT = 600.0
 
 
 class Handover:
     """One reload at a time, for one driver; see the module docstring."""
 
     def __init__(self, *, serving, graceful_timeout, owner_serves, max_failures=5,
-                 reload_again=False):
+                 reload_again=False, start_timeout=START_TIMEOUT):
         #: the number of the generation that serves (None: none does)
         self.serving = serving
         #: the generation started and not yet ready
@@ -124,6 +130,10 @@ class Handover:
         self.max_failures = max_failures
         self.reload_again = reload_again
         self.failures = 0
+        self.start_timeout = start_timeout
+        #: when the starting generation is forced out; and whether it was sent the fast stop
+        self.start_deadline = None
+        self.start_killed = False
         self.deadline = None
         #: the retiring generation was sent the fast stop; the deadline is now SIGKILL's
         self.killed = False
@@ -158,14 +168,14 @@ class Handover:
             return [Log(logging.INFO, "Hang up during a reload: reloading again once it "
                                       "is done")]
         return [Log(logging.INFO, "Hang up: reloading the application in a new generation"),
-                Notify("RELOADING=1"), *self._spawn()]
+                Notify("RELOADING=1"), *self._spawn(now)]
 
     def begin(self, now) -> list:
         """The driver starts: a HUP that came during the previous hand-over is done now."""
         if self.reload_again and not self.busy and not self.stopping:
             self.reload_again = False
             return [Log(logging.INFO, "Reloading again (a hang up came during the reload)"),
-                    Notify("RELOADING=1"), *self._spawn()]
+                    Notify("RELOADING=1"), *self._spawn(now)]
         return []
 
     def stop(self, mode, now) -> list:
@@ -192,6 +202,7 @@ class Handover:
             return []
         new, old = self.starting, self.serving
         self.starting, self.serving, self.failures = None, new, 0
+        self.start_deadline = None
         actions = [Log(logging.INFO, f"Generation {new} serves"
                                      + (f"; draining generation {old}" if old else ""))]
         if old is None:
@@ -221,6 +232,23 @@ class Handover:
         stop first, SIGKILL KILL_GRACE seconds later."""
         if self.stopping:
             return self._tick_stopping(now)
+        return self._tick_starting(now) + self._tick_retiring(now)
+
+    def _tick_starting(self, now):
+        if self.starting is None or self.start_deadline is None or now <= self.start_deadline:
+            return []
+        if self.start_killed:
+            self.start_deadline = None
+            return [Log(logging.ERROR, f"Generation {self.starting} is still there "
+                                       f"{KILL_GRACE:g}s after the fast stop; sending SIGKILL"),
+                    Kill(self.starting, hard=True)]
+        self.start_killed, self.start_deadline = True, now + KILL_GRACE
+        return [Log(logging.ERROR, f"Generation {self.starting} did not say it serves within "
+                                   f"{self.start_timeout:g}s of its start; stopping it fast "
+                                   f"(SIGKILL in {KILL_GRACE:g}s if it stays)"),
+                Kill(self.starting)]
+
+    def _tick_retiring(self, now):
         if self.retiring is None or self.deadline is None or now <= self.deadline:
             return []
         if self.killed:
@@ -251,9 +279,10 @@ class Handover:
 
     # --- transitions ---
 
-    def _spawn(self):
+    def _spawn(self, now):
         self.latest += 1
         self.starting = self.latest
+        self.start_deadline, self.start_killed = now + self.start_timeout, False
         return [Spawn(self.latest)]
 
     def _done(self, now):
@@ -268,7 +297,7 @@ class Handover:
         return [Notify("READY=1"), *self.begin(now)]
 
     def _start_failed(self, number, description, now):
-        self.starting = None
+        self.starting = self.start_deadline = None
         self.failures += 1
         if self.serving is not None:
             actions = [Log(logging.ERROR, f"Reload failed: generation {number} {description} "
@@ -281,7 +310,7 @@ class Handover:
                                       f"ready ({self.failures} in a row)")]
         if self.failures >= self.max_failures:
             return actions + [Halt("no generation could start; see the errors above")]
-        return actions + self._spawn()
+        return actions + self._spawn(now)
 
     def _serving_died(self, number, description, now):
         self.serving = None
@@ -295,7 +324,7 @@ class Handover:
                                       "one")]
         if self.starting is not None:
             return actions  # already starting one
-        return actions + self._spawn()
+        return actions + self._spawn(now)
 
     def _forget(self, number):
         for name in ("starting", "retiring", "serving"):
