@@ -110,6 +110,34 @@ KILL_GRACE = 5.0
 START_TIMEOUT = 600.0
 
 
+class ForceOut:
+    """When a generation is forced out: at `at` the fast stop, KILL_GRACE later SIGKILL."""
+
+    def __init__(self):
+        self.at = None
+        self.killed = False  # the fast stop was sent: `at` is SIGKILL's
+
+    def arm(self, at):
+        self.at, self.killed = at, False
+
+    def clear(self):
+        self.at, self.killed = None, False
+
+    def due(self, now, numbers, reason) -> list:
+        """The actions due at `now` for generations `numbers` (a reason: why they go)."""
+        if not numbers or self.at is None or now <= self.at:
+            return []
+        if self.killed:
+            self.at = None  # nothing stronger than SIGKILL: wait for them to be gone
+            return [Log(logging.ERROR, f"Generation {number} is still there {KILL_GRACE:g}s "
+                                       "after the fast stop; sending SIGKILL")
+                    for number in numbers] + [Kill(number, hard=True) for number in numbers]
+        self.killed, self.at = True, now + KILL_GRACE
+        return [Log(logging.WARNING, f"Generation {number} {reason}; stopping it fast "
+                                     f"(SIGKILL in {KILL_GRACE:g}s if it stays)")
+                for number in numbers] + [Kill(number) for number in numbers]
+
+
 class Handover:
     """One reload at a time, for one driver; see the module docstring."""
 
@@ -131,17 +159,14 @@ class Handover:
         self.reload_again = reload_again
         self.failures = 0
         self.start_timeout = start_timeout
-        #: when the starting generation is forced out; and whether it was sent the fast stop
-        self.start_deadline = None
-        self.start_killed = False
-        self.deadline = None
-        #: the retiring generation was sent the fast stop; the deadline is now SIGKILL's
-        self.killed = False
+        #: when the starting generation (it loads too long) and the retiring
+        #: one (it drains too long) are forced out
+        self.start_deadline = ForceOut()
+        self.deadline = ForceOut()
         self.stopping = None
         #: generations told to stop and not gone yet, and when they are forced out
         self.stopped = set()
-        self.stop_deadline = None
-        self.stop_killed = False
+        self.stop_deadline = ForceOut()
 
     @property
     def state(self):
@@ -192,8 +217,8 @@ class Handover:
                    if number is not None and number != self.owner]
         self.stopped.update(numbers)
         grace = self.graceful_timeout + 1.0 if mode == "graceful" else 1.0
-        if self.stop_deadline is None or now + grace < self.stop_deadline:
-            self.stop_deadline, self.stop_killed = now + grace, False
+        if self.stop_deadline.at is None or now + grace < self.stop_deadline.at:
+            self.stop_deadline.arm(now + grace)
         return [Stop(number, mode) for number in numbers]
 
     def ready(self, now) -> list:
@@ -202,13 +227,13 @@ class Handover:
             return []
         new, old = self.starting, self.serving
         self.starting, self.serving, self.failures = None, new, 0
-        self.start_deadline = None
+        self.start_deadline.clear()
         actions = [Log(logging.INFO, f"Generation {new} serves"
                                      + (f"; draining generation {old}" if old else ""))]
         if old is None:
             return actions + self._done(now)
         self.retiring = old
-        self.deadline = now + self.graceful_timeout + 1.0
+        self.deadline.arm(now + self.graceful_timeout + 1.0)
         return actions + [Retire(old)]
 
     def gone(self, number, description, now) -> list:
@@ -220,8 +245,8 @@ class Handover:
         if number == self.starting:
             return self._start_failed(number, description, now)
         if number == self.retiring:
-            self.retiring = self.deadline = None
-            self.killed = False
+            self.retiring = None
+            self.deadline.clear()
             return [Log(logging.INFO, f"Generation {number} {description}"), *self._done(now)]
         if number == self.serving:
             return self._serving_died(number, description, now)
@@ -231,58 +256,20 @@ class Handover:
         """The clock moved: a generation past its deadline is forced out, fast
         stop first, SIGKILL KILL_GRACE seconds later."""
         if self.stopping:
-            return self._tick_stopping(now)
-        return self._tick_starting(now) + self._tick_retiring(now)
-
-    def _tick_starting(self, now):
-        if self.starting is None or self.start_deadline is None or now <= self.start_deadline:
-            return []
-        if self.start_killed:
-            self.start_deadline = None
-            return [Log(logging.ERROR, f"Generation {self.starting} is still there "
-                                       f"{KILL_GRACE:g}s after the fast stop; sending SIGKILL"),
-                    Kill(self.starting, hard=True)]
-        self.start_killed, self.start_deadline = True, now + KILL_GRACE
-        return [Log(logging.ERROR, f"Generation {self.starting} did not say it serves within "
-                                   f"{self.start_timeout:g}s of its start; stopping it fast "
-                                   f"(SIGKILL in {KILL_GRACE:g}s if it stays)"),
-                Kill(self.starting)]
-
-    def _tick_retiring(self, now):
-        if self.retiring is None or self.deadline is None or now <= self.deadline:
-            return []
-        if self.killed:
-            self.deadline = None  # nothing stronger than SIGKILL: wait for it to be gone
-            return [Log(logging.ERROR, f"Generation {self.retiring} is still there "
-                                       f"{KILL_GRACE:g}s after the fast stop; sending SIGKILL"),
-                    Kill(self.retiring, hard=True)]
-        self.killed, self.deadline = True, now + KILL_GRACE
-        return [Log(logging.WARNING, f"Generation {self.retiring} did not finish within the "
-                                     f"graceful timeout ({self.graceful_timeout:g}s); "
-                                     f"stopping it fast (SIGKILL in {KILL_GRACE:g}s if it "
-                                     "stays)"),
-                Kill(self.retiring)]
-
-    def _tick_stopping(self, now):
-        if not self.stopped or self.stop_deadline is None or now <= self.stop_deadline:
-            return []
-        numbers = sorted(self.stopped)
-        if self.stop_killed:
-            self.stop_deadline = None
-            return [Log(logging.ERROR, f"Generation {number} is still there {KILL_GRACE:g}s "
-                                       "after the fast stop; sending SIGKILL")
-                    for number in numbers] + [Kill(number, hard=True) for number in numbers]
-        self.stop_killed, self.stop_deadline = True, now + KILL_GRACE
-        return [Log(logging.WARNING, f"Generation {number} has not stopped; stopping it fast "
-                                     f"(SIGKILL in {KILL_GRACE:g}s if it stays)")
-                for number in numbers] + [Kill(number) for number in numbers]
+            return self.stop_deadline.due(now, sorted(self.stopped), "has not stopped")
+        starting = [self.starting] if self.starting is not None else []
+        retiring = [self.retiring] if self.retiring is not None else []
+        return (self.start_deadline.due(now, starting, "did not say it serves within "
+                                                       f"{self.start_timeout:g}s of its start")
+                + self.deadline.due(now, retiring, "did not finish within the graceful "
+                                                   f"timeout ({self.graceful_timeout:g}s)"))
 
     # --- transitions ---
 
     def _spawn(self, now):
         self.latest += 1
         self.starting = self.latest
-        self.start_deadline, self.start_killed = now + self.start_timeout, False
+        self.start_deadline.arm(now + self.start_timeout)
         return [Spawn(self.latest)]
 
     def _done(self, now):
@@ -297,7 +284,8 @@ class Handover:
         return [Notify("READY=1"), *self.begin(now)]
 
     def _start_failed(self, number, description, now):
-        self.starting = self.start_deadline = None
+        self.starting = None
+        self.start_deadline.clear()
         self.failures += 1
         if self.serving is not None:
             actions = [Log(logging.ERROR, f"Reload failed: generation {number} {description} "
@@ -316,8 +304,8 @@ class Handover:
         self.serving = None
         if self.retiring is not None and self.owner_serves:
             # The new generation died while ours drained: we serve again.
-            self.serving, self.retiring, self.deadline = self.retiring, None, None
-            self.killed = False
+            self.serving, self.retiring = self.retiring, None
+            self.deadline.clear()
             return [Log(logging.ERROR, f"Generation {number} {description} after it took "
                                        f"over; generation {self.serving} serves again")]
         actions = [Log(logging.ERROR, f"Generation {number} {description}; starting a new "
