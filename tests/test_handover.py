@@ -495,6 +495,17 @@ def test_reload_a_fork_that_fails_is_a_failed_reload_and_leaks_no_descriptor(mas
     assert not [k for k in master.fake.killed if k[1] == signal.SIGTERM]  # workers serve on
 
 
+def test_reload_a_generation_forced_out_hard_takes_its_workers_with_it():
+    killed = []
+    generations = Generations([], ["python"], kill=lambda pid, signum: killed.append(
+        (pid, signum)), children=lambda pid: {700: [701, 702]}[pid])
+    generations.pids[2] = 700
+    generations.force_out(2)
+    assert killed == [(700, signal.SIGQUIT)]  # its master stops its own workers
+    generations.force_out(2, hard=True)  # it did not: its loop is blocked, theirs may be
+    assert killed[1:] == [(700, signal.SIGKILL), (701, signal.SIGKILL), (702, signal.SIGKILL)]
+
+
 # --- the supervisor, driven the same way ---
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import os
 import signal
 
 from forkserve import exits
+from forkserve.memory import procfs
 from forkserve.process import handover, hooks, systemd
 from forkserve.process.reload import spawn_generation
 
@@ -26,16 +27,19 @@ class Generations:
     """The generation processes this process started: spawn, ready, signal, reap.
 
     The I/O half of a reload; forkserve.process.handover decides. Generations
-    are known by number; `fork` and `kill` can be injected for tests. They
-    start in `directory` (default: the one this process started in).
+    are known by number; `fork`, `kill` and `children` (a process's child
+    pids) can be injected for tests. They start in `directory` (default: the
+    one this process started in).
     """
 
-    def __init__(self, listeners, argv=None, *, fork=os.fork, kill=os.kill, directory=None):
+    def __init__(self, listeners, argv=None, *, fork=os.fork, kill=os.kill, directory=None,
+                 children=procfs.child_pids):
         self.listeners = listeners
         self.argv = argv
         self.directory = directory
         self._fork = fork
         self._kill = kill
+        self._children = children
         self.pids = {}        # number -> pid, until reaped
         self.ready_fds = {}   # number -> read end of its ready pipe, until it is ready
 
@@ -72,14 +76,25 @@ class Generations:
             pass  # exited; the reaper collects it
 
     def force_out(self, number, hard=False):
-        """SIGQUIT (its master kills its own workers) or, `hard`, SIGKILL (its
-        workers see their master gone and leave), saying which in the log."""
+        """SIGQUIT (its master kills its own workers) or, `hard`, SIGKILL to it
+        and to its workers (which may be as blocked as their master), saying
+        which in the log."""
         pid = self.pids.get(number)
         if pid is None:
             return
-        signum = signal.SIGKILL if hard else signal.SIGQUIT
-        log.warning("Sending %s to generation %d (pid %d)", signum.name, number, pid)
-        self.signal(number, signum)
+        if not hard:
+            log.warning("Sending SIGQUIT to generation %d (pid %d)", number, pid)
+            self.signal(number, signal.SIGQUIT)
+            return
+        workers = self._children(pid)  # read first: once it dies they are init's
+        log.warning("Sending SIGKILL to generation %d (pid %d) and its %d workers",
+                    number, pid, len(workers))
+        self.signal(number, signal.SIGKILL)
+        for worker in workers:
+            try:
+                self._kill(worker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # gone already
 
     def exited(self, pid):
         """The number of generation `pid`, forgotten now; None if it is not one."""
