@@ -306,3 +306,24 @@ def test_workers_and_generations_stop_when_their_parent_is_killed(run_server, tm
     server.signal(signal.SIGKILL)
     for pid in left:
         poll(lambda: _gone(pid), timeout=15, message=f"pid {pid} to stop with no parent")
+
+
+def test_an_old_generation_that_ignores_the_stop_is_killed_with_its_workers(run_server,
+                                                                           tmp_path):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("-w", "1", "--graceful-timeout", "1", app="versioned:app",
+                        env={"VERSION_FILE": str(version_file)})
+    _reload_to(server, version_file, "v2")  # the supervisor's reloads from here on
+    [old] = server.children()
+    old_workers = poll(lambda: _descendants(old), message="generation 2's worker")
+    _held_reload(server, version_file, "v3")
+    os.kill(old, signal.SIGSTOP)  # a generation whose loop no signal reaches
+    _release(version_file)
+    poll(lambda: _answer(server) == "v3", timeout=30, message="answers from v3")
+    for pid in [old, *old_workers]:
+        poll(lambda: _gone(pid), timeout=30, message=f"pid {pid} of generation 2 to be killed")
+    assert re.search(r"Sending SIGKILL to generation 2 \(pid \d+\) and its 1 workers",
+                     server.log())
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
