@@ -117,6 +117,7 @@ class SingleServer(Driver):
             for _ in self.generations.newly_ready():
                 self.apply(self.handover.ready(now))
             self._reap_generations()
+            self.apply(self.handover.tick(now))  # a generation that loads too long
             interval = self.cfg.memory_log_interval
             if interval and now >= next_memory_log:
                 next_memory_log = now + interval
