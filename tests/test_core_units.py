@@ -155,6 +155,17 @@ def test_the_role_is_read_once_and_the_variables_leave_the_environment():
     assert not Role.from_environ({}).supervised and Role.from_environ({}).generation == 1
 
 
+def test_the_ready_pipe_is_not_inherited_by_the_applications_subprocesses():
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)  # as spawn_generation passes it through exec
+    try:
+        role = Role.from_environ({"FORKSERVE__READY_FD": str(write_end)})
+        assert role.ready_fd == write_end and not os.get_inheritable(write_end)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 def test_systemd_socket_activation_is_adopted_only_by_the_pid_it_names():
     environ = {"LISTEN_FDS": "2", "LISTEN_PID": "42", "LISTEN_FDNAMES": "a:b"}
     assert systemd.listen_fds(dict(environ), 42) == (3, 4)

@@ -5,6 +5,8 @@ driven with fork, waitpid, kill and the clock injected (as gunicorn's arbiter
 tests mock os.fork), its generations replaced by a fake that records.
 """
 
+import errno
+import os
 import signal
 import time
 
@@ -12,12 +14,13 @@ import pytest
 
 from forkserve import exits
 from forkserve.config.settings import parse
-from forkserve.process import handover, systemd
+from forkserve.process import handover, reload, systemd
+from forkserve.process.generations import Generations
 from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, Notify, Retire,
                                         Spawn, Stop)
 from forkserve.process.master import Master
 from forkserve.process.scoreboard import READY, RETIRE
-from forkserve.process.signals import MASTER_SIGNALS, handler_name
+from forkserve.process.signals import MASTER_SIGNALS
 from forkserve.process.supervisor import Supervisor
 
 
@@ -146,8 +149,47 @@ def test_reload_old_generation_that_does_not_leave_within_the_graceful_timeout_i
     machine.ready(now=100)
     assert _kinds(machine.tick(now=110.9)) == []
     assert _kinds(machine.tick(now=111.1)) == [Kill(1)]
-    assert _kinds(machine.tick(now=200)) == []  # killed once, then waited for
-    assert _kinds(machine.gone(1, "drained", now=201)) == [BecomeSupervisor(2, False)]
+    assert _kinds(machine.tick(now=111.1 + handover.KILL_GRACE - 0.1)) == []
+    # a generation whose loop is blocked ignores the fast stop: SIGKILL follows
+    assert _kinds(machine.tick(now=111.2 + handover.KILL_GRACE)) == [Kill(1, hard=True)]
+    assert _kinds(machine.tick(now=500)) == []  # nothing stronger: waited for
+    assert _kinds(machine.gone(1, "drained", now=501)) == [BecomeSupervisor(2, False)]
+
+
+@pytest.mark.parametrize("mode, grace", [("graceful", 11.0), ("fast", 1.0)])
+def test_reload_generations_that_do_not_stop_are_stopped_fast_then_killed(mode, grace):
+    machine = _supervisor()
+    machine.hup(now=0)
+    machine.stop(mode, now=10)
+    assert _kinds(machine.tick(now=10 + grace - 0.1)) == []
+    assert _kinds(machine.tick(now=10.1 + grace)) == [Kill(3), Kill(4)]
+    machine.gone(3, "exited cleanly", now=10.2 + grace)
+    assert _kinds(machine.tick(now=10.3 + grace + handover.KILL_GRACE)) == [
+        Kill(4, hard=True)]
+    assert _kinds(machine.tick(now=1000)) == []
+
+
+def test_reload_a_generation_stuck_loading_is_forced_out_and_a_queued_hup_goes_on():
+    machine = _owner(start_timeout=60)
+    machine.hup(now=0)
+    machine.hup(now=1)  # queued behind the generation that never says it serves
+    assert _kinds(machine.tick(now=59.9)) == []
+    actions = machine.tick(now=60.1)
+    assert _kinds(actions) == [Kill(2)]
+    assert "did not say it serves within 60s" in actions[0].message
+    assert _kinds(machine.tick(now=60.2 + handover.KILL_GRACE)) == [Kill(2, hard=True)]
+    assert _kinds(machine.gone(2, "was killed by SIGKILL", now=66)) == [
+        Notify("READY=1"), Notify("RELOADING=1"), Spawn(3)]
+    assert _kinds(machine.tick(now=125)) == []  # generation 3 has its own 60 s
+    assert _kinds(machine.ready(now=126)) == [Retire(1)]
+    assert _kinds(machine.tick(now=1000)) == [Kill(1)]  # only the drain's deadline is left
+
+
+def test_reload_a_fast_stop_after_a_graceful_one_forces_out_sooner():
+    machine = _supervisor()
+    machine.stop("graceful", now=0)
+    machine.stop("fast", now=2)
+    assert _kinds(machine.tick(now=3.1)) == [Kill(3)]
 
 
 def test_reload_new_generation_dying_after_ready_lets_the_master_serve_again():
@@ -165,7 +207,8 @@ def test_reload_new_generation_dying_after_ready_makes_the_supervisor_start_anot
     machine.hup(now=0)
     machine.ready(now=1)
     assert _kinds(machine.gone(4, "was killed by SIGKILL", now=2)) == [Spawn(5)]
-    assert _kinds(machine.gone(3, "exited cleanly", now=3)) == [Notify("READY=1")]
+    # no READY=1 while no generation serves (5 is still starting)
+    assert _kinds(machine.gone(3, "exited cleanly", now=3)) == []
     assert _kinds(machine.ready(now=4)) == [Notify("READY=1")]  # nothing left to retire
     assert machine.serving == 5
 
@@ -229,6 +272,9 @@ class FakeGenerations:
     def signal(self, number, signum):
         self.signalled.append((number, signum))
 
+    def force_out(self, number, hard=False):
+        self.signal(number, signal.SIGKILL if hard else signal.SIGQUIT)
+
     def exited(self, pid):
         for number, known in list(self.pids.items()):
             if known == pid:
@@ -267,11 +313,7 @@ class Execed(Exception):
 
 def _turn(master):
     """One turn of Master.run's loop, minus the sleep."""
-    master.dispatch_signals()
-    master.reap()
-    master.murder()
-    master.check_reload()
-    master.manage()
+    master.turn()
 
 
 def _make_ready(master):
@@ -419,6 +461,52 @@ def test_reload_master_term_during_reload_stops_the_new_generation_and_exits(mas
     assert not master.workers and not master.generations.pids and master.handed_over == []
 
 
+def test_reload_master_kills_a_retired_worker_that_stays_after_the_new_generation_died(
+        master):
+    _hup_until_the_new_generation_serves(master)
+    retired = sorted(master.workers)
+    _exit(master, master.generations.pid(2), signal.SIGKILL)
+    _turn(master)  # generation 1 serves again: the hand-over's deadline is gone
+    master.fake.now += 11.5
+    _turn(master)
+    assert sorted(k[0] for k in master.fake.killed if k[1] == signal.SIGKILL) == retired
+
+
+def test_reload_workers_close_the_ready_pipes(master):
+    master.generations.waiting_fds = lambda: [41]  # a generation starting: its read end
+    master.role = reload.Role(generation=3, ready_fd=42)  # this master is a generation
+    assert {41, 42} <= set(master.master_fds())
+    master.announced = True  # signal_ready() wrote and closed 42: the number is free
+    assert 42 not in master.master_fds()
+
+
+def test_reload_a_fork_that_fails_is_a_failed_reload_and_leaks_no_descriptor(master, caplog):
+    def fork():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    _turn(master)
+    _make_ready(master)
+    master.generations = Generations([], ["python"], fork=fork, kill=master.fake.kill)
+    open_before = len(os.listdir("/proc/self/fd"))
+    master.queue.push(signal.SIGHUP)
+    _turn(master)  # the master goes on
+    assert len(os.listdir("/proc/self/fd")) == open_before
+    assert (master.handover.serving, master.handover.state) == (1, handover.IDLE)
+    assert "Reload failed: generation 2 could not be started (fork: " in caplog.text
+    assert not [k for k in master.fake.killed if k[1] == signal.SIGTERM]  # workers serve on
+
+
+def test_reload_a_generation_forced_out_hard_takes_its_workers_with_it():
+    killed = []
+    generations = Generations([], ["python"], kill=lambda pid, signum: killed.append(
+        (pid, signum)), children=lambda pid: {700: [701, 702]}[pid])
+    generations.pids[2] = 700
+    generations.force_out(2)
+    assert killed == [(700, signal.SIGQUIT)]  # its master stops its own workers
+    generations.force_out(2, hard=True)  # it did not: its loop is blocked, theirs may be
+    assert killed[1:] == [(700, signal.SIGKILL), (701, signal.SIGKILL), (702, signal.SIGKILL)]
+
+
 # --- the supervisor, driven the same way ---
 
 @pytest.fixture
@@ -440,14 +528,20 @@ def supervisor(monkeypatch):
     supervisor.queue.close()
 
 
+def test_reload_supervisor_starts_generations_where_the_master_started():
+    cfg = parse(["a:b"], environ={}, cwd="/")
+    state = {"app": cfg.app, "values": cfg.values, "app_name": "a:b", "argv": ["python"],
+             "start_directory": "/srv/where-the-master-started", "fds": [], "stats_fd": None,
+             "child": 500, "generation": 2}
+    ours = reload.START_DIRECTORY
+    supervisor = Supervisor(state)
+    supervisor.queue.close()
+    assert supervisor.generations.directory == "/srv/where-the-master-started"
+    assert reload.START_DIRECTORY == ours  # no module global rewritten
+
+
 def _supervisor_turn(supervisor):
-    for signum in supervisor.queue.pop_all():
-        getattr(supervisor, handler_name(signum))()
-    supervisor.reap()
-    now = supervisor.clock()
-    for _ in supervisor.generations.newly_ready():
-        supervisor.apply(supervisor.handover.ready(now))
-    supervisor.apply(supervisor.handover.tick(now))
+    supervisor.turn()
 
 
 def test_reload_supervisor_retires_the_old_generation_once_the_new_one_serves(supervisor):
@@ -472,6 +566,10 @@ def test_reload_supervisor_stops_an_old_generation_that_outstays_the_graceful_ti
     _supervisor_turn(supervisor)
     # QUIT, not KILL: the old generation's master then kills its own workers
     assert supervisor.generations.signalled[-1] == (2, signal.SIGQUIT)
+    supervisor.fake.now += handover.KILL_GRACE + 0.1
+    _supervisor_turn(supervisor)
+    # ... unless its loop is blocked: then SIGKILL (its workers leave with it)
+    assert supervisor.generations.signalled[-1] == (2, signal.SIGKILL)
 
 
 def test_reload_supervisor_term_during_a_reload_stops_both_generations(supervisor):

@@ -158,10 +158,10 @@ def _answer(server):
     return server.get("/")[1].split()[0]
 
 
-def _versioned(run_server, tmp_path, workers):
+def _versioned(run_server, tmp_path, workers, *args):
     version_file = tmp_path / "version"
     version_file.write_text("v1")
-    server = run_server("-w", workers, "--graceful-timeout", "10", app="versioned:app",
+    server = run_server("-w", workers, "--graceful-timeout", "10", *args, app="versioned:app",
                         env={"VERSION_FILE": str(version_file)})
     return server, version_file
 
@@ -217,5 +217,113 @@ def test_a_new_generation_that_dies_before_it_is_ready_leaves_the_old_one_servin
     assert "the previous generation keeps serving" in server.log()
     assert {_answer(server) for _ in range(5)} == {old}
     _reload_to(server, version_file, "v3")  # and the next reload works
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
+
+
+class HeldRequest:
+    """A request to /held, in flight until release(): it keeps a drain going."""
+
+    def __init__(self, server, version_file):
+        self.version_file = version_file
+        self.result = []
+        self.thread = threading.Thread(
+            target=lambda: self.result.append(server.get("/held", timeout=60)))
+        self.thread.start()
+        poll(lambda: list(version_file.parent.glob(version_file.name + ".held.*")),
+             message="the held request to reach the application")
+
+    def release(self):
+        self.version_file.with_name(self.version_file.name + ".answer").touch()
+        self.thread.join(30)
+        return self.result
+
+
+def test_single_process_hup_while_the_old_generation_drains_starts_another(
+        run_server, tmp_path):
+    server, version_file = _versioned(run_server, tmp_path, "0")
+    held = HeldRequest(server, version_file)
+    version_file.write_text("v2")
+    server.signal(signal.SIGHUP)
+    poll(lambda: "Handing over: draining" in server.log(), timeout=30,
+         message="generation 1 to drain")
+    version_file.write_text("v3")
+    server.signal(signal.SIGHUP)  # while generation 1 drains its held request
+    poll(lambda: _answer(server) == "v2", timeout=30, message="answers from v2")
+    assert [status for status, _ in held.release()] == [200]
+    poll(lambda: _answer(server) == "v3", timeout=30, message="answers from v3 (generation 3)")
+    assert "started generation 3" in server.log()
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
+
+
+def test_single_process_term_while_the_old_generation_drains_stops_the_new_one(
+        run_server, tmp_path):
+    pidfile = tmp_path / "server.pid"
+    server, version_file = _versioned(run_server, tmp_path, "0", "--pid", str(pidfile))
+    held = HeldRequest(server, version_file)
+    version_file.write_text("v2")
+    server.signal(signal.SIGHUP)
+    poll(lambda: _answer(server) == "v2", timeout=30, message="answers from v2")
+    [new] = [pid for pid in server.children()]
+    server.signal(signal.SIGTERM)  # while generation 1 drains its held request
+    held.release()
+    assert server.wait_exit(30) == 0
+    assert not os.path.exists(f"/proc/{new}")  # reaped by the server before it exited
+    assert "Generation 2 (pid" in server.log()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.pid, 0)  # nothing left behind
+
+
+def _gone(pid):
+    """The process left (or is a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _descendants(pid):
+    found = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            children = [int(child) for child in handle.read().split()]
+    except FileNotFoundError:
+        return found
+    for child in children:
+        found += [child, *_descendants(child)]
+    return found
+
+
+@pytest.mark.parametrize("workers, supervised", [("1", False), ("1", True), ("0", True)])
+def test_workers_and_generations_stop_when_their_parent_is_killed(run_server, tmp_path,
+                                                                  workers, supervised):
+    server, version_file = _versioned(run_server, tmp_path, workers)
+    if supervised:
+        _reload_to(server, version_file, "v2")
+    left = poll(lambda: _descendants(server.pid), message="the server's children")
+    server.signal(signal.SIGKILL)
+    for pid in left:
+        poll(lambda: _gone(pid), timeout=15, message=f"pid {pid} to stop with no parent")
+
+
+def test_an_old_generation_that_ignores_the_stop_is_killed_with_its_workers(run_server,
+                                                                           tmp_path):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("-w", "1", "--graceful-timeout", "1", app="versioned:app",
+                        env={"VERSION_FILE": str(version_file)})
+    _reload_to(server, version_file, "v2")  # the supervisor's reloads from here on
+    [old] = server.children()
+    old_workers = poll(lambda: _descendants(old), message="generation 2's worker")
+    _held_reload(server, version_file, "v3")
+    os.kill(old, signal.SIGSTOP)  # a generation whose loop no signal reaches
+    _release(version_file)
+    poll(lambda: _answer(server) == "v3", timeout=30, message="answers from v3")
+    for pid in [old, *old_workers]:
+        poll(lambda: _gone(pid), timeout=30, message=f"pid {pid} of generation 2 to be killed")
+    assert re.search(r"Sending SIGKILL to generation 2 \(pid \d+\) and its 1 workers",
+                     server.log())
     server.signal(signal.SIGTERM)
     assert server.wait_exit(20) == 0

@@ -5,11 +5,13 @@ The master, the single-process server and the supervisor each are a Driver:
 they feed the hand-over events and `apply()` the actions it returns.
 """
 
+import errno
 import logging
 import os
 import signal
 
 from forkserve import exits
+from forkserve.memory import procfs
 from forkserve.process import handover, hooks, systemd
 from forkserve.process.reload import spawn_generation
 
@@ -17,24 +19,33 @@ __all__ = ["Generations", "Driver"]
 
 log = logging.getLogger("forkserve.error")
 
+#: what fork() raises when the system is out of processes or memory
+FORK_ERRNOS = {errno.EAGAIN, errno.ENOMEM}
+
 
 class Generations:
     """The generation processes this process started: spawn, ready, signal, reap.
 
     The I/O half of a reload; forkserve.process.handover decides. Generations
-    are known by number; `fork` and `kill` can be injected for tests.
+    are known by number; `fork`, `kill` and `children` (a process's child
+    pids) can be injected for tests. They start in `directory` (default: the
+    one this process started in).
     """
 
-    def __init__(self, listeners, argv=None, *, fork=os.fork, kill=os.kill):
+    def __init__(self, listeners, argv=None, *, fork=os.fork, kill=os.kill, directory=None,
+                 children=procfs.child_pids):
         self.listeners = listeners
         self.argv = argv
+        self.directory = directory
         self._fork = fork
         self._kill = kill
+        self._children = children
         self.pids = {}        # number -> pid, until reaped
         self.ready_fds = {}   # number -> read end of its ready pipe, until it is ready
 
     def spawn(self, number):
-        pid, ready_fd = spawn_generation(self.listeners, number, self.argv, fork=self._fork)
+        pid, ready_fd = spawn_generation(self.listeners, number, self.argv, fork=self._fork,
+                                         directory=self.directory)
         self.pids[number] = pid
         self.ready_fds[number] = ready_fd
 
@@ -64,6 +75,27 @@ class Generations:
         except ProcessLookupError:
             pass  # exited; the reaper collects it
 
+    def force_out(self, number, hard=False):
+        """SIGQUIT (its master kills its own workers) or, `hard`, SIGKILL to it
+        and to its workers (which may be as blocked as their master), saying
+        which in the log."""
+        pid = self.pids.get(number)
+        if pid is None:
+            return
+        if not hard:
+            log.warning("Sending SIGQUIT to generation %d (pid %d)", number, pid)
+            self.signal(number, signal.SIGQUIT)
+            return
+        workers = self._children(pid)  # read first: once it dies they are init's
+        log.warning("Sending SIGKILL to generation %d (pid %d) and its %d workers",
+                    number, pid, len(workers))
+        self.signal(number, signal.SIGKILL)
+        for worker in workers:
+            try:
+                self._kill(worker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # gone already
+
     def exited(self, pid):
         """The number of generation `pid`, forgotten now; None if it is not one."""
         for number, known in list(self.pids.items()):
@@ -85,9 +117,9 @@ class Generations:
 class Driver:
     """Carries out forkserve.process.handover's actions: the part every driver shares.
 
-    A driver (master, single server, supervisor) has `self.handover`,
-    `self.generations` (a Generations) and its own `retire(number)` and
-    `kill_generation(number)`; the master and the single server also
+    A driver (master, single server, supervisor) has `self.handover`, `self.clock()`,
+    `self.generations` (a Generations) and its own `retire(number)`; the
+    master also `kill_own_workers()`; the master and the single server also
     `become_supervisor(action)`.
     """
 
@@ -98,13 +130,24 @@ class Driver:
     def _do_spawn(self, action):
         hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
         hooks.pre_exec()
-        self.generations.spawn(action.number)
+        try:
+            self.generations.spawn(action.number)
+        except OSError as exc:
+            if exc.errno not in FORK_ERRNOS:
+                raise
+            # a failed start, as if it had died loading: the serving one goes on
+            self.apply(self.handover.gone(
+                action.number, f"could not be started (fork: {exc.strerror}; free "
+                               "memory or raise the process limit)", self.clock()))
 
     def _do_retire(self, action):
         self.retire(action.number)
 
     def _do_kill(self, action):
-        self.kill_generation(action.number)
+        if action.number == self.handover.owner:
+            self.kill_own_workers()  # the master's own generation: its workers
+        else:
+            self.generations.force_out(action.number, action.hard)
 
     def _do_stop(self, action):
         self.generations.signal(action.number,

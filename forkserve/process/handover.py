@@ -18,9 +18,16 @@ Invariants:
   reload never starts while a generation drains.
 - A generation only retires once the next one said it serves, so a
   generation that fails to start costs nothing but the log line.
-- The old generation gets `graceful_timeout` (+1 s) to drain, then is
-  killed; the reload always ends.
-- Once stopping, nothing starts, and the starting generation is stopped too.
+- The old generation gets `graceful_timeout` (+1 s) to drain, then a fast
+  stop (Kill), then KILL_GRACE seconds more before SIGKILL (Kill hard): the
+  reload always ends, even when a generation's loop is blocked.
+- A generation that has not said it serves within `start_timeout`
+  (START_TIMEOUT, 10 minutes, unless given) is forced out the same way and
+  counts as a failed start, so HUPs queued behind it are not held forever.
+- Once stopping, nothing starts, and the starting generation is stopped too;
+  the generations told to stop get the same escalation (after
+  `graceful_timeout` for TERM, at once for INT/QUIT), so a stop always ends.
+- READY=1 is only told to systemd while a generation serves.
 - `owner_serves`: the master and the single-process server are themselves
   the first serving generation. When their hand-over is done they become a
   supervisor (BecomeSupervisor); if the new generation dies while they
@@ -52,8 +59,13 @@ class Retire:
 
 @dataclasses.dataclass(frozen=True)
 class Kill:
-    """Generation `number` overstayed its graceful timeout: force it out."""
+    """Generation `number` overstayed its graceful timeout: force it out.
+
+    First a fast stop (SIGQUIT: its master kills its own workers); `hard`
+    when that was ignored for KILL_GRACE seconds: SIGKILL.
+    """
     number: int
+    hard: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +103,46 @@ class Halt:
 
 IDLE, STARTING, RETIRING, STOPPING, DONE = "idle", "starting", "retiring", "stopping", "done"
 
+#: seconds a generation gets after the fast stop (Kill) before SIGKILL (Kill hard)
+KILL_GRACE = 5.0
+#: seconds a generation may take to load and say it serves: generous, since
+#: loading a large dataset takes minutes; past it, it is a failed start
+START_TIMEOUT = 600.0
+
+
+class ForceOut:
+    """When a generation is forced out: at `at` the fast stop, KILL_GRACE later SIGKILL."""
+
+    def __init__(self):
+        self.at = None
+        self.killed = False  # the fast stop was sent: `at` is SIGKILL's
+
+    def arm(self, at):
+        self.at, self.killed = at, False
+
+    def clear(self):
+        self.at, self.killed = None, False
+
+    def due(self, now, numbers, reason) -> list:
+        """The actions due at `now` for generations `numbers` (a reason: why they go)."""
+        if not numbers or self.at is None or now <= self.at:
+            return []
+        if self.killed:
+            self.at = None  # nothing stronger than SIGKILL: wait for them to be gone
+            return [Log(logging.ERROR, f"Generation {number} is still there {KILL_GRACE:g}s "
+                                       "after the fast stop; sending SIGKILL")
+                    for number in numbers] + [Kill(number, hard=True) for number in numbers]
+        self.killed, self.at = True, now + KILL_GRACE
+        return [Log(logging.WARNING, f"Generation {number} {reason}; stopping it fast "
+                                     f"(SIGKILL in {KILL_GRACE:g}s if it stays)")
+                for number in numbers] + [Kill(number) for number in numbers]
+
 
 class Handover:
     """One reload at a time, for one driver; see the module docstring."""
 
     def __init__(self, *, serving, graceful_timeout, owner_serves, max_failures=5,
-                 reload_again=False):
+                 reload_again=False, start_timeout=START_TIMEOUT):
         #: the number of the generation that serves (None: none does)
         self.serving = serving
         #: the generation started and not yet ready
@@ -112,8 +158,15 @@ class Handover:
         self.max_failures = max_failures
         self.reload_again = reload_again
         self.failures = 0
-        self.deadline = None
+        self.start_timeout = start_timeout
+        #: when the starting generation (it loads too long) and the retiring
+        #: one (it drains too long) are forced out
+        self.start_deadline = ForceOut()
+        self.deadline = ForceOut()
         self.stopping = None
+        #: generations told to stop and not gone yet, and when they are forced out
+        self.stopped = set()
+        self.stop_deadline = ForceOut()
 
     @property
     def state(self):
@@ -140,14 +193,14 @@ class Handover:
             return [Log(logging.INFO, "Hang up during a reload: reloading again once it "
                                       "is done")]
         return [Log(logging.INFO, "Hang up: reloading the application in a new generation"),
-                Notify("RELOADING=1"), *self._spawn()]
+                Notify("RELOADING=1"), *self._spawn(now)]
 
     def begin(self, now) -> list:
         """The driver starts: a HUP that came during the previous hand-over is done now."""
         if self.reload_again and not self.busy and not self.stopping:
             self.reload_again = False
             return [Log(logging.INFO, "Reloading again (a hang up came during the reload)"),
-                    Notify("RELOADING=1"), *self._spawn()]
+                    Notify("RELOADING=1"), *self._spawn(now)]
         return []
 
     def stop(self, mode, now) -> list:
@@ -160,8 +213,13 @@ class Handover:
             return []
         self.stopping = mode
         self.reload_again = False
-        return [Stop(number, mode) for number in (self.retiring, self.serving, self.starting)
-                if number is not None and number != self.owner]
+        numbers = [number for number in (self.retiring, self.serving, self.starting)
+                   if number is not None and number != self.owner]
+        self.stopped.update(numbers)
+        grace = self.graceful_timeout + 1.0 if mode == "graceful" else 1.0
+        if self.stop_deadline.at is None or now + grace < self.stop_deadline.at:
+            self.stop_deadline.arm(now + grace)
+        return [Stop(number, mode) for number in numbers]
 
     def ready(self, now) -> list:
         """The starting generation wrote its ready byte."""
@@ -169,43 +227,49 @@ class Handover:
             return []
         new, old = self.starting, self.serving
         self.starting, self.serving, self.failures = None, new, 0
+        self.start_deadline.clear()
         actions = [Log(logging.INFO, f"Generation {new} serves"
                                      + (f"; draining generation {old}" if old else ""))]
         if old is None:
             return actions + self._done(now)
         self.retiring = old
-        self.deadline = now + self.graceful_timeout + 1.0
+        self.deadline.arm(now + self.graceful_timeout + 1.0)
         return actions + [Retire(old)]
 
     def gone(self, number, description, now) -> list:
         """Generation `number` has left: its process exited or its workers drained."""
         if self.stopping:
             self._forget(number)
+            self.stopped.discard(number)
             return [Log(logging.INFO, f"Generation {number} {description}")]
         if number == self.starting:
             return self._start_failed(number, description, now)
         if number == self.retiring:
-            self.retiring = self.deadline = None
+            self.retiring = None
+            self.deadline.clear()
             return [Log(logging.INFO, f"Generation {number} {description}"), *self._done(now)]
         if number == self.serving:
             return self._serving_died(number, description, now)
         return [Log(logging.INFO, f"Generation {number} {description}")]
 
     def tick(self, now) -> list:
-        """The clock moved: a draining generation past its deadline is killed."""
-        if self.retiring is None or self.deadline is None or now <= self.deadline:
-            return []
-        self.deadline = None  # kill once; then wait for it to be gone
-        return [Log(logging.WARNING, f"Generation {self.retiring} did not finish within the "
-                                     f"graceful timeout ({self.graceful_timeout:g}s); "
-                                     "killing it"),
-                Kill(self.retiring)]
+        """The clock moved: a generation past its deadline is forced out, fast
+        stop first, SIGKILL KILL_GRACE seconds later."""
+        if self.stopping:
+            return self.stop_deadline.due(now, sorted(self.stopped), "has not stopped")
+        starting = [self.starting] if self.starting is not None else []
+        retiring = [self.retiring] if self.retiring is not None else []
+        return (self.start_deadline.due(now, starting, "did not say it serves within "
+                                                       f"{self.start_timeout:g}s of its start")
+                + self.deadline.due(now, retiring, "did not finish within the graceful "
+                                                   f"timeout ({self.graceful_timeout:g}s)"))
 
     # --- transitions ---
 
-    def _spawn(self):
+    def _spawn(self, now):
         self.latest += 1
         self.starting = self.latest
+        self.start_deadline.arm(now + self.start_timeout)
         return [Spawn(self.latest)]
 
     def _done(self, now):
@@ -215,10 +279,13 @@ class Handover:
             # exec_supervisor tells systemd READY=1 once it holds the signals,
             # so that a HUP sent right after READY is not lost in the exec.
             return [BecomeSupervisor(self.serving, self.reload_again)]
+        if self.serving is None:  # the new one died too: another starts (_serving_died)
+            return self.begin(now)
         return [Notify("READY=1"), *self.begin(now)]
 
     def _start_failed(self, number, description, now):
         self.starting = None
+        self.start_deadline.clear()
         self.failures += 1
         if self.serving is not None:
             actions = [Log(logging.ERROR, f"Reload failed: generation {number} {description} "
@@ -231,20 +298,21 @@ class Handover:
                                       f"ready ({self.failures} in a row)")]
         if self.failures >= self.max_failures:
             return actions + [Halt("no generation could start; see the errors above")]
-        return actions + self._spawn()
+        return actions + self._spawn(now)
 
     def _serving_died(self, number, description, now):
         self.serving = None
         if self.retiring is not None and self.owner_serves:
             # The new generation died while ours drained: we serve again.
-            self.serving, self.retiring, self.deadline = self.retiring, None, None
+            self.serving, self.retiring = self.retiring, None
+            self.deadline.clear()
             return [Log(logging.ERROR, f"Generation {number} {description} after it took "
                                        f"over; generation {self.serving} serves again")]
         actions = [Log(logging.ERROR, f"Generation {number} {description}; starting a new "
                                       "one")]
         if self.starting is not None:
             return actions  # already starting one
-        return actions + self._spawn()
+        return actions + self._spawn(now)
 
     def _forget(self, number):
         for name in ("starting", "retiring", "serving"):

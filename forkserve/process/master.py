@@ -93,6 +93,8 @@ class Master(Driver, WorkerMemory):
         #: HUP reloads code and data in a new generation, unless this master
         #: is itself a generation under a supervisor (then HUP restarts workers)
         self.reloadable = not role.supervised
+        #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
+        self.parent = os.getppid() if role.supervised else None
         self.announced = False
         self.next_memory_check = 0.0
         self.next_memory_log = 0.0
@@ -117,16 +119,7 @@ class Master(Driver, WorkerMemory):
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         try:
             hooks.when_ready(self)
-            while True:
-                self.dispatch_signals()
-                self.reap()
-                if self.stopping and not self.workers and not self.generations.pids:
-                    break
-                self.murder()
-                self.check_reload()
-                self.manage()
-                self.log_memory()
-                autoreload.poll()
+            while self.turn():
                 self.sleep()
         except HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
@@ -137,6 +130,25 @@ class Master(Driver, WorkerMemory):
             return halt.status
         log.info("Shutting down: master")
         return exits.OK
+
+    def turn(self) -> bool:
+        """One turn of the loop, but the sleep; False once stopped with no child left."""
+        self.dispatch_signals()
+        self.check_parent()
+        self.reap()
+        if self.stopping and not self.workers and not self.generations.pids:
+            return False
+        self.murder()
+        self.check_reload()
+        self.manage()
+        self.log_memory()
+        autoreload.poll()
+        return True
+
+    def check_parent(self):
+        if self.parent is not None and not self.stopping and os.getppid() != self.parent:
+            log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
+            self.begin_stop("graceful")
 
     def dispatch_signals(self):
         for signum in self.queue.pop_all():
@@ -206,15 +218,22 @@ class Master(Driver, WorkerMemory):
             # `forkserve memory --pid` reads from the title which generation serves
             procname.set_title(self.cfg, "master", self.app_name,
                                f"serving generation {self.handover.serving}")
-            self.stop_all(signal.SIGTERM)
+            for record in list(self.workers.values()):
+                # each with its own SIGKILL deadline: the hand-over's ends
+                # if the new generation dies meanwhile
+                self.stop_worker(record)
         else:
             self.generations.signal(number, signal.SIGTERM)
 
-    def kill_generation(self, number):
-        if number == self.generation:
-            self.stop_all(signal.SIGKILL)
-        else:
-            self.generations.signal(number, signal.SIGQUIT)
+    def kill_own_workers(self):
+        # murder() SIGKILLs each retired worker at its own deadline (and
+        # clears it); this catches any still waiting for theirs.
+        for record in list(self.workers.values()):
+            if record.deadline is not None:
+                log.warning("Sending SIGKILL to worker %d (pid %d) of generation %d",
+                            record.worker_id, record.pid, self.generation)
+                record.deadline = None
+                self.kill(record, signal.SIGKILL)
 
     def become_supervisor(self, action):
         reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
@@ -395,7 +414,12 @@ class Master(Driver, WorkerMemory):
         return None
 
     def master_fds(self):
+        """Descriptors a worker closes: the master's own, and the reload pipes
+        (a worker holding a ready pipe would hide its generation's death)."""
         fds = [self.queue.wake_r, self.queue.wake_w] + (self.why.filenos() if self.why else [])
+        fds += self.generations.waiting_fds()
+        if self.role.ready_fd is not None and not self.announced:  # closed once announced
+            fds.append(self.role.ready_fd)
         if self.stats:
             fds.extend(self.stats.all_filenos())
         return fds

@@ -29,6 +29,7 @@ kill a generation is decided in forkserve.process.handover.
 """
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -77,8 +78,15 @@ class Role:
         adopted = systemd.listen_fds(environ, os.getpid())
         if fds:
             adopted = tuple(int(fd) for fd in fds.split(","))
-        return cls(generation=generation, fds=adopted,
-                   ready_fd=int(ready_fd) if ready_fd is not None else None)
+        if ready_fd is not None:
+            ready_fd = int(ready_fd)
+            try:  # the application's own subprocesses never hold the ready pipe
+                os.set_inheritable(ready_fd, False)
+            except OSError as exc:
+                if exc.errno != errno.EBADF:
+                    raise
+                # not open: signal_ready() reports it when it writes
+        return cls(generation=generation, fds=adopted, ready_fd=ready_fd)
 
 
 def adopted_listeners(role):
@@ -107,8 +115,11 @@ def signal_ready(role):
         log.warning("could not report readiness to the master: %s", exc.strerror)
 
 
-def spawn_generation(listeners, number, argv=None, fork=os.fork):
-    """fork + exec a new generation that adopts `listeners`: (pid, ready read end)."""
+def spawn_generation(listeners, number, argv=None, fork=os.fork, directory=None):
+    """fork + exec a new generation that adopts `listeners`: (pid, ready read end).
+
+    It starts in `directory`, by default the one forkserve started in.
+    """
     argv = list(argv or sys.orig_argv)
     read_end, write_end = os.pipe()
     environ = dict(os.environ)
@@ -117,10 +128,15 @@ def spawn_generation(listeners, number, argv=None, fork=os.fork):
     # Only the process systemd started (this one, later the supervisor: same
     # PID) talks to systemd; a generation has nothing to tell it.
     environ.pop(systemd.NOTIFY_SOCKET, None)
-    pid = fork()
+    try:
+        pid = fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
     if pid == 0:
         try:
-            os.chdir(START_DIRECTORY)
+            os.chdir(directory or START_DIRECTORY)
             os.set_inheritable(write_end, True)
             for sock in listeners:
                 sock.set_inheritable(True)

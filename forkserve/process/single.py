@@ -12,7 +12,6 @@ supervisor.
 
 import logging
 import os
-import signal
 
 import gevent
 import gevent.event
@@ -49,6 +48,9 @@ class SingleServer(Driver):
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=original("os", "fork"))
         self.draining = False
+        self.clock = _now
+        #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
+        self.parent = os.getppid() if role.supervised else None
 
     def run(self) -> int:
         procname.set_title(self.cfg, f"generation {self.generation}" if self.role.supervised
@@ -77,10 +79,22 @@ class SingleServer(Driver):
             gevent.joinall([gevent.spawn(server.drain, self.cfg.graceful_timeout)
                             for server in servers])
         if self.draining:  # a new generation serves: supervise it, unless told to stop
+            self._dispatch_hups()  # one during the drain: the supervisor reloads again
             if self.stop_mode is not None:
                 self.apply(self.handover.stop(self.stop_mode, _now()))
             self.apply(self.handover.gone(self.generation, "drained", _now()))
+        self._wait_for_generations()
         return exits.OK
+
+    def _wait_for_generations(self):
+        """Stopping: boot.run leaves no child running. The generations told to
+        stop are reaped; the hand-over forces out those that stay."""
+        while self.generations.pids:
+            self._reap_generations()
+            self.apply(self.handover.tick(_now()))
+            if self.generations.pids:
+                self.wakeup.wait(0.05)  # SIGCHLD is not watched: poll
+                self.wakeup.clear()
 
     def _install_signal_handlers(self):
         self.wakeup = gevent.event.Event()
@@ -93,13 +107,16 @@ class SingleServer(Driver):
         while self.stop_mode is None and not self.draining:
             cow.check()
             autoreload.poll()
+            if self.parent is not None and os.getppid() != self.parent:
+                log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
+                self._request_stop("graceful")
+                break
             now = _now()
-            for _ in range(self.hups):
-                self.apply(self.handover.hup(now))
-            self.hups = 0
+            self._dispatch_hups()
             for _ in self.generations.newly_ready():
                 self.apply(self.handover.ready(now))
             self._reap_generations()
+            self.apply(self.handover.tick(now))  # a generation that loads too long
             interval = self.cfg.memory_log_interval
             if interval and now >= next_memory_log:
                 next_memory_log = now + interval
@@ -109,22 +126,29 @@ class SingleServer(Driver):
         if self.stop_mode is not None:
             self.apply(self.handover.stop(self.stop_mode, _now()))
 
+    def _dispatch_hups(self):
+        hups, self.hups = self.hups, 0
+        for _ in range(hups):
+            self.apply(self.handover.hup(_now()))
+
     def _reap_generations(self):
         waitpid = original("os", "waitpid")
         for pid in list(self.generations.pids.values()):
-            pid, status = waitpid(pid, os.WNOHANG)
-            if pid:
-                number = self.generations.exited(pid)
-                self.apply(self.handover.gone(
-                    number, f"(pid {pid}) {exits.classify(status).description}", _now()))
+            try:
+                reaped, status = waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # no longer our child to wait for: it is gone
+                description = "is gone (its exit status was collected elsewhere)"
+            else:
+                if not reaped:
+                    continue
+                description = exits.classify(status).description
+            number = self.generations.exited(pid)
+            self.apply(self.handover.gone(number, f"(pid {pid}) {description}", _now()))
 
     # --- what the hand-over asks of this process (generations.Driver) ---
 
     def retire(self, number):
         self.draining = True  # the loop ends; run() drains, then hands over
-
-    def kill_generation(self, number):
-        self.generations.signal(number, signal.SIGQUIT)
 
     def become_supervisor(self, action):
         reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),

@@ -42,7 +42,6 @@ class Supervisor(Driver):
                  clock=time.monotonic):
         self.cfg = Config(app=state["app"], values=state["values"])
         self.app_name = state["app_name"]
-        reload.START_DIRECTORY = state["start_directory"]
         self.listeners = [socket.socket(fileno=fd) for fd in state["fds"]]
         self.stats = None
         if state["stats_fd"] is not None:
@@ -54,7 +53,8 @@ class Supervisor(Driver):
         self._select = select or original("select", "select")
         self.clock = clock
         self.generations = Generations(self.listeners, state["argv"],
-                                              fork=fork or original("os", "fork"), kill=kill)
+                                       fork=fork or original("os", "fork"), kill=kill,
+                                       directory=state["start_directory"])
         self.generations.pids[state["generation"]] = state["child"]
         self.handover = Handover(serving=state["generation"], owner_serves=False,
                                  graceful_timeout=self.cfg.graceful_timeout,
@@ -71,17 +71,7 @@ class Supervisor(Driver):
         signals.release()
         try:
             self.apply(self.handover.begin(self.clock()))
-            while True:
-                for signum in self.queue.pop_all():
-                    getattr(self, handler_name(signum))()
-                self.reap()
-                if self.stopping and not self.generations.pids:
-                    break
-                now = self.clock()
-                for _ in self.generations.newly_ready():
-                    self.apply(self.handover.ready(now))
-                    self.set_title()
-                self.apply(self.handover.tick(now))
+            while self.turn():
                 self.sleep()
         except exits.HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
@@ -89,6 +79,20 @@ class Supervisor(Driver):
             return halt.status
         log.info("Shutting down: master")
         return exits.OK
+
+    def turn(self) -> bool:
+        """One turn of the loop, but the sleep; False once stopped with no generation left."""
+        for signum in self.queue.pop_all():
+            getattr(self, handler_name(signum))()
+        self.reap()
+        if self.stopping and not self.generations.pids:
+            return False
+        now = self.clock()
+        for _ in self.generations.newly_ready():
+            self.apply(self.handover.ready(now))
+            self.set_title()
+        self.apply(self.handover.tick(now))
+        return True
 
     def sleep(self):
         watched = [self.queue.wake_r, *self.generations.waiting_fds()]
@@ -118,11 +122,6 @@ class Supervisor(Driver):
 
     def retire(self, number):
         self.generations.signal(number, signal.SIGTERM)
-
-    def kill_generation(self, number):
-        # QUIT, not KILL: a generation's master then kills its own workers,
-        # where SIGKILL would leave them serving with no master.
-        self.generations.signal(number, signal.SIGQUIT)
 
     # --- signals, dispatched from the loop ---
 

@@ -46,6 +46,9 @@ class Worker:
         self.generation = generation
         self.max_requests = max_requests
         self.close_fds = close_fds
+        #: the master this worker is forked from (created in it); when it is
+        #: gone (SIGKILL), the worker stops rather than serve with no master
+        self.master_pid = os.getpid()
         self.requests = 0
         self.servers = []
         self.stop_mode = None   # None, "graceful" or "fast"
@@ -125,6 +128,11 @@ class Worker:
         interval = heartbeat_interval(self.cfg.timeout)
         next_reading = 0.0
         while self.stop_mode is None:
+            if os.getppid() != self.master_pid:
+                log.warning("Worker %d (pid %d): its master (pid %d) is gone; stopping",
+                            self.worker_id, os.getpid(), self.master_pid)
+                self.stop_mode = "graceful"
+                break
             self.scoreboard.beat(self.index)
             cow.check()
             self.gc.tick(self.requests)

@@ -4,6 +4,8 @@ If the file says "broken", importing fails: a reload with bad data.
 If it says "VERSION hold", the import writes $VERSION_FILE.loading.PID and
 then waits until the test creates $VERSION_FILE.go: a generation held in
 the middle of loading, for as long as the test needs.
+A request for /held writes $VERSION_FILE.held.PID and answers only once
+$VERSION_FILE.answer exists: an in-flight request that keeps a drain going.
 """
 
 import os
@@ -27,6 +29,10 @@ for offset in range(0, len(BALLAST), 4096):
 
 
 def app(environ, start_response):
+    if environ["PATH_INFO"] == "/held":
+        open(f"{VERSION_FILE}.held.{os.getpid()}", "w").close()
+        while not os.path.exists(f"{VERSION_FILE}.answer"):
+            time.sleep(0.02)  # gevent's sleep (monkey-patched): the loop keeps serving
     body = f"{VERSION} {os.getpid()}".encode()
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
     return [body]
