@@ -82,9 +82,9 @@ def test_probes_use_the_ports_forkserve_binds():
     bound = options(found["command"])
     assert bound["bind"] == f"0.0.0.0:{ports['http']}"
     assert bound["stats"] == f"0.0.0.0:{ports['stats']}"
-    for probe in ("startupProbe", "readinessProbe"):
-        assert found[probe]["httpGet"] == {"path": "/health", "port": "http"}
-    assert found["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "stats"}
+    assert found["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    for probe in ("readinessProbe", "livenessProbe"):  # forkserve's own, on the stats port
+        assert found[probe]["httpGet"] == {"path": "/health", "port": "stats"}
     # Loading may take minutes; liveness only starts once the startup probe passed.
     startup = found["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300

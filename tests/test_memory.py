@@ -1274,3 +1274,14 @@ def test_memory_why_of_a_pid_that_is_not_running_says_so(tmp_path, capsys):
     exited.wait()
     assert command.main(["--why", str(exited.pid)]) == 1
     assert f"no process {exited.pid}" in capsys.readouterr().err
+
+
+def test_stats_health_answers_from_the_servers_readiness_not_from_the_report():
+    from forkserve.http import stats
+
+    def no_report():
+        raise AssertionError("/health must not read /proc")
+    assert stats.respond("GET", "/health", no_report, ready=lambda: True)[0] == "200 OK"
+    status, _, body = stats.respond("GET", "/health", no_report, ready=lambda: False)
+    assert status == "503 Service Unavailable" and b"not serving" in body
+    assert stats.respond("GET", "/health?x=1", no_report, ready=lambda: True)[0] == "200 OK"

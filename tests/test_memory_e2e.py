@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -370,3 +371,29 @@ def test_worker_gc_policy_collects_and_reports_collections_and_pauses(
                          r'role="worker",worker="1"\} [1-9]', metrics)
     else:
         assert (row["gc_collections"], row["gc_pause"]) == (0, 0.0)
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_stats_health_is_ready_while_serving_and_not_once_a_stop_begins(run_server, tmp_path,
+                                                                       workers):
+    server = run_server("-w", workers, "--stats", "127.0.0.1:0", "--graceful-timeout", "20",
+                        env={"MARK_DIR": str(tmp_path)})
+    port = _stats_port(server)
+    if workers != "0":
+        server.wait_workers(2)
+    assert poll(lambda: _health(port) == 200, message="/health to say ready")
+    slow = threading.Thread(target=server.get, args=("/slow?15",), kwargs={"timeout": 30})
+    slow.start()
+    poll(lambda: any(name.startswith("slow-") for name in os.listdir(tmp_path)),
+         message="the slow request to be in flight")
+    server.signal(signal.SIGTERM)  # drains the slow request: still up, no longer ready
+    assert poll(lambda: _health(port) == 503, message="/health to say not serving")
+    slow.join(30)
+
+
+def _health(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code

@@ -2,6 +2,10 @@
 
   GET /         the memory report as JSON (forkserve.memory.reporter.to_json)
   GET /metrics  the same figures in the Prometheus text format
+  GET /health   200 once the application is loaded and its workers serve,
+                503 while they start or once the server stops: a readiness
+                check (Kubernetes, a load balancer) that no application
+                route has to provide
 
 In the master it is served from the master's own select() loop by
 `StatsEndpoint`, with non-blocking sockets and a small per-connection
@@ -27,21 +31,32 @@ MAX_CLIENTS = 16
 _PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def respond(method: str, path: str, make_report):
-    """Decide the answer to a stats request: (status line, content type, body bytes)."""
+def _always():
+    return True
+
+
+def respond(method: str, path: str, make_report, ready=_always):
+    """Decide the answer to a stats request: (status line, content type, body bytes).
+
+    `ready()` says whether the server serves now (GET /health)."""
     path = path.split("?", 1)[0]
     if method not in ("GET", "HEAD"):
         return "405 Method Not Allowed", "text/plain", b"only GET is served here\n"
+    if path == "/health":
+        if ready():
+            return "200 OK", "text/plain", b"ready\n"
+        return "503 Service Unavailable", "text/plain", b"not serving (starting or stopping)\n"
     if path in ("/", "/json"):
         body = json.dumps(reporter.to_json(make_report()), indent=1).encode() + b"\n"
         return "200 OK", "application/json", body
     if path == "/metrics":
         return "200 OK", _PROMETHEUS_TYPE, reporter.to_prometheus(make_report()).encode()
-    return "404 Not Found", "text/plain", b"forkserve stats: try / (JSON) or /metrics\n"
+    return ("404 Not Found", "text/plain",
+            b"forkserve stats: try / (JSON), /metrics (Prometheus) or /health\n")
 
 
-def _http_response(method, path, make_report) -> bytes:
-    status, content_type, body = respond(method, path, make_report)
+def _http_response(method, path, make_report, ready) -> bytes:
+    status, content_type, body = respond(method, path, make_report, ready)
     head = (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
     return head if method == "HEAD" else head + body
@@ -74,13 +89,13 @@ class StatsEndpoint:
     def all_filenos(self):
         return [self.listener.fileno()] + list(self.clients)
 
-    def service(self, readable, writable, make_report):
+    def service(self, readable, writable, make_report, ready=_always):
         if self.listener.fileno() in readable:
             self._accept()
         for fd in list(self.clients):
             client = self.clients[fd]
             if fd in readable and not client.outbuf:
-                self._read(client, make_report)
+                self._read(client, make_report, ready)
             elif fd in writable and client.outbuf:
                 self._write(client)
         now = time.monotonic()
@@ -102,7 +117,7 @@ class StatsEndpoint:
             sock.setblocking(False)
             self.clients[sock.fileno()] = _Client(sock)
 
-    def _read(self, client, make_report):
+    def _read(self, client, make_report, ready):
         try:
             data = client.sock.recv(4096)
         except (BlockingIOError, InterruptedError):
@@ -122,7 +137,7 @@ class StatsEndpoint:
             client.outbuf = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n"
         else:
             method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
-            client.outbuf = _http_response(method, path, make_report)
+            client.outbuf = _http_response(method, path, make_report, ready)
         self._write(client)
 
     def _write(self, client):
@@ -142,11 +157,11 @@ class StatsEndpoint:
         client.sock.close()
 
 
-def wsgi_app(make_report):
+def wsgi_app(make_report, ready=_always):
     """The same endpoint as a WSGI application (for single-process mode)."""
     def application(environ, start_response):
         status, content_type, body = respond(environ["REQUEST_METHOD"],
-                                             environ.get("PATH_INFO", "/"), make_report)
+                                             environ.get("PATH_INFO", "/"), make_report, ready)
         start_response(status, [("Content-Type", content_type),
                                 ("Content-Length", str(len(body)))])
         return [] if environ["REQUEST_METHOD"] == "HEAD" else [body]

@@ -173,7 +173,7 @@ class Master(Driver, WorkerMemory):
         if self.why:
             self.why.service(readable)
         if self.stats:
-            self.stats.service(readable, writable, self.report)
+            self.stats.service(readable, writable, self.report, self.serving)
 
     # --- signal handlers (called from the loop, never from a signal) ---
 
@@ -379,6 +379,10 @@ class Master(Driver, WorkerMemory):
             systemd.notify("READY=1")
         for record in retiring[:max(0, len(serving) + len(retiring) - self.target)]:
             self.stop_worker(record)
+
+    def serving(self):
+        """GET /health on --stats: the workers were all up once and no stop is under way."""
+        return self.announced and not self.stopping
 
     def spawn_worker(self):
         index = self.free_slot()

@@ -66,8 +66,6 @@ class SingleServer(Driver):
         reload.signal_ready(self.role)
         systemd.notify("READY=1")
         self._serve_until_stop_or_handover()
-        if stats_server is not None:
-            stats_server.close_now()
         if self.stop_mode == "fast":
             log.info("Shutting down: fast stop")
             for server in servers:
@@ -78,6 +76,8 @@ class SingleServer(Driver):
                      self.cfg.graceful_timeout)
             gevent.joinall([gevent.spawn(server.drain, self.cfg.graceful_timeout)
                             for server in servers])
+        if stats_server is not None:  # it answered /health with 503 while draining
+            stats_server.close_now()
         if self.draining:  # a new generation serves: supervise it, unless told to stop
             self._dispatch_hups()  # one during the drain: the supervisor reloads again
             if self.stop_mode is not None:
@@ -155,6 +155,10 @@ class SingleServer(Driver):
                                action.number, self.listeners, self.stats_listener,
                                reload_again=action.reload_again)
 
+    def serving(self):
+        """GET /health on --stats: this process serves and is not stopping."""
+        return self.stop_mode is None
+
     def report(self):
         return reporter.collect([reporter.ProcessInfo(pid=os.getpid(), role="single",
                                                   worker_id=None, requests=self.requests)])
@@ -165,7 +169,7 @@ class SingleServer(Driver):
         from forkserve.http import stats
         from forkserve.http.server import Server
 
-        server = Server(gevent_socket(self.stats_listener), stats.wsgi_app(self.report),
+        server = Server(gevent_socket(self.stats_listener), stats.wsgi_app(self.report, self.serving),
                         error_log=logs.error_log, multiprocess=False, worker_connections=16)
         server.start()
         return server

@@ -102,7 +102,7 @@ class Supervisor(Driver):
         if self.queue.wake_r in readable:
             self.queue.drain_wakeups()
         if self.stats:
-            self.stats.service(readable, writable, self.report)
+            self.stats.service(readable, writable, self.report, self.serving)
 
     def reap(self):
         while True:
@@ -174,6 +174,10 @@ class Supervisor(Driver):
         number = self.handover.serving
         procname.set_title(self.cfg, "supervisor", self.app_name,
                            f"serving generation {number}" if number else "")
+
+    def serving(self):
+        """GET /health on --stats: a generation serves and no stop is under way."""
+        return self.handover.serving is not None and not self.stopping
 
     def report(self):
         handover = self.handover
