@@ -140,15 +140,17 @@ def test_max_requests_recycles_a_worker_replacement_first(run_server):
     [first] = server.wait_workers(1)
     statuses = [server.get("/pid")[0] for _ in range(12)]
     assert statuses == [200] * 12
-    poll(lambda: server.children() and first not in server.children(),
-         message="the worker to be recycled")
+    # The master logs the exit once it reaped the worker (a moment after the
+    # worker left /proc's children): wait for the line, not for the process.
+    old_exit = poll(lambda: re.search(rf"Worker 1 \(pid {first}\) exited", server.log()),
+                    message="the worker to be recycled")
     log = server.log()
     assert "--max-requests" in log
+    assert first not in server.children()
     # The replacement said it serves (it logs that just before the master can
     # see it ready) before the master let the old worker go.
     replacement = re.search(r"Booting worker 2 with pid: (\d+)", log)
-    old_exit = re.search(rf"Worker 1 \(pid {first}\) exited", log)
-    assert replacement and old_exit, log
+    assert replacement, log
     assert replacement.start() < old_exit.start(), log
 
 

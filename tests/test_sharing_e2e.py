@@ -139,9 +139,17 @@ def test_every_lookup_was_answered(measured):
 
 
 def test_plain_dicts_with_the_gc_recipe_are_copied_into_each_worker(measured):
-    """The control: shows the measurement can fail. Refcounts copy the pages."""
-    for growth in measured["dict"]["growth"]:
-        assert growth > 0.40 * measured["dataset"], _report(measured, "dict")
+    """The control: shows the measurement can fail. Refcounts copy the pages.
+
+    Every record is read once, by whichever worker got its connection: the
+    workers' copies add up to about the dataset however the kernel spread
+    the 32 connections (with an even spread each copies ~70%, as pages hold
+    records of both halves; an uneven one was seen at 70% and 30%), and
+    each worker copies a fair part of it."""
+    growth = measured["dict"]["growth"]
+    assert sum(growth) > 0.80 * measured["dataset"], _report(measured, "dict")
+    for each in growth:
+        assert each > 0.15 * measured["dataset"], _report(measured, "dict")
 
 
 @pytest.mark.skipif(not IMMORTAL, reason="immortal objects need Python 3.12+")
