@@ -83,8 +83,9 @@ def test_probes_use_the_ports_forkserve_binds():
     assert bound["bind"] == f"0.0.0.0:{ports['http']}"
     assert bound["stats"] == f"0.0.0.0:{ports['stats']}"
     assert found["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    for probe in ("readinessProbe", "livenessProbe"):  # forkserve's own, on the stats port
-        assert found[probe]["httpGet"] == {"path": "/health", "port": "stats"}
+    # forkserve's own answers, on the stats port
+    assert found["readinessProbe"]["httpGet"] == {"path": "/health", "port": "stats"}
+    assert found["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "stats"}
     # Loading may take minutes; liveness only starts once the startup probe passed.
     startup = found["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300

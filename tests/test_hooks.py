@@ -86,14 +86,19 @@ def test_post_request_sees_status_headers_and_bytes_sent(tmp_path):
                     "headers": {"X-TOKEN": "t"}}
 
 
-def test_a_list_body_stays_sized_so_the_server_can_set_content_length(tmp_path):
-    install(tmp_path, post_request=lambda worker, req, environ, resp: None)
+def test_a_list_body_stays_a_list_so_the_server_frames_it_with_content_length(tmp_path):
+    seen = {}
+    install(tmp_path, post_request=lambda worker, req, environ, resp: seen.update(sent=resp.sent))
 
     def app(environ, start_response):
         start_response("200 OK", [])
-        return [b"abc"]
+        return [b"abc", b"de"]
     body = hooks.wrap_app(app)({"REQUEST_METHOD": "GET"}, lambda s, h, e=None: None)
-    assert len(body) == 1
+    # forkserve.http.responder sends a list with its Content-Length, in one write;
+    # anything else goes out chunked
+    assert isinstance(body, list) and body == [b"abc", b"de"]
+    body.close()
+    assert seen == {"sent": 5}
 
 
 def test_without_request_hooks_the_application_is_not_wrapped(tmp_path):

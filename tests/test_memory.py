@@ -1285,3 +1285,4 @@ def test_stats_health_answers_from_the_servers_readiness_not_from_the_report():
     status, _, body = stats.respond("GET", "/health", no_report, ready=lambda: False)
     assert status == "503 Service Unavailable" and b"not serving" in body
     assert stats.respond("GET", "/health?x=1", no_report, ready=lambda: True)[0] == "200 OK"
+    assert stats.respond("GET", "/livez", no_report, ready=lambda: False)[0] == "200 OK"

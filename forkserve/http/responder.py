@@ -80,7 +80,8 @@ class Responder(Connection):
                 if self._fatal is not None:
                     raise self._fatal  # the application swallowed it
                 kind = type(result)
-                if (kind is list or kind is tuple) and not self.headers_sent:
+                if (kind is list or kind is tuple or isinstance(result, list)) \
+                        and not self.headers_sent:
                     data = result[0] if len(result) == 1 else b"".join(result)
                     self._send_head(data, len(data))
                 elif kind is FileWrapper and not self.headers_sent and self._send_file(result):

@@ -6,6 +6,8 @@
                 503 while they start or once the server stops: a readiness
                 check (Kubernetes, a load balancer) that no application
                 route has to provide
+  GET /livez    200 whenever the master's loop answers (a liveness check:
+                /health says 503 while a crashed generation is replaced)
 
 In the master it is served from the master's own select() loop by
 `StatsEndpoint`, with non-blocking sockets and a small per-connection
@@ -42,6 +44,8 @@ def respond(method: str, path: str, make_report, ready=_always):
     path = path.split("?", 1)[0]
     if method not in ("GET", "HEAD"):
         return "405 Method Not Allowed", "text/plain", b"only GET is served here\n"
+    if path == "/livez":
+        return "200 OK", "text/plain", b"alive\n"
     if path == "/health":
         if ready():
             return "200 OK", "text/plain", b"ready\n"

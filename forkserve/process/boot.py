@@ -4,8 +4,8 @@
 2. Bind every address (a port in use fails now, not after a long load).
 3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports.
 4. Import the application: its dataset loads here, once, in the master.
-5. listen(), log the real addresses, write the pid file.
-6. gc.freeze() + gc.set_threshold(0) (cow.harden), then fork workers
+5. gc.freeze() + gc.set_threshold(0) (cow.harden), then the post_freeze hook.
+6. listen(), log the real addresses, write the pid file; then fork workers
    (forkserve.process.master) or serve from this process (forkserve.process.single).
 
 `run()` returns an exit status; it never leaves a socket bound, a pid file
@@ -43,6 +43,10 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     app_name = app_name or cfg.app or "app"
     for message in moot:
         log.warning("%s", message)
+    if cfg.check_config:  # binds nothing: the checked server may be running on the port
+        if app is None and _load(cfg) is None:
+            return exits.APP_LOAD_ERROR
+        return _checked(app_name, moot)
     try:
         hooks.on_starting()
         listeners, stats_listener = _bind(cfg, role)
@@ -58,16 +62,14 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
             app = _load(cfg)
             if app is None:
                 return exits.APP_LOAD_ERROR
-        if cfg.check_config:
-            return _checked(app_name, moot)
+        serving.preload()
+        autoreload.install(cfg, role)
+        cow.harden()
+        hooks.post_freeze()  # before the hold: what it starts must not inherit blocked signals
         signals.hold()  # until the master or single server has its handlers
         _listen(cfg, listeners, stats_listener)
         if cfg.pid and not role.supervised:  # the supervisor keeps the pid file
             pidfile = write_pidfile(cfg.pid)
-        serving.preload()
-        autoreload.install(cfg, role)
-        cow.harden()
-        hooks.post_freeze()
         return hooks.on_exit(_serve(cfg, app, listeners, app_name, stats_listener, role))
     except exits.HaltServer as halt:
         log.error("%s", halt.reason)

@@ -346,8 +346,10 @@ class _HookedApp:
         except BaseException:
             self._post(worker, request, environ, response)
             raise
-        body = _SizedBody if hasattr(result, "__len__") else _Body
-        return body(result, lambda: self._post(worker, request, environ, response), response)
+        after = lambda: self._post(worker, request, environ, response)  # noqa: E731
+        if isinstance(result, (list, tuple)):
+            return _ListBody(result, after, response)
+        return _Body(result, after, response)
 
     def _post(self, worker, request, environ, response):
         try:
@@ -378,16 +380,21 @@ class _Body:
             self.after()
 
 
-class _SizedBody(_Body):
-    """A sized iterable (a list) stays sized, so the server still sets its
-    Content-Length; the server may iterate it twice, so count it once, at close."""
+class _ListBody(list):
+    """A list result stays a list, so the server still frames it with its
+    Content-Length and sends it in one write; close() runs post_request."""
 
-    def __len__(self):
-        return len(self.result)
-
-    def __iter__(self):
-        return iter(self.result)
+    def __init__(self, result, after, response):
+        super().__init__(result)
+        self._result = result
+        self._after = after
+        self._response = response
 
     def close(self):
-        self.response.sent = sum(len(chunk) for chunk in self.result)
-        super().close()
+        self._response.sent = sum(len(chunk) for chunk in self)
+        try:
+            close = getattr(self._result, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._after()

@@ -148,6 +148,7 @@ class SingleServer(Driver):
     # --- what the hand-over asks of this process (generations.Driver) ---
 
     def retire(self, number):
+        hooks.pre_retire(self.generation)
         self.draining = True  # the loop ends; run() drains, then hands over
 
     def become_supervisor(self, action):
@@ -160,8 +161,11 @@ class SingleServer(Driver):
         return self.stop_mode is None
 
     def report(self):
+        if self.generations.pids:  # a reload: the tree has a generation under us
+            return reporter.collect(reporter.discover(os.getpid()))
         return reporter.collect([reporter.ProcessInfo(pid=os.getpid(), role="single",
-                                                  worker_id=None, requests=self.requests)])
+                                                      worker_id=None, requests=self.requests,
+                                                      generation=self.generation)])
 
     def _start_stats(self):
         if self.stats_listener is None:

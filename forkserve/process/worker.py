@@ -71,8 +71,10 @@ class Worker:
     def start(self):
         """Entry point in the child. Never returns."""
         try:
-            hooks.post_fork(self)
             self.init_process()
+            # After init_process: the signals the master blocked across the
+            # fork are unblocked, so what the hook starts does not inherit them.
+            hooks.post_fork(self)
             hooks.post_worker_init(self)
             self.boot_servers()
         except BaseException:
