@@ -33,6 +33,7 @@ class Connection:
         self.client_address = address
         self.server = server
         self.rfile = sock.makefile("rb", READ_BUFFER)
+        self._fd = sock.fileno()
         self._linger = False
         self._throw = getcurrent().throw
         limits = server.limits
@@ -65,7 +66,19 @@ class Connection:
             count -= sent
 
     def _send(self, data):
-        self._guarded(self.socket.sendall, data)
+        """Send all of `data`: one write(2) when the socket takes it all (the
+        usual case: no timer, no SO_SNDBUF query as in gevent's sendall);
+        the rest, if any, waits for the client under send_timeout."""
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as ex:
+            if ex.errno not in GONE_ERRNOS:
+                raise
+            raise ClientDisconnected("client went away during the response") from ex
+        if sent < len(data):
+            self._guarded(self.socket.sendall, memoryview(data)[sent:])
 
     def _guarded(self, send, *args):
         """Run a send under send_timeout; a client that is gone or does not
