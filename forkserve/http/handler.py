@@ -169,7 +169,7 @@ class Handler(Responder):
                     started = rfile.peek(1)
                 else:
                     self._arm(self._idle_timer)
-                    started = rfile.peek(1)
+                    started = rfile.peek(1, wait_first=True)
                     self._disarm(self._idle_timer)
                     self._arm(self._head_timer)
                 if not started:
