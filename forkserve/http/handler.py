@@ -46,7 +46,7 @@ from forkserve.http.body import Body
 from forkserve.http.h1 import (  # the grammar; re-exported names are in __all__
     _Expired, BLANK_LINES, body_framing,
     chunk_size, ClientDisconnected, escape, GONE_ERRNOS, header_field,
-    Limits, request_line, request_target, RequestError, valid_host,
+    Limits, MEMO_MAX, request_line, request_target, RequestError, valid_host,
 )
 from forkserve.http.responder import Responder
 from forkserve.http.response import ApplicationError, FileWrapper
@@ -63,6 +63,19 @@ IDLE, HEAD, BUSY = "idle", "head", "busy"
 #: seconds, starving the other connections and the worker's heartbeat, and
 #: the master killed the "blocked" worker (connections reset mid-blast).
 YIELD_EVERY = 16
+
+#: header name as sent -> its environ key (CONTENT_TYPE, HTTP_USER_AGENT)
+_KEYS = {}
+
+
+def _environ_key(name):
+    key = name.upper().replace("-", "_")
+    if key not in ("CONTENT_LENGTH", "CONTENT_TYPE"):
+        key = "HTTP_" + key
+    if len(_KEYS) < MEMO_MAX:
+        _KEYS[name] = key
+    return key
+
 
 _EMPTY_BODY = Body(None, 0, False, Limits())  # shared: a length-0 Body never reads
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -105,6 +118,11 @@ class Handler(Responder):
         self._served = 0
         self._started = 0.0
         self._proxy_info = None   # what a PROXY protocol header said, if one came
+        # The environ's part that is the same for every request on this connection.
+        self._base_env = env = server.base_env.copy()
+        if isinstance(address, tuple):
+            env["REMOTE_ADDR"] = address[0]
+            env["REMOTE_PORT"] = str(address[1])
 
     # -- connection loop
 
@@ -213,7 +231,7 @@ class Handler(Responder):
         method, target, version = parsed
         self.requestline = line[:-2].decode("latin-1")
 
-        env = server.base_env.copy()
+        env = self._base_env.copy()
         size_max = limits.field_size_max
         content_lengths = []
         hosts = 0
@@ -227,7 +245,7 @@ class Handler(Responder):
             name, value = field
             if "_" in name:
                 continue  # dropped, like gunicorn: X_Forwarded_For must not pose as X-Forwarded-For
-            key = name.upper().replace("-", "_")
+            key = _KEYS.get(name) or _environ_key(name)
             if key == "CONTENT_LENGTH":
                 content_lengths.append(value)
                 env["CONTENT_LENGTH"] = value
@@ -237,9 +255,8 @@ class Handler(Responder):
                     raise RequestError(400, "more than one Content-Type header")
                 env["CONTENT_TYPE"] = value
                 continue
-            if key == "HOST":
+            if key == "HTTP_HOST":
                 hosts += 1
-            key = "HTTP_" + key
             if key in env:
                 env[key] += ("; " if key == "HTTP_COOKIE" else ",") + value
             else:
@@ -290,10 +307,6 @@ class Handler(Responder):
         env["RAW_URI"] = env["REQUEST_URI"] = target
         env["PATH_INFO"] = unquote(path, "latin-1") if "%" in path else path
         env["QUERY_STRING"] = query
-        address = self.client_address
-        if isinstance(address, tuple):
-            env["REMOTE_ADDR"] = address[0]
-            env["REMOTE_PORT"] = str(address[1])
 
     # -- the request body
 
