@@ -210,6 +210,23 @@ class Reader:
             self._data, self._pos = chunk, 0
         return self._data[self._pos:]
 
+    def head_lines(self, size_max):
+        """If a whole request head of at most `size_max` bytes is buffered,
+        consume it and return its lines as readline() would have (each with
+        its line end, the blank line last); else None, nothing consumed.
+        With `size_max` no more than any line limit, no line can be over
+        its limit, so the caller parses the lines as it parses readline()'s.
+        """
+        data, pos = self._data, self._pos
+        end = data.find(b"\r\n\r\n", pos, pos + size_max)
+        if end < 0:
+            return None
+        head = data[pos:end + 4]
+        if head.count(b"\r") != head.count(b"\r\n"):
+            return None  # a bare CR: splitlines() would split where readline() does not
+        self._pos = end + 4
+        return head.splitlines(True)
+
     def peek(self, size=1, wait_first=False):
         """At least one byte (b"" at EOF), waiting for it if none is buffered."""
         if self._pos == len(self._data) and not self._fill(wait_first):

@@ -38,6 +38,7 @@ Invariants, and why:
 
 import logging
 import time
+from functools import partial
 from urllib.parse import unquote
 
 from gevent import sleep
@@ -218,13 +219,20 @@ class Handler(Responder):
     def _read_head(self):
         server = self.server
         limits = server.limits
-        readline = self.rfile.readline
         line_max = limits.line_max
-        line = readline(line_max + 2)
+        size_max = limits.field_size_max
+        rfile = self.rfile
+        lines = rfile.head_lines(min(line_max + 2, size_max))
+        if lines is not None:  # the usual case: the whole head is buffered
+            next_line = field_line = iter(lines).__next__
+        else:
+            next_line = partial(rfile.readline, line_max + 2)
+            field_line = partial(rfile.readline, size_max)
+        line = next_line()
         for _ in range(BLANK_LINES):
             if line != b"\r\n":
                 break
-            line = readline(line_max + 2)
+            line = next_line()
         parsed = request_line(line, line_max)
         if parsed is None:
             return None
@@ -232,11 +240,10 @@ class Handler(Responder):
         self.requestline = line[:-2].decode("latin-1")
 
         env = self._base_env.copy()
-        size_max = limits.field_size_max
         content_lengths = []
         hosts = 0
         for _ in range(limits.fields_max + 1):
-            line = readline(size_max)
+            line = field_line()
             if line == b"\r\n":
                 break
             field = header_field(line, size_max)
