@@ -116,7 +116,8 @@ class Connection:
             timer.stop()
 
     def abort(self):
-        """Shut the connection down; a greenlet blocked on it wakes with EBADF."""
+        """Shut the connection down; a greenlet blocked on it wakes (a read sees EOF,
+        a send EPIPE)."""
         sock = self.socket
         if sock is not None:
             try:
