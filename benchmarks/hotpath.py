@@ -58,26 +58,26 @@ from benchmarks.servers import ServerSpec  # noqa: E402
 #: the order of this table breaks ties within one frame only.
 CATEGORIES = (
     ("getsockopt(SO_SNDBUF) in gevent's sendall", r"getsockopt"),
-    ("send: syscall + gevent sendall", r"^(SocketMixin\.send|SocketMixin\.sendall|_sendall|"
-                                       r"__send_chunk) \(gevent/"),
-    ("recv: syscall + gevent recv_into + socket.SocketIO", r"^(SocketMixin\.recv_into|"
-                                                           r"SocketMixin\.recv|SocketIO\.readinto)"),
+    ("send: write(2) in Connection._send (gevent sendall for a short write)",
+     r"^(Connection\._send|SocketMixin\.send|SocketMixin\.sendall|_sendall|__send_chunk) "),
+    ("recv: read(2) and its buffer (connection.Reader)",
+     r"^(Reader\.\w+|SocketMixin\.recv_into|SocketMixin\.recv|SocketIO\.readinto) "),
     ("the application", r"\(benchmarks/hello_app\.py|\(examples/"),
     ("request line + header grammar (h1.py)", r"\(forkserve/http/h1\.py"),
-    ("start_response + header validation (pywsgi)", r"^WSGIHandler\.start_response "),
-    ("response headers: finalize_headers, _write_with_headers",
-     r"^(Handler\.finalize_headers|WSGIHandler\._write_with_headers|WSGIHandler\.write) "),
-    ("response body: Handler._write/_sendall", r"^Handler\.(_write|_sendall) "),
-    ("header/idle timers: _arm/_disarm/_bounded", r"^Handler\.(_arm|_disarm|_bounded) "),
-    ("per-request stats: on_request, scoreboard", r"_count_request|scoreboard\.py"),
-    ("access log", r"_log_access|logging/"),
-    ("environ building + head loop (_read_head, get_environ)",
-     r"^(Handler\._read_head|WSGIServer\.get_environ|WSGIHandler\.get_environ) "),
-    ("request loop: _next_request, _read_request, _respond",
-     r"^Handler\.(_next_request|_read_request|_respond) "),
+    ("start_response + response head (responder.py, response.py)",
+     r"^(Responder\.(start_response|_send_head|_frame|write)|plan_head|encode_head|"
+     r"check_start_response|Server\.http_date) "),
+    ("forwarded_allow_ips, PROXY protocol (proxy.py)", r"\(forkserve/http/proxy\.py|ipaddress\.py"),
+    ("header/idle/send timers: _arm/_disarm/_guarded", r"^Connection\.(_arm|_disarm|_guarded) "),
+    ("per-request stats: on_request, scoreboard", r"_count_request|scoreboard\.py|handover\.py"),
+    ("access log", r"log_access|accesslog\.py|logging/"),
+    ("environ building + head loop (_read_head, make_environ)",
+     r"^Handler\.(_read_head|make_environ) "),
+    ("request loop: _next_request, _read_request, _respond, yield every 16",
+     r"^(Handler\.(_next_request|_read_request)|Responder\._respond) |^sleep \(gevent/hub"),
     ("new connection: accept, Handler.__init__, close",
-     r"^(Handler\.__init__|WSGIHandler\.__init__|Handler\._close|Handler\.handle |"
-     r"Server\.handle|BaseServer\._do_read|.*accept|_handle_and_close_when_done)"),
+     r"^(Handler\.__init__|Responder\.__init__|Connection\.(__init__|_close)|Handler\.handle |"
+     r"Server\.(_serve|_accept_loop)|.*accept)"),
     ("gevent hub: loop, switches, callbacks", r"\(gevent/(hub|_hub_primitives|_waiter|"
                                               r"_greenlet_primitives|greenlet)\.py|^Hub\."),
     # Last, so that a rewritten handler's functions land here until rules

@@ -2,7 +2,8 @@
 
 from benchmarks import hotpath
 
-SEND = "SocketMixin.send (gevent/_socketcommon.py:716)"
+SEND = "Connection._send (forkserve/http/connection.py:69)"
+SENDING = "send: write(2) in Connection._send (gevent sendall for a short write)"
 OUTER = ("_handle_and_close_when_done (gevent/baseserver.py:34);"
          "Server.handle (forkserve/http/server.py:120);"
          "Handler.handle (forkserve/http/handler.py:79);"
@@ -10,9 +11,9 @@ OUTER = ("_handle_and_close_when_done (gevent/baseserver.py:34);"
 
 
 def test_a_sample_goes_to_its_innermost_matching_frame():
-    sending = OUTER.split(";") + ["Handler._respond (forkserve/http/handler.py:264)",
-                                  "Handler._sendall (forkserve/http/handler.py:354)", SEND]
-    assert hotpath.categorize(sending) == "send: syscall + gevent sendall"
+    sending = OUTER.split(";") + ["Responder._respond (forkserve/http/responder.py:85)",
+                                  "Responder._send_head (forkserve/http/responder.py:134)", SEND]
+    assert hotpath.categorize(sending) == SENDING
     parsing = OUTER.split(";") + ["Handler._read_head (forkserve/http/handler.py:174)",
                                   "request_line (forkserve/http/h1.py:137)"]
     assert hotpath.categorize(parsing) == "request line + header grammar (h1.py)"
@@ -24,7 +25,7 @@ def test_py_spy_raw_lines_become_category_shares():
     samples = hotpath.parse_pyspy_raw(text)
     assert [count for _, count in samples] == [3, 1]
     shares = hotpath.category_shares(samples)
-    assert shares == {"send: syscall + gevent sendall": 0.75,
+    assert shares == {SENDING: 0.75,
                       "request line + header grammar (h1.py)": 0.25}
     assert hotpath.leaf_shares(samples)[0] == (SEND, 0.75)
 

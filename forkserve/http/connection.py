@@ -13,13 +13,13 @@ gone, becomes ClientDisconnected and the connection is closed.
 import os
 from socket import SHUT_RDWR, SHUT_WR
 
-from gevent import getcurrent
+from gevent import getcurrent, get_hub
 from gevent.socket import wait_write
 
 from forkserve.http.h1 import (_Expired, ClientDisconnected, GONE_ERRNOS, LINGER_BYTES,
                                LINGER_SECONDS, REASONS)
 
-__all__ = ["Connection", "READ_BUFFER"]
+__all__ = ["Connection", "Reader", "READ_BUFFER"]
 
 #: Bytes read from the socket at a time into the connection's buffer.
 READ_BUFFER = 16384
@@ -32,7 +32,8 @@ class Connection:
         self.socket = sock
         self.client_address = address
         self.server = server
-        self.rfile = sock.makefile("rb", READ_BUFFER)
+        self._fd = sock.fileno()
+        self.rfile = Reader(self._fd, server.loop)
         self._linger = False
         self._throw = getcurrent().throw
         limits = server.limits
@@ -42,14 +43,10 @@ class Connection:
 
     def _buffered(self):
         """What the client already sent and nobody read yet, without waiting."""
-        sock = self.socket
-        sock.settimeout(0.0)
         try:
-            return self.rfile.peek(1)
+            return self.rfile.buffered()
         except OSError:
             return b""
-        finally:
-            sock.settimeout(None)
 
     def _sendfile(self, fileno, offset, count):
         out = self.socket.fileno()
@@ -65,7 +62,19 @@ class Connection:
             count -= sent
 
     def _send(self, data):
-        self._guarded(self.socket.sendall, data)
+        """Send all of `data`: one write(2) when the socket takes it all (the
+        usual case: no timer, no SO_SNDBUF query as in gevent's sendall);
+        the rest, if any, waits for the client under send_timeout."""
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as ex:
+            if ex.errno not in GONE_ERRNOS:
+                raise
+            raise ClientDisconnected("client went away during the response") from ex
+        if sent < len(data):
+            self._guarded(self.socket.sendall, memoryview(data)[sent:])
 
     def _guarded(self, send, *args):
         """Run a send under send_timeout; a client that is gone or does not
@@ -107,7 +116,8 @@ class Connection:
             timer.stop()
 
     def abort(self):
-        """Shut the connection down; a greenlet blocked on it wakes with EBADF."""
+        """Shut the connection down; a greenlet blocked on it wakes (a read sees EOF,
+        a send EPIPE)."""
         sock = self.socket
         if sock is not None:
             try:
@@ -154,6 +164,115 @@ class Connection:
         address = self.client_address
         return address[0] if isinstance(address, tuple) and address else "unix"
 
+
+class Reader:
+    """The connection's read buffer: read(n), readline(limit) and peek(n) as
+    io.BufferedReader has them, over os.read() on the non-blocking socket.
+
+    One read(2) per refill: when the caller expects nothing to be there yet
+    (`wait_first`: a keep-alive connection waiting for its next request),
+    it waits for readability first instead of trying a read that fails with
+    EAGAIN. Unread bytes stay in `_data` from `_pos` on (no copy per line).
+    """
+
+    __slots__ = ("_fd", "_data", "_pos", "_readable", "_wait")
+
+    def __init__(self, fd, loop):
+        self._fd = fd
+        self._data = b""
+        self._pos = 0
+        self._readable = loop.io(fd, 1)
+        self._wait = get_hub().wait
+
+    def _fill(self, wait_first=False):
+        """Append one read's bytes to the buffer; False at EOF."""
+        if wait_first:
+            self._wait(self._readable)
+        while True:
+            try:
+                chunk = os.read(self._fd, READ_BUFFER)
+                break
+            except BlockingIOError:
+                self._wait(self._readable)
+        if not chunk:
+            return False
+        pos = self._pos
+        self._data = self._data[pos:] + chunk if pos < len(self._data) else chunk
+        self._pos = 0
+        return True
+
+    def buffered(self):
+        """What is buffered, or what one read gets without waiting (b"" if nothing)."""
+        if self._pos == len(self._data):
+            try:
+                chunk = os.read(self._fd, READ_BUFFER)
+            except BlockingIOError:
+                return b""
+            self._data, self._pos = chunk, 0
+        return self._data[self._pos:]
+
+    def head_lines(self, size_max):
+        """If a whole request head of at most `size_max` bytes is buffered,
+        consume it and return its lines as readline() would have (each with
+        its line end, the blank line last); else None, nothing consumed.
+        With `size_max` no more than any line limit, no line can be over
+        its limit, so the caller parses the lines as it parses readline()'s.
+        """
+        data, pos = self._data, self._pos
+        end = data.find(b"\r\n\r\n", pos, pos + size_max)
+        if end < 0:
+            return None
+        head = data[pos:end + 4]
+        if head.count(b"\r") != head.count(b"\r\n"):
+            return None  # a bare CR: splitlines() would split where readline() does not
+        self._pos = end + 4
+        return head.splitlines(True)
+
+    def peek(self, size=1, wait_first=False):
+        """At least one byte (b"" at EOF), waiting for it if none is buffered."""
+        if self._pos == len(self._data) and not self._fill(wait_first):
+            return b""
+        return self._data[self._pos:]
+
+    def readline(self, limit=-1):
+        """Up to and including the next LF, at most `limit` bytes (fewer at EOF)."""
+        while True:
+            data, pos = self._data, self._pos
+            end = len(data) if limit is None or limit < 0 else min(len(data), pos + limit)
+            found = data.find(b"\n", pos, end)
+            if found >= 0:
+                end = found + 1
+            elif end == len(data) and (limit is None or limit < 0 or len(data) - pos < limit):
+                if self._fill():
+                    continue
+            self._pos = end
+            return data[pos:end]
+
+    def read(self, size=-1):
+        """`size` bytes, fewer only at EOF; size < 0 reads to EOF."""
+        data, pos = self._data, self._pos
+        if 0 <= size <= len(data) - pos:
+            self._pos = pos + size
+            return data[pos:pos + size]
+        parts = [data[pos:]]
+        have = len(data) - pos
+        self._data, self._pos = b"", 0
+        while size < 0 or have < size:
+            if not self._fill():
+                break
+            chunk = self._data
+            if size >= 0 and have + len(chunk) > size:
+                chunk = chunk[:size - have]
+                self._pos = len(chunk)
+            else:
+                self._data = b""
+            parts.append(chunk)
+            have += len(chunk)
+        return b"".join(parts)
+
+    def close(self):
+        self._readable.close()
+        self._data, self._pos = b"", 0
 
 
 def _timer(loop, seconds):

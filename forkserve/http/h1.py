@@ -34,6 +34,7 @@ Decisions where the RFCs leave a choice (also in README "HTTP"):
 import errno
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 
 __all__ = ["Limits", "RequestError", "ClientDisconnected", "escape",
@@ -100,17 +101,17 @@ class Limits:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
 
-    @property
+    @cached_property  # computed once: the handler reads these per request
     def line_max(self):
         """Longest request line, without its CRLF."""
         return min(self.limit_request_line, LINE_MAX) or LINE_CEILING
 
-    @property
+    @cached_property
     def field_size_max(self):
         """Longest header line, with its CRLF."""
         return min(self.limit_request_field_size or LINE_CEILING, LINE_CEILING)
 
-    @property
+    @cached_property
     def fields_max(self):
         return min(self.limit_request_fields or FIELDS_MAX, FIELDS_MAX)
 
@@ -227,7 +228,19 @@ def request_target(method, target):
 
 def valid_host(value):
     """True if `value` is a valid Host field value (RFC 9110 7.2)."""
-    return _HOST.fullmatch(value) is not None
+    if value in _VALID_HOSTS:
+        return True
+    if _HOST.fullmatch(value) is None:
+        return False
+    if len(_VALID_HOSTS) < MEMO_MAX:
+        _VALID_HOSTS.add(value)
+    return True
+
+
+#: Most requests repeat a handful of Host values and header names; results
+#: for up to this many distinct ones are remembered (then no more are added).
+MEMO_MAX = 1024
+_VALID_HOSTS = set()
 
 
 def header_field(line, size_max):

@@ -38,6 +38,7 @@ Invariants, and why:
 
 import logging
 import time
+from functools import partial
 from urllib.parse import unquote
 
 from gevent import sleep
@@ -46,7 +47,7 @@ from forkserve.http.body import Body
 from forkserve.http.h1 import (  # the grammar; re-exported names are in __all__
     _Expired, BLANK_LINES, body_framing,
     chunk_size, ClientDisconnected, escape, GONE_ERRNOS, header_field,
-    Limits, request_line, request_target, RequestError, valid_host,
+    Limits, MEMO_MAX, request_line, request_target, RequestError, valid_host,
 )
 from forkserve.http.responder import Responder
 from forkserve.http.response import ApplicationError, FileWrapper
@@ -63,6 +64,19 @@ IDLE, HEAD, BUSY = "idle", "head", "busy"
 #: seconds, starving the other connections and the worker's heartbeat, and
 #: the master killed the "blocked" worker (connections reset mid-blast).
 YIELD_EVERY = 16
+
+#: header name as sent -> its environ key (CONTENT_TYPE, HTTP_USER_AGENT)
+_KEYS = {}
+
+
+def _environ_key(name):
+    key = name.upper().replace("-", "_")
+    if key not in ("CONTENT_LENGTH", "CONTENT_TYPE"):
+        key = "HTTP_" + key
+    if len(_KEYS) < MEMO_MAX:
+        _KEYS[name] = key
+    return key
+
 
 _EMPTY_BODY = Body(None, 0, False, Limits())  # shared: a length-0 Body never reads
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -105,6 +119,11 @@ class Handler(Responder):
         self._served = 0
         self._started = 0.0
         self._proxy_info = None   # what a PROXY protocol header said, if one came
+        # The environ's part that is the same for every request on this connection.
+        self._base_env = env = server.base_env.copy()
+        if isinstance(address, tuple):
+            env["REMOTE_ADDR"] = address[0]
+            env["REMOTE_PORT"] = str(address[1])
 
     # -- connection loop
 
@@ -169,7 +188,7 @@ class Handler(Responder):
                     started = rfile.peek(1)
                 else:
                     self._arm(self._idle_timer)
-                    started = rfile.peek(1)
+                    started = rfile.peek(1, wait_first=True)
                     self._disarm(self._idle_timer)
                     self._arm(self._head_timer)
                 if not started:
@@ -200,25 +219,31 @@ class Handler(Responder):
     def _read_head(self):
         server = self.server
         limits = server.limits
-        readline = self.rfile.readline
         line_max = limits.line_max
-        line = readline(line_max + 2)
+        size_max = limits.field_size_max
+        rfile = self.rfile
+        lines = rfile.head_lines(min(line_max + 2, size_max))
+        if lines is not None:  # the usual case: the whole head is buffered
+            next_line = field_line = iter(lines).__next__
+        else:
+            next_line = partial(rfile.readline, line_max + 2)
+            field_line = partial(rfile.readline, size_max)
+        line = next_line()
         for _ in range(BLANK_LINES):
             if line != b"\r\n":
                 break
-            line = readline(line_max + 2)
+            line = next_line()
         parsed = request_line(line, line_max)
         if parsed is None:
             return None
         method, target, version = parsed
         self.requestline = line[:-2].decode("latin-1")
 
-        env = server.base_env.copy()
-        size_max = limits.field_size_max
+        env = self._base_env.copy()
         content_lengths = []
         hosts = 0
         for _ in range(limits.fields_max + 1):
-            line = readline(size_max)
+            line = field_line()
             if line == b"\r\n":
                 break
             field = header_field(line, size_max)
@@ -227,7 +252,7 @@ class Handler(Responder):
             name, value = field
             if "_" in name:
                 continue  # dropped, like gunicorn: X_Forwarded_For must not pose as X-Forwarded-For
-            key = name.upper().replace("-", "_")
+            key = _KEYS.get(name) or _environ_key(name)
             if key == "CONTENT_LENGTH":
                 content_lengths.append(value)
                 env["CONTENT_LENGTH"] = value
@@ -237,9 +262,8 @@ class Handler(Responder):
                     raise RequestError(400, "more than one Content-Type header")
                 env["CONTENT_TYPE"] = value
                 continue
-            if key == "HOST":
+            if key == "HTTP_HOST":
                 hosts += 1
-            key = "HTTP_" + key
             if key in env:
                 env[key] += ("; " if key == "HTTP_COOKIE" else ",") + value
             else:
@@ -290,10 +314,6 @@ class Handler(Responder):
         env["RAW_URI"] = env["REQUEST_URI"] = target
         env["PATH_INFO"] = unquote(path, "latin-1") if "%" in path else path
         env["QUERY_STRING"] = query
-        address = self.client_address
-        if isinstance(address, tuple):
-            env["REMOTE_ADDR"] = address[0]
-            env["REMOTE_PORT"] = str(address[1])
 
     # -- the request body
 

@@ -41,6 +41,10 @@ class ProxyInfo:
         self.client_port = client_port
 
 
+#: Peer addresses whose answer an AddressList remembers (then no more are added).
+KNOWN_MAX = 4096
+
+
 class AddressList:
     """A forwarded_allow_ips / proxy_allow_ips list: addresses, networks or '*'."""
 
@@ -49,14 +53,24 @@ class AddressList:
         self.everyone = "*" in items
         self.networks = [ipaddress.ip_network(item, strict=False)
                          for item in items if item != "*"]
+        self._known = {}  # host -> in the list; a connection's peer asks per request
 
     def __contains__(self, peer):
         if not isinstance(peer, tuple):
             return True  # a unix socket: only local processes can connect
         if self.everyone:
             return True
+        host = peer[0]
+        known = self._known.get(host)
+        if known is None:
+            known = self._match(host)
+            if len(self._known) < KNOWN_MAX:
+                self._known[host] = known
+        return known
+
+    def _match(self, host):
         try:
-            address = ipaddress.ip_address(peer[0])
+            address = ipaddress.ip_address(host)
         except ValueError:
             return False
         return any(address in network for network in self.networks)
