@@ -23,6 +23,18 @@ log = logging.getLogger("forkserve.error")
 FORK_ERRNOS = {errno.EAGAIN, errno.ENOMEM}
 
 
+def reaped(waitpid):
+    """(pid, status) of each child that has exited, without blocking."""
+    while True:
+        try:
+            pid, status = waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no children at all
+        if pid == 0:
+            return
+        yield pid, status
+
+
 class Generations:
     """The generation processes this process started: spawn, ready, signal, reap.
 

@@ -33,9 +33,10 @@ from forkserve import exits
 from forkserve.memory import why
 from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
 from forkserve.exits import HaltServer
-from forkserve.process.generations import Driver, Generations
+from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.master_memory import WorkerMemory
+from forkserve.process.master_reload import MasterReload
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
@@ -67,7 +68,7 @@ class WorkerRecord:
         return self.state in ("booting", "ready")
 
 
-class Master(Driver, WorkerMemory):
+class Master(Driver, MasterReload, WorkerMemory):
     #: consecutive boot failures after which the master gives up
     max_boot_failures = 5
     #: first backoff delay after a boot failure; doubles each time
@@ -202,45 +203,6 @@ class Master(Driver, WorkerMemory):
             if record.state in ("booting", "ready"):
                 record.state = "retiring"
 
-    # --- reload: forkserve.process.handover decides, these carry it out ---
-
-    def check_reload(self):
-        now = self.clock()
-        for _ in self.generations.newly_ready():
-            self.apply(self.handover.ready(now))
-        self.apply(self.handover.tick(now))
-        if self.handover.retiring == self.generation and not self.workers:
-            self.apply(self.handover.gone(self.generation, "drained", now))
-
-    def retire(self, number):
-        if number == self.generation:
-            hooks.pre_retire(self.generation)
-            # `forkserve memory --pid` reads from the title which generation serves
-            procname.set_title(self.cfg, "master", self.app_name,
-                               f"serving generation {self.handover.serving}")
-            for record in list(self.workers.values()):
-                # each with its own SIGKILL deadline: the hand-over's ends
-                # if the new generation dies meanwhile
-                self.stop_worker(record)
-        else:
-            self.generations.signal(number, signal.SIGTERM)
-
-    def kill_own_workers(self):
-        # murder() SIGKILLs each retired worker at its own deadline (and
-        # clears it); this catches any still waiting for theirs.
-        for record in list(self.workers.values()):
-            if record.deadline is not None:
-                log.warning("Sending SIGKILL to worker %d (pid %d) of generation %d",
-                            record.worker_id, record.pid, self.generation)
-                record.deadline = None
-                self.kill(record, signal.SIGKILL)
-
-    def become_supervisor(self, action):
-        reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
-                               action.number, self.listeners,
-                               self.stats.listener if self.stats else None,
-                               reload_again=action.reload_again, queue=self.queue)
-
     def handle_ttin(self):
         if self.target >= self.scoreboard.capacity // 2:
             log.warning("TTIN ignored: already at %d workers", self.target)
@@ -281,13 +243,7 @@ class Master(Driver, WorkerMemory):
     # --- reap ---
 
     def reap(self):
-        while True:
-            try:
-                pid, status = self._waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in reaped(self._waitpid):
             number = self.generations.exited(pid)
             if number is not None:
                 outcome = exits.classify(status)

@@ -24,7 +24,7 @@ from forkserve.memory import cow, model, reporter
 from forkserve import exits, logs
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.config.settings import Config
-from forkserve.process.generations import Driver, Generations
+from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
@@ -105,13 +105,7 @@ class Supervisor(Driver):
             self.stats.service(readable, writable, self.report, self.serving)
 
     def reap(self):
-        while True:
-            try:
-                pid, status = self._waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in reaped(self._waitpid):
             number = self.generations.exited(pid)
             if number is None:
                 continue  # a worker of the generation this process used to be

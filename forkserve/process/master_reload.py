@@ -1,0 +1,57 @@
+"""The master's side of a reload: forkserve.process.handover decides, these
+carry it out.
+
+A mixin of Master (it uses the master's clock, workers, generations,
+handover, listeners and queue): the new generation's ready byte and the
+clock go to the hand-over; when the new generation serves, the master's own
+workers are retired (each with its SIGKILL deadline) and, once they are
+gone, the master execs into the supervisor.
+"""
+
+import logging
+import signal
+
+from forkserve.process import hooks, procname, reload
+
+__all__ = ["MasterReload"]
+
+log = logging.getLogger("forkserve.error")
+
+
+class MasterReload:
+    def check_reload(self):
+        now = self.clock()
+        for _ in self.generations.newly_ready():
+            self.apply(self.handover.ready(now))
+        self.apply(self.handover.tick(now))
+        if self.handover.retiring == self.generation and not self.workers:
+            self.apply(self.handover.gone(self.generation, "drained", now))
+
+    def retire(self, number):
+        if number == self.generation:
+            hooks.pre_retire(self.generation)
+            # `forkserve memory --pid` reads from the title which generation serves
+            procname.set_title(self.cfg, "master", self.app_name,
+                               f"serving generation {self.handover.serving}")
+            for record in list(self.workers.values()):
+                # each with its own SIGKILL deadline: the hand-over's ends
+                # if the new generation dies meanwhile
+                self.stop_worker(record)
+        else:
+            self.generations.signal(number, signal.SIGTERM)
+
+    def kill_own_workers(self):
+        # murder() SIGKILLs each retired worker at its own deadline (and
+        # clears it); this catches any still waiting for theirs.
+        for record in list(self.workers.values()):
+            if record.deadline is not None:
+                log.warning("Sending SIGKILL to worker %d (pid %d) of generation %d",
+                            record.worker_id, record.pid, self.generation)
+                record.deadline = None
+                self.kill(record, signal.SIGKILL)
+
+    def become_supervisor(self, action):
+        reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
+                               action.number, self.listeners,
+                               self.stats.listener if self.stats else None,
+                               reload_again=action.reload_again, queue=self.queue)
