@@ -55,7 +55,10 @@ def test_workers_killed_at_random_under_load_only_fail_their_in_flight_requests(
             poll(lambda: victim not in server.children() and outcomes["ok"] > served + 5,
                  message="the victim reaped and serving going on")
         served = outcomes["ok"]
-        poll(lambda: outcomes["ok"] > served + 20, message="serving to go on")
+        # Serving goes on: well past the requests the kills failed (however
+        # slowly a loaded machine serves them).
+        poll(lambda: outcomes["ok"] > max(served + 20, 10 * outcomes["failed"]),
+             message="serving to go on")
     finally:
         stop.set()
         for thread in clients:
