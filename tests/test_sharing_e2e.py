@@ -141,15 +141,13 @@ def test_every_lookup_was_answered(measured):
 def test_plain_dicts_with_the_gc_recipe_are_copied_into_each_worker(measured):
     """The control: shows the measurement can fail. Refcounts copy the pages.
 
-    Every record is read once, by whichever worker got its connection: the
-    workers' copies add up to about the dataset however the kernel spread
-    the 32 connections (with an even spread each copies ~70%, as pages hold
-    records of both halves; an uneven one was seen at 70% and 30%), and
-    each worker copies a fair part of it."""
+    Every record is read once, by whichever worker got its connection. How
+    the kernel spreads the 32 connections between the two workers is not
+    the server's to decide (seen: even, 70%/30%, and all on one worker while
+    another test suite loaded both CPUs), so the control is the worker that
+    served: it copied most of the dataset by reading it."""
     growth = measured["dict"]["growth"]
-    assert sum(growth) > 0.80 * measured["dataset"], _report(measured, "dict")
-    for each in growth:
-        assert each > 0.15 * measured["dataset"], _report(measured, "dict")
+    assert max(growth) > 0.40 * measured["dataset"], _report(measured, "dict")
 
 
 @pytest.mark.skipif(not IMMORTAL, reason="immortal objects need Python 3.12+")
