@@ -3,6 +3,7 @@
 settings  every setting declared once (flag, env var, config key, default,
           help); the command line, config files and the README table come
           from it
+files     config files (Python or TOML) read into raw values and hooks
 values    the converters: text in, a typed value out, or an error that says
           what to write instead
 gunicorn  what forkserve does with each of Gunicorn's settings

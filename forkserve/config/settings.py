@@ -9,23 +9,21 @@ nothing else in the package lists settings.
 Precedence, lowest first: defaults, config file, environment, command line.
 
 This module only decides: it parses text into a `Config` and raises
-`ConfigError` with a message that says what to do. It reads no files except
-the config file it is asked to read.
+`ConfigError` with a message that says what to do. It reads no files itself:
+forkserve.config.files reads the config file it is asked to read.
 """
 
 import argparse
 import dataclasses
 import os
-import runpy
 import shlex
 import sys
-import tomllib
 from typing import Any, Callable
 
 from forkserve.memory.workergc import DEFAULT as _WORKER_GC_DEFAULT
 from forkserve.memory.workergc import parse_policy as _worker_gc_policy
 from forkserve.config import gunicorn
-from forkserve.config import values
+from forkserve.config import files, values
 from forkserve.config.values import ConfigError
 
 __all__ = ["Setting", "SETTINGS", "Config", "ConfigError", "parse", "settings_table"]
@@ -295,41 +293,6 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
     return parser
 
 
-def read_config_file(path: str) -> dict:
-    """Read a config file into {setting name: raw value}. Raises ConfigError."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} does not exist; check the path given to -c")
-    if path.endswith(".toml"):
-        try:
-            with open(path, "rb") as handle:
-                document = tomllib.load(handle)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
-        table = document.get("tool", {}).get("forkserve")
-        if table is None:
-            if os.path.basename(path) == "pyproject.toml":
-                raise ConfigError(f"config file {path} has no [tool.forkserve] table; add one")
-            table = document
-        return _known_keys(table, path, python=False)
-    try:
-        namespace = runpy.run_path(path, run_name="__forkserve_config__")
-    except SystemExit:
-        raise ConfigError(f"config file {path} called exit() while being read") from None
-    except Exception as exc:
-        raise ConfigError(f"config file {path} raised {type(exc).__name__}: {exc}") from None
-    return _known_keys(namespace, path, python=True)
-
-
-def _known_keys(table: dict, path: str, *, python: bool) -> dict:
-    """{setting: raw value}, with the file's hooks under the key "hooks"."""
-    try:
-        values, hooks = gunicorn.settings_from_file(table, set(BY_NAME), path, python=python)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    values["hooks"] = hooks
-    return values
-
-
 def parse(argv, environ=None, cwd=None) -> Config:
     """Turn command-line arguments, environment and config file into a Config."""
     environ = os.environ if environ is None else environ
@@ -345,7 +308,7 @@ def parse(argv, environ=None, cwd=None) -> Config:
     for default_file in ("forkserve.conf.py", "gunicorn.conf.py"):  # Gunicorn reads the latter
         if config_path is None and os.path.isfile(os.path.join(cwd, default_file)):
             config_path = os.path.join(cwd, default_file)
-    file_values = read_config_file(config_path) if config_path else {}
+    file_values = files.read_config_file(config_path, set(BY_NAME)) if config_path else {}
 
     values, sources = {}, {}
     for setting in SETTINGS:

@@ -3,6 +3,7 @@
 cow       the gc recipe: disable while loading, freeze before fork, never
           collect the frozen heap, leave through os._exit
 sharing   forkserve.share(): make a loaded dataset immortal (3.12+)
+walker    share()'s walk in pure Python, for when the C walker did not build
 procfs    pure parsers of /proc/PID/smaps_rollup, smaps, stat and titles
 model     the report: the server's process tree, private vs file memory
 render    the report as a table, log lines or Prometheus text

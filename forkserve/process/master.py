@@ -37,35 +37,15 @@ from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.master_memory import WorkerMemory
 from forkserve.process.master_reload import MasterReload
+from forkserve.process.workers import WorkerRecord
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
 from forkserve.process.worker import Worker
 
-__all__ = ["Master", "WorkerRecord"]
+__all__ = ["Master"]
 
 log = logging.getLogger("forkserve.error")
-
-
-class WorkerRecord:
-    __slots__ = ("index", "pid", "state", "ready", "deadline", "expected_exit", "generation")
-
-    def __init__(self, index, pid, generation):
-        self.index = index
-        self.pid = pid
-        self.state = "booting"     # booting, ready, retiring, stopping
-        self.ready = False
-        self.deadline = None       # when a stopping worker gets SIGKILL
-        self.expected_exit = False
-        self.generation = generation
-
-    @property
-    def worker_id(self):
-        return self.index + 1
-
-    @property
-    def counts_towards_target(self):
-        return self.state in ("booting", "ready")
 
 
 class Master(Driver, MasterReload, WorkerMemory):

@@ -1,0 +1,52 @@
+"""Config files: a Python file (module-level names, as gunicorn.conf.py) or
+a TOML file (its [tool.forkserve] table, or the whole file), read into
+{setting name: raw value} with the file's hooks under "hooks".
+
+Which names are settings, and what a Gunicorn name means, is decided by
+forkserve.config.gunicorn; forkserve.config.settings converts the values.
+"""
+
+import os
+import runpy
+import tomllib
+
+from forkserve.config import gunicorn
+from forkserve.config.values import ConfigError
+
+__all__ = ["read_config_file"]
+
+
+def read_config_file(path: str, known) -> dict:
+    """Read a config file into {setting name: raw value}, `known` being the
+    setting names. Raises ConfigError."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist; check the path given to -c")
+    if path.endswith(".toml"):
+        try:
+            with open(path, "rb") as handle:
+                document = tomllib.load(handle)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+        table = document.get("tool", {}).get("forkserve")
+        if table is None:
+            if os.path.basename(path) == "pyproject.toml":
+                raise ConfigError(f"config file {path} has no [tool.forkserve] table; add one")
+            table = document
+        return _known_keys(table, path, known, python=False)
+    try:
+        namespace = runpy.run_path(path, run_name="__forkserve_config__")
+    except SystemExit:
+        raise ConfigError(f"config file {path} called exit() while being read") from None
+    except Exception as exc:
+        raise ConfigError(f"config file {path} raised {type(exc).__name__}: {exc}") from None
+    return _known_keys(namespace, path, known, python=True)
+
+
+def _known_keys(table: dict, path: str, known, *, python: bool) -> dict:
+    """{setting: raw value}, with the file's hooks under the key "hooks"."""
+    try:
+        values, hooks = gunicorn.settings_from_file(table, known, path, python=python)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    values["hooks"] = hooks
+    return values
