@@ -74,3 +74,21 @@ def test_the_last_of_repeated_response_headers_is_logged_as_in_gunicorn():
 def test_a_broken_format_is_refused_with_a_hint():
     with pytest.raises(ValueError, match="write atoms as"):
         AccessFormat("%(h)s %(")
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"HTTP_USER_AGENT": 'a "quoted" agent'}, {"HTTP_REFERER": "back\\slash"},
+    {"HTTP_USER_AGENT": "new\nline"}, {"HTTP_USER_AGENT": "caf\u00e9"},
+    {"HTTP_USER_AGENT": "del\x7f"}, {"REMOTE_ADDR": "::1"},
+    {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode("\u00e9ve:pw".encode()).decode()},
+    {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(b"bob:pw").decode()},
+])
+@pytest.mark.parametrize("status, sent", [(200, 12), (304, 0), (None, None)])
+def test_the_default_formats_own_path_writes_what_the_general_path_writes(changes, status, sent):
+    environ = {**ENVIRON, **changes}
+    request_line = "GET /a%20b?x=1 HTTP/1.1"
+    fast = AccessFormat(DEFAULT)
+    general = AccessFormat(DEFAULT + " ")  # not DEFAULT: takes the general path
+    assert fast.line.__name__ == "_default_line" and general.line.__name__ == "line"
+    expected = general.line(environ, request_line, status, (), sent, 0.5, now=NOON)[:-1]
+    assert fast.line(environ, request_line, status, (), sent, 0.5, now=NOON) == expected

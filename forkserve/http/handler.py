@@ -36,7 +36,6 @@ Invariants, and why:
   when it returns an iterator.
 """
 
-import logging
 import time
 from functools import partial
 from urllib.parse import unquote
@@ -157,8 +156,11 @@ class Handler(Responder):
                 server.on_request()
             except Exception:
                 server.logger.exception("on_request callback failed")
-        if server.access_log is not None:
-            self.log_access(env)
+        sink = server.access_sink
+        if sink is not None:  # the access log: a line for a request the application saw
+            sink(env, self.requestline, self.code,
+                 self._response_headers if self.headers_sent else (),
+                 self._body_sent if self.code else None, self._started)
         body = self.body
         if body.error is not None:
             if isinstance(body.error, RequestError):
@@ -347,13 +349,3 @@ class Handler(Responder):
     def _log_refusal(self, error):
         self.server.logger.info("refused request from %s: %d %s",
                                 self._peer(), error.status, error.reason)
-
-    def log_access(self, env):
-        """One line for a request the application saw, in access_log_format."""
-        server = self.server
-        if server.access_log.isEnabledFor(logging.INFO):
-            server.access_write(server.access_format.line(
-                env, self.requestline, self.code,
-                self._response_headers if self.headers_sent else (),
-                self._body_sent if self.code else None, time.perf_counter() - self._started))
-

@@ -94,7 +94,7 @@ class Server:
     def __init__(self, listener, app, *, worker_connections=1000, limits=None,
                  access_log=None, error_log=None, multiprocess=True,
                  on_request=None, server_name=None, pool=None, access_format=None,
-                 access_write=None, proxy=None):
+                 access_sink=None, proxy=None):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.process.sockets first")
@@ -102,10 +102,14 @@ class Server:
         self.application = app
         self.limits = limits if limits is not None else Limits()
         self.access_log = access_log
-        #: the access log's line format (access_log_format), and where a line
-        #: goes (default: access_log at INFO)
+        #: the access log's line format (access_log_format), and, with an
+        #: access log, what logs a request: a function of AccessFormat.line's
+        #: arguments with `started` (the time.perf_counter() reading when the
+        #: request's head began) for `seconds` and no `now` (default: the
+        #: line, to access_log at INFO)
         self.access_format = access_format if access_format is not None else AccessFormat()
-        self.access_write = access_write if access_write is not None else self._write_access
+        self.access_sink = None if access_log is None else (
+            access_sink if access_sink is not None else self._log_access)
         #: what a proxy in front may say (forwarded_allow_ips, PROXY protocol)
         self.proxy = proxy if proxy is not None else ProxyPolicy()
         self.logger = error_log if error_log is not None else logging.getLogger("forkserve.error")
@@ -214,8 +218,11 @@ class Server:
             self._acceptor.kill()
         self.socket.close()  # closing twice is harmless
 
-    def _write_access(self, line):
-        self.access_log.info("%s", line)
+    def _log_access(self, environ, request_line, status, response_headers, sent, started):
+        if self.access_log.isEnabledFor(logging.INFO):
+            self.access_log.info("%s", self.access_format.line(
+                environ, request_line, status, response_headers, sent,
+                time.perf_counter() - started))
 
     def drain(self, timeout):
         """Stop accepting and let every connection end by the handler's drain
