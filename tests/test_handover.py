@@ -434,12 +434,20 @@ def test_reload_master_kills_workers_that_outstay_the_graceful_timeout(master):
         master.workers)
 
 
-def test_reload_master_serves_again_when_the_new_generation_dies_after_ready(master):
+def test_reload_master_serves_again_when_the_new_generation_dies_after_ready(
+        master, monkeypatch):
+    from forkserve.process import procname
+    titles = []
+    monkeypatch.setattr(procname, "set_title",
+                        lambda cfg, role, app, detail="": titles.append((role, detail)))
     _hup_until_the_new_generation_serves(master)
+    assert titles[-1] == ("master", "serving generation 2")
     forks = len(master.fake.forked)
     _exit(master, master.generations.pid(2), signal.SIGKILL)
     _turn(master)
     assert len(master.fake.forked) == forks + 2  # fresh workers from the data it holds
+    # `forkserve memory --pid` must not label the fresh workers as draining
+    assert titles[-1] == ("master", "")
     for pid in [pid for pid, r in master.workers.items() if r.state == "stopping"]:
         _exit(master, pid)
     _turn(master)
@@ -595,3 +603,27 @@ def test_master_forks_a_worker_with_the_servers_signals_blocked(master):
     master.spawn_worker()
     assert masks and set(MASTER_SIGNALS) <= masks[0]
     assert not set(MASTER_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_master_accounts_for_every_exited_worker_before_a_raising_child_exit_halts(
+        master, monkeypatch):
+    from forkserve.exits import HaltServer
+    from forkserve.process import hooks
+
+    def child_exit(index, pid):  # as a config's child_exit hook that raises
+        raise HaltServer("the child_exit hook raised ValueError")
+
+    monkeypatch.setattr(hooks, "child_exit", child_exit)
+    _turn(master)
+    _make_ready(master)
+    for pid in list(master.workers):
+        _exit(master, pid, signal.SIGKILL)
+    with pytest.raises(HaltServer):
+        master.reap()
+    assert master.workers == {}  # both reaped, neither left for a halt to wait on
+    master.halting = True  # the halt's own cleanup reaps: a raising hook halts nothing more
+    _turn(master)  # forks two again (nothing stops this test's loop)
+    for pid in list(master.workers):
+        _exit(master, pid)
+    master.reap()
+    assert master.workers == {}

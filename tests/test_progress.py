@@ -38,6 +38,28 @@ def test_progress_shows_during_pure_cpu_work_and_the_timer_is_gone_after(caplog)
     assert messages[-1].startswith("loaded busy:app in 0.3 s")
 
 
+def test_an_application_that_takes_sigalrm_while_loading_keeps_its_handler_and_alarm(caplog):
+    import signal
+    caplog.set_level("INFO", logger="forkserve.error")
+    handler = signal.getsignal(signal.SIGALRM)
+    fired = []
+
+    def own(signum, frame):
+        fired.append(signum)
+
+    try:
+        with progress.loading("alarming:app", interval=0.05):
+            signal.signal(signal.SIGALRM, own)  # as an app's import might
+            signal.setitimer(signal.ITIMER_REAL, 30)
+        assert signal.getsignal(signal.SIGALRM) is own
+        assert 29 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30
+        assert any("installed its own SIGALRM handler" in record.getMessage()
+                   for record in caplog.records)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+
+
 def threads(pid):
     with open(f"/proc/{pid}/status") as handle:
         return int(re.search(r"Threads:\s+(\d+)", handle.read()).group(1))

@@ -7,10 +7,10 @@ workers stay clean:
 
     dispatch signals -> reap -> murder (timeouts, memory) -> manage -> sleep
 
-Signal handlers only enqueue (forkserve.process.signals); `handle_<name>()` methods
-run from the loop. The master waits with the original select(), fork() and
-waitpid() even when gevent has monkey-patched them for the application: the
-master never runs a gevent hub.
+Signal handlers only enqueue (forkserve.process.signals); `handle_<name>()`
+methods run from the loop. The master waits with the original select(),
+fork() and waitpid() even when gevent has monkey-patched them for the
+application: the master never runs a gevent hub.
 
 Recycling (--max-requests, --max-worker-memory) is always "replacement
 first": the worker is marked retiring, which stops it counting towards the
@@ -30,9 +30,9 @@ import signal
 import time
 
 from forkserve import exits
+from forkserve.exits import HaltServer
 from forkserve.memory import why
 from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
-from forkserve.exits import HaltServer
 from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.master_memory import WorkerMemory
@@ -70,6 +70,7 @@ class Master(Driver, MasterReload, WorkerMemory):
         self.boot_failures = 0
         self.next_spawn_at = 0.0
         self.stopping = None
+        self.halting = False  # a HaltServer is being carried out
         self.stop_deadline = None
         #: HUP reloads code and data in a new generation, unless this master
         #: is itself a generation under a supervisor (then HUP restarts workers)
@@ -104,6 +105,7 @@ class Master(Driver, MasterReload, WorkerMemory):
                 self.sleep()
         except HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
+            self.halting = True  # a hook raising while the rest are reaped halts nothing more
             self.stop_all(signal.SIGKILL)
             for number in list(self.generations.pids):  # a reload under way stops too
                 self.generations.signal(number, signal.SIGQUIT)
@@ -223,6 +225,7 @@ class Master(Driver, MasterReload, WorkerMemory):
     # --- reap ---
 
     def reap(self):
+        halt = None
         for pid, status in reaped(self._waitpid):
             number = self.generations.exited(pid)
             if number is not None:
@@ -234,8 +237,13 @@ class Master(Driver, MasterReload, WorkerMemory):
             if record is None:
                 continue  # not one of ours (e.g. a process the application spawned)
             self.scoreboard.release(record.index)
-            hooks.child_exit(record.index, record.pid)
+            try:
+                hooks.child_exit(record.index, record.pid)
+            except HaltServer as raised:  # logged; every exited worker is seen to first
+                halt = halt or raised
             self.on_worker_exit(record, exits.classify(status))
+        if halt is not None and not self.halting:
+            raise halt
 
     def on_worker_exit(self, record, outcome):
         if record.expected_exit or self.stopping:
@@ -301,8 +309,7 @@ class Master(Driver, MasterReload, WorkerMemory):
                 break
             missing -= 1
         if missing < 0:
-            extra = sorted(serving, key=lambda r: r.index, reverse=True)[:-missing]
-            for record in extra:
+            for record in sorted(serving, key=lambda r: r.index, reverse=True)[:-missing]:
                 self.stop_worker(record)
         ready = sum(1 for r in serving if r.ready)
         # A retiring worker (--max-requests) was ready and no longer accepts:

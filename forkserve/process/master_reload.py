@@ -19,6 +19,9 @@ log = logging.getLogger("forkserve.error")
 
 
 class MasterReload:
+    #: the generation the master's title says serves, while it is not its own
+    _titled_serving = None
+
     def check_reload(self):
         now = self.clock()
         for _ in self.generations.newly_ready():
@@ -26,11 +29,16 @@ class MasterReload:
         self.apply(self.handover.tick(now))
         if self.handover.retiring == self.generation and not self.workers:
             self.apply(self.handover.gone(self.generation, "drained", now))
+        if self._titled_serving is not None and self.handover.serving == self.generation:
+            # the new generation died while ours drained: ours serves again
+            self._titled_serving = None
+            procname.set_title(self.cfg, "master", self.app_name)
 
     def retire(self, number):
         if number == self.generation:
             hooks.pre_retire(self.generation)
             # `forkserve memory --pid` reads from the title which generation serves
+            self._titled_serving = self.handover.serving
             procname.set_title(self.cfg, "master", self.app_name,
                                f"serving generation {self.handover.serving}")
             for record in list(self.workers.values()):

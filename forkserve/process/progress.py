@@ -17,7 +17,10 @@ Invariants, and why:
   /proc/self/statm and logs one line; it touches none of the application's
   objects.
 - The timer and the previous SIGALRM handler are restored before
-  `loading()` returns, so before cow.harden() and before any fork.
+  `loading()` returns, so before cow.harden() and before any fork, unless
+  the application installed its own SIGALRM handler while loading: then
+  its handler and its timer (there is one ITIMER_REAL) are left as it set
+  them.
 - A C call that holds the interpreter for seconds (one huge json.loads)
   delays the line until it returns; pure-Python loops do not.
 """
@@ -76,6 +79,12 @@ def _start_reporter(name, started, interval):
     signal.setitimer(signal.ITIMER_REAL, interval, interval)
 
     def stop():
+        if signal.getsignal(signal.SIGALRM) is not report:
+            # The application took SIGALRM over while it loaded (its own
+            # handler, and the one real-time timer with it): leave both.
+            log.info("%s installed its own SIGALRM handler while loading; load progress "
+                     "lines stopped there", name)
+            return
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
