@@ -100,3 +100,21 @@ def test_non_latin1_header_and_1xx_status_are_application_errors():
         head("200 \u20ac")
     with pytest.raises(ApplicationError, match="1xx"):
         head("101 Switching Protocols")
+
+
+def test_a_name_or_value_seen_valid_does_not_let_an_invalid_header_through():
+    assert plan_head("200 OK", [("X-Seen", "fine")], 0, "HTTP/1.1", False)[1]
+    with pytest.raises(ApplicationError, match="invalid response header"):
+        plan_head("200 OK", [("X-Seen", "split\r\nX-Evil: 1")], 0, "HTTP/1.1", False)
+    with pytest.raises(ApplicationError, match="invalid response header"):
+        plan_head("200 OK", [("Bad Name", "fine")], 0, "HTTP/1.1", False)
+    with pytest.raises(ApplicationError, match="must be"):
+        plan_head("200 OK", [("X-Seen", b"fine")], 0, "HTTP/1.1", False)
+
+
+def test_the_memo_of_checked_headers_stays_bounded(monkeypatch):
+    from forkserve.http import response
+    monkeypatch.setattr(response, "_MEMO_MAX", 8)
+    for number in range(100):
+        plan_head("200 OK", [(f"X-{number}", str(number))], 0, "HTTP/1.1", False)
+    assert len(response._VALID_NAMES) <= 8 and len(response._VALID_VALUES) <= 8

@@ -183,16 +183,22 @@ class Handler(Responder):
         self.state = IDLE if not first else HEAD
         rfile = self.rfile
         started = b""
+        # Connection._arm/_disarm written out: five calls fewer per request
+        head_timer, idle_timer = self._head_timer, self._idle_timer
         try:
             try:
                 if first:
-                    self._arm(self._head_timer)
+                    if head_timer is not None:
+                        head_timer.again(self._throw, _Expired)
                     started = rfile.peek(1)
                 else:
-                    self._arm(self._idle_timer)
+                    if idle_timer is not None:
+                        idle_timer.again(self._throw, _Expired)
                     started = rfile.peek(1, wait_first=True)
-                    self._disarm(self._idle_timer)
-                    self._arm(self._head_timer)
+                    if idle_timer is not None:
+                        idle_timer.stop()
+                    if head_timer is not None:
+                        head_timer.again(self._throw, _Expired)
                 if not started:
                     return None
                 self.state = HEAD
@@ -201,8 +207,10 @@ class Handler(Responder):
                     self._proxy_info = self.server.proxy.read_header(rfile, self.client_address)
                 return self._read_head()
             finally:
-                self._disarm(self._head_timer)
-                self._disarm(self._idle_timer)
+                if head_timer is not None:
+                    head_timer.stop()
+                if idle_timer is not None:
+                    idle_timer.stop()
         except _Expired:
             if started:  # quiet close unless part of a request arrived
                 self._log_refusal(RequestError(408, "request head not received in time"))

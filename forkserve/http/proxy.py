@@ -154,6 +154,9 @@ class ProxyPolicy:
             "X-FORWARDED-SSL": "on"}
         self.secure_headers = tuple(("HTTP_" + name.upper().replace("-", "_"), value)
                                     for name, value in headers.items())
+        #: their environ keys: most requests carry none, and then the peer
+        #: need not be looked up
+        self._secure_keys = tuple(key for key, _ in self.secure_headers)
         self.protocol = proxy_protocol
         self.proxies = AddressList(proxy_allow_ips)
 
@@ -162,7 +165,12 @@ class ProxyPolicy:
         if info is not None and info.client_addr is not None:
             environ["REMOTE_ADDR"] = info.client_addr
             environ["REMOTE_PORT"] = str(info.client_port)
-        if self.secure_headers and peer in self.forwarded:
+        for key in self._secure_keys:
+            if key in environ:
+                break
+        else:
+            return
+        if peer in self.forwarded:
             scheme = scheme_from_headers(environ, self.secure_headers)
             if scheme is not None:
                 environ["wsgi.url_scheme"] = scheme

@@ -1,7 +1,8 @@
 """The response side of PEP 3333, as pure functions: check what the
 application passes to start_response(), and turn its status and headers into
 an HTTP/1.1 response head framed the way the server chooses. Nothing here
-does I/O or keeps state; forkserve.http.handler sends what these return.
+does I/O or keeps state (but a bounded memo of header names and values
+already checked); forkserve.http.handler sends what these return.
 
 Invariants:
 - No header the application gives reaches the wire unless its name is an
@@ -19,7 +20,7 @@ Invariants:
 
 import re
 
-from forkserve.http.h1 import TCHAR
+from forkserve.http.h1 import MEMO_MAX, TCHAR
 
 __all__ = ["ApplicationError", "FileWrapper", "check_start_response", "plan_head",
            "encode_head"]
@@ -27,6 +28,16 @@ __all__ = ["ApplicationError", "FileWrapper", "check_start_response", "plan_head
 _NAME = re.compile(f"[{TCHAR}]+")
 _VALUE = re.compile("[\t\x20-\x7e\x80-\xff]*")
 _SPECIAL = frozenset({"content-length", "connection", "transfer-encoding", "date"})
+
+#: header names already found valid, each with its lowercase form, and values
+#: already found valid: applications send the same few again and again, and a
+#: lookup costs a tenth of checking. A memo changes no
+#: result; each is emptied when it reaches _MEMO_MAX entries.
+_VALID_NAMES = {}
+_VALID_VALUES = set()
+_MEMO_MAX = MEMO_MAX
+#: statuses already found valid (a memo as well; it stops growing at _MEMO_MAX)
+_VALID_STATUSES = set()
 
 
 class ApplicationError(Exception):
@@ -56,9 +67,12 @@ class FileWrapper:
 def check_start_response(status, headers):
     """Raise ApplicationError unless `status` is a str like '200 OK' and
     `headers` a list (its items are checked when the head is built)."""
-    if type(status) is not str or len(status) < 4 or status[3] != " " \
-            or not status[:3].isdigit() or not status.isprintable():
-        raise ApplicationError(f"invalid status {status!r}: must be a str like '200 OK'")
+    if type(status) is not str or status not in _VALID_STATUSES:
+        if type(status) is not str or len(status) < 4 or status[3] != " " \
+                or not status[:3].isdigit() or not status.isprintable():
+            raise ApplicationError(f"invalid status {status!r}: must be a str like '200 OK'")
+        if len(_VALID_STATUSES) < _MEMO_MAX:
+            _VALID_STATUSES.add(status)
     if type(headers) is not list:
         raise ApplicationError(f"response headers must be a list, not {type(headers).__name__}")
 
@@ -81,9 +95,9 @@ def plan_head(status, headers, total, version, head_request):
     close = dated = False
     try:
         for name, value in headers:
-            if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
-                raise ApplicationError(f"invalid response header {name!r}: {value!r}")
-            lname = name.lower()
+            lname = _VALID_NAMES.get(name)
+            if lname is None or value not in _VALID_VALUES:
+                lname = _checked(name, value)
             if lname in _SPECIAL:
                 if lname == "content-length":
                     if length is not None or not value.isdigit() or not value.isascii():
@@ -116,6 +130,20 @@ def plan_head(status, headers, total, version, head_request):
     elif not no_body:
         close = True  # HTTP/1.0: the close ends the body
     return code, lines, dated, declared, chunked, close
+
+
+def _checked(name, value):
+    """The lowercase name of a header not memoized yet, once it is found
+    valid (and memoized); ApplicationError if it is not."""
+    if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
+        raise ApplicationError(f"invalid response header {name!r}: {value!r}")
+    if len(_VALID_NAMES) >= _MEMO_MAX:
+        _VALID_NAMES.clear()
+    if len(_VALID_VALUES) >= _MEMO_MAX:
+        _VALID_VALUES.clear()
+    lname = _VALID_NAMES[name] = name.lower()
+    _VALID_VALUES.add(value)
+    return lname
 
 
 def encode_head(lines, close, version, date):

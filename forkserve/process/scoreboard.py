@@ -58,6 +58,8 @@ class Scoreboard:
         if capacity is not None:
             self.capacity = capacity
         self._mem = mmap.mmap(-1, self.capacity * _SLOT_SIZE)
+        #: the same memory as native 8-byte words: count_request() runs per request
+        self._words = memoryview(self._mem).cast("Q")
 
     # --- master side ---
 
@@ -80,12 +82,11 @@ class Scoreboard:
         struct.pack_into("=q", self._mem, index * _SLOT_SIZE + _STATE, state)
 
     def count_request(self, index):
-        offset = index * _SLOT_SIZE + _REQUESTS
-        (count,) = struct.unpack_from("=Q", self._mem, offset)
-        struct.pack_into("=Q", self._mem, offset, count + 1)
+        self._words[(index * _SLOT_SIZE + _REQUESTS) >> 3] += 1
 
     def set_gc(self, index, collections, pause_ns):
         struct.pack_into("=QQ", self._mem, index * _SLOT_SIZE + _GC, collections, pause_ns)
 
     def close(self):
+        self._words.release()
         self._mem.close()
