@@ -53,9 +53,10 @@ class AccessFileHandler(logging.FileHandler):
     An entry is a line, or what accesslog.capture() took from a request,
     which `render` turns into the line when the block is written: less work
     per request than formatting each line amid its request's work (1.7 us
-    against 2.6 us measured in a worker; benchmarks/README.md). A block is whole lines written with one write() on a
-    file opened for appending, so workers logging to the same file never
-    split each other's lines. The timer runs on the worker's gevent loop."""
+    against 2.6 us measured in a worker; benchmarks/README.md). A block is
+    whole lines written with one write() on a file opened for appending, so
+    workers logging to the same file never split each other's lines. The
+    timer runs on the worker's gevent loop."""
 
     #: seconds an entry may wait; one write per interval under load
     flush_interval = 0.5

@@ -22,8 +22,8 @@ what nearly everyone logs, has its own path: capture() takes the values into
 a tuple while the request runs, render() makes the line with one f-string
 and a check made of str methods, and forkserve's log file renders the lines it
 holds in one batch when it writes them (logs.AccessFileHandler): 1.7 us per
-request in a worker, against 4 us for the general path amid each request
-(benchmarks/README.md, "What the access log costs").
+request in a worker, against 4 us when each line was formatted amid its
+request (benchmarks/README.md, "What the access log costs").
 
 Pure: `AccessFormat.line()` takes the request's facts and returns the line;
 `capture()` and `AccessFormat.render()` are the same in two steps.

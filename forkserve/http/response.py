@@ -31,8 +31,8 @@ _SPECIAL = frozenset({"content-length", "connection", "transfer-encoding", "date
 
 #: header names already found valid, each with its lowercase form, and values
 #: already found valid: applications send the same few again and again, and a
-#: lookup costs a tenth of checking. A memo changes no
-#: result; each is emptied when it reaches _MEMO_MAX entries.
+#: lookup costs a tenth of checking. A memo changes no result; each is
+#: emptied when it reaches _MEMO_MAX entries.
 _VALID_NAMES = {}
 _VALID_VALUES = set()
 _MEMO_MAX = MEMO_MAX
