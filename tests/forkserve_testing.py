@@ -4,11 +4,20 @@ import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 
 LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
+
+
+def ctrl_c_reaches_it():
+    """Popen's preexec_fn for a child that a test sends Ctrl-C (SIGINT): an
+    ignored SIGINT is inherited (a test run started in the background of a
+    non-interactive shell has it), and Python then never raises
+    KeyboardInterrupt; a terminal's Ctrl-C always reaches the process."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def poll(predicate, timeout=10.0, interval=0.05, message="condition"):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from forkserve_testing import LISTENING, ServerProcess, poll
+from forkserve_testing import LISTENING, ServerProcess, ctrl_c_reaches_it, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -23,7 +23,8 @@ class ScriptServer(ServerProcess):
         self.log_file = open(self.log_path, "w+b")
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=APPS, stdout=self.log_file,
                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                     preexec_fn=ctrl_c_reaches_it)
         self.port = None
 
 

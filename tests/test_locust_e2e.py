@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from forkserve_testing import kill_group, poll
+from forkserve_testing import ctrl_c_reaches_it, kill_group, poll
 
 # Only look for Locust: importing it here would monkey-patch this test process
 # (gevent's child watcher would then reap other tests' children).
@@ -35,7 +35,7 @@ def test_ctrl_c_pressed_any_number_of_times_stops_the_server(tmp_path, presses):
          "-r", "2", "-t", "120s", "--csv", str(prefix), "--forkserve-app", "basic:app",
          "--forkserve-workers", "1", "--forkserve-args", "--graceful-timeout 60"],
         cwd=APPS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=ctrl_c_reaches_it)
     log_path = tmp_path / "run_forkserve.log"
     try:
         def master_and_worker():
