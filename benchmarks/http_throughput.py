@@ -2,19 +2,31 @@
 
     python benchmarks/http_throughput.py --tree before=/tmp/fs-before --tree after=. \
         --rounds 3 --duration 5
+    python benchmarks/http_throughput.py --tree before=/tmp/fs-before --tree after=. \
+        --together --apps hello --rounds 12 --duration 3 [--workers 4]
 
-For each round and each tree (alternating, so both see the same machine load)
-it starts `python -m forkserve -w 0` from that tree, pinned to CPU 0, runs
-wrk pinned to CPU 1 against two apps:
+For each round and each tree it starts `python -m forkserve -w N` (default
+-w 0) from that tree, pinned to CPU 0, and runs wrk pinned to CPU 1 against
+two apps:
 
   hello     a WSGI hello world (one 13-byte body, Content-Length set)
   persondb  examples.persondb (dict mode, 2,000 rows), GET /person/<email>
 
-and prints req/s and the server's CPU time per request (user + system, from
-/proc/PID/stat, which shared-machine load disturbs far less than req/s) per
-tree, the after/before ratios of the medians, and the CPU steal seen during
-the run (from /proc/stat): a steal above a few percent means the ratios are
-not worth trusting. The machine may be shared: run it twice and compare.
+By default the trees take turns within a round. With --together both trees'
+servers run at once and one wrk per tree loads them at the same instants:
+the kernel splits CPU 0 evenly between two busy servers, so the ratio of
+their req/s is the inverse ratio of their CPU cost per request, measured
+under the same conditions. On a shared VM that is the steadier figure:
+servers measured one after the other a minute apart differ by up to a
+third ("What the access log costs" in benchmarks/README.md shows both
+methods on two identical servers). Two servers alternating on one CPU evict
+each other's caches, which adds to both; read the ratio, not the req/s.
+
+It prints req/s and the server's CPU time per request (user + system, from
+/proc/PID/stat) per tree, the after/before ratios of the medians (with
+--together also the median and range of the per-round ratios), and the CPU
+steal seen during the run (from /proc/stat): a steal above a few percent
+means the ratios are not worth trusting.
 """
 
 import argparse
@@ -74,11 +86,11 @@ def start_logged(command, cwd, env, log_path):
     raise SystemExit(f"{command} did not start:\n{Path(log_path).read_text()}")
 
 
-def start(tree, app, env, log_path):
+def start(tree, app, env, log_path, workers=0):
     environment = dict(os.environ, PYTHONPATH=f"{tree}:{env.pop('EXTRA_PATH')}",
                        PYTHONUNBUFFERED="1", **env)
-    return start_logged(["taskset", "-c", "0", sys.executable, "-m", "forkserve", "-w", "0",
-                         "-b", "127.0.0.1:0", app], tree, environment, log_path)
+    return start_logged(["taskset", "-c", "0", sys.executable, "-m", "forkserve", "-w",
+                         str(workers), "-b", "127.0.0.1:0", app], tree, environment, log_path)
 
 
 def stop(proc):
@@ -98,16 +110,54 @@ def cpu_seconds(pid):
 
 
 def wrk(port, path, duration, connections, script=None, env=None):
+    """Start wrk against one server; wrk_result() reads what it printed."""
     command = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{duration}s"]
     if script:
         command += ["-s", script]
-    out = subprocess.run(command + [f"http://127.0.0.1:{port}{path}"], capture_output=True,
-                         text=True, env=dict(os.environ, **(env or {})), check=True).stdout
+    return subprocess.Popen(command + [f"http://127.0.0.1:{port}{path}"], text=True,
+                            stdout=subprocess.PIPE, env=dict(os.environ, **(env or {})))
+
+
+def wrk_result(run):
+    """(req/s, requests) from a finished wrk started by wrk()."""
+    out = run.communicate()[0]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out)
-    if errors:
+    if run.returncode or errors:
         raise SystemExit(f"wrk saw errors:\n{out}")
     return (float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
             int(re.search(r"(\d+) requests in", out).group(1)))
+
+
+def measure(servers, app, path, args, work, emails):
+    """{tree name: (req/s, CPU us per request)}, loading `servers` (name:
+    (process, port)) at once; give one to measure it alone."""
+    cpu = {}
+    runs = {}
+    for name, (proc, port) in servers.items():
+        urllib.request.urlopen(f"http://127.0.0.1:{port}{path}").read()
+        cpu[name] = _tree_cpu_seconds(proc.pid)
+    for name, (proc, port) in servers.items():
+        if app == "persondb":
+            runs[name] = wrk(port, "/", args.duration, args.connections,
+                             str(work / "lookup.lua"), {"BENCH_EMAILS": str(emails)})
+        else:
+            runs[name] = wrk(port, path, args.duration, args.connections)
+    measured = {}
+    for name, run in runs.items():
+        rate, count = wrk_result(run)
+        used = _tree_cpu_seconds(servers[name][0].pid) - cpu[name]
+        measured[name] = (rate, used * 1e6 / count)
+    return measured
+
+
+def _tree_cpu_seconds(pid):
+    """CPU seconds of `pid` and its children (the workers, with -w N)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            children = [int(child) for child in handle.read().split()]
+    except FileNotFoundError:
+        children = []
+    return sum(cpu_seconds(process) for process in [pid, *children])
 
 
 def main():
@@ -118,6 +168,9 @@ def main():
     parser.add_argument("--duration", type=int, default=5, help="seconds of wrk per measurement")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--apps", default="hello,persondb", help="comma-separated: hello,persondb")
+    parser.add_argument("--workers", type=int, default=0, help="forkserve -w (default 0)")
+    parser.add_argument("--together", action="store_true",
+                        help="load both trees' servers at once instead of in turn")
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree)
     work = Path(tempfile.mkdtemp(prefix="http-throughput-"))
@@ -134,27 +187,29 @@ def main():
     apps = {name: apps[name] for name in args.apps.split(",")}
     results = {(name, app): [] for name in trees for app in apps}
     total0, steal0 = cpu_times()
+    ratios = {app: [] for app in apps}
+    names = list(trees)
     for round_ in range(args.rounds):
         for app, (spec, path, env) in apps.items():
-            for name, tree in trees.items():
-                proc, port = start(Path(tree).resolve(), spec,
-                                   dict(env, EXTRA_PATH=f"{work}:{ROOT}"), work / f"{name}.log")
+            groups = [names] if args.together else [[name] for name in names]
+            for group in groups:
+                servers = {}
                 try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}{path}").read()
-                    cpu = cpu_seconds(proc.pid)
-                    if app == "persondb":
-                        rate, count = wrk(port, "/", args.duration, args.connections,
-                                          str(work / "lookup.lua"), {"BENCH_EMAILS": str(emails)})
-                    else:
-                        rate, count = wrk(port, path, args.duration, args.connections)
-                    micros = (cpu_seconds(proc.pid) - cpu) * 1e6 / count
+                    for name in group:
+                        servers[name] = start(Path(trees[name]).resolve(), spec,
+                                              dict(env, EXTRA_PATH=f"{work}:{ROOT}"),
+                                              work / f"{name}.log", args.workers)
+                    measured = measure(servers, app, path, args, work, emails)
                 finally:
-                    stop(proc)
-                results[name, app].append((rate, micros))
-                print(f"round {round_ + 1} {app:9} {name:8} {rate:10.0f} req/s "
-                      f"{micros:7.1f} CPU us/request", flush=True)
+                    for proc, _ in servers.values():
+                        stop(proc)
+                for name, (rate, micros) in measured.items():
+                    results[name, app].append((rate, micros))
+                    print(f"round {round_ + 1} {app:9} {name:8} {rate:10.0f} req/s "
+                          f"{micros:7.1f} CPU us/request", flush=True)
+            if args.together:
+                ratios[app].append(results[names[-1], app][-1][0] / results[names[0], app][-1][0])
     total1, steal1 = cpu_times()
-    names = list(trees)
     print(f"\nCPU steal during the run: {100 * (steal1 - steal0) / max(1, total1 - total0):.1f}%")
     for app in apps:
         for i, unit in ((0, "req/s"), (1, "CPU us/request")):
@@ -162,6 +217,11 @@ def main():
             line = "  ".join(f"{name} {medians[name]:.1f}" for name in names)
             ratio = medians[names[-1]] / medians[names[0]]
             print(f"{app:9} median {unit}: {line}  ratio {names[-1]}/{names[0]} {ratio:.3f}")
+        if ratios[app]:
+            print(f"{app:9} loaded together, {names[-1]}/{names[0]} req/s per round: median "
+                  f"{statistics.median(ratios[app]):.3f} (rounds {min(ratios[app]):.3f}-"
+                  f"{max(ratios[app]):.3f}): cost per request "
+                  f"{1 / statistics.median(ratios[app]):.3f}x; -w {args.workers}")
 
 
 if __name__ == "__main__":

@@ -117,8 +117,7 @@ class AccessFormat:
         escaping and the general path makes the line.
         """
         line = self._lines((captured,))[0]
-        if (line.isascii() and line.isprintable() and "\\" not in line
-                and line.count('"') == _DEFAULT_QUOTES):
+        if _plain(line, 1):
             return line
         address, auth, now, request_line, status, sent, referer, agent = captured
         environ = {"REMOTE_ADDR": address, "HTTP_REFERER": referer, "HTTP_USER_AGENT": agent}
@@ -134,9 +133,7 @@ class AccessFormat:
             return [entry if entry.__class__ is str else self.render(entry)
                     for entry in entries]
         lines = self._lines(entries)
-        block = "".join(lines)
-        if (block.isascii() and block.isprintable() and "\\" not in block
-                and block.count('"') == _DEFAULT_QUOTES * len(lines)):
+        if _plain("".join(lines), len(lines)):
             return lines
         return [self.render(captured) for captured in entries]
 
@@ -164,6 +161,13 @@ class AccessFormat:
         if self._stamp[0] != second:
             self._stamp = (second, _now(second))
         return self._stamp[1]
+
+
+def _plain(text, lines):
+    """True if `text`, `lines` DEFAULT lines joined, needs no escaping:
+    printable ASCII, no backslash, no double quote besides the format's."""
+    return (text.isascii() and text.isprintable() and "\\" not in text
+            and text.count('"') == _DEFAULT_QUOTES * lines)
 
 
 def capture(environ, request_line, status, sent, now=None):
