@@ -53,6 +53,27 @@ def test_environ_names_the_bound_address_and_flags_concurrency(fresh_server):
 
 
 @e2e
+def test_a_head_seen_before_gives_the_same_environ_and_the_same_refusals(fresh_server):
+    # The second and third heads are parsed from the handler's line memos
+    # (forkserve.http.handler._REQUEST_LINES, _FIELD_LINES): what the
+    # application sees, and what is refused, must not change.
+    live = fresh_server(keep_alive=10)
+    head = request("GET /environ/a%20b?q=1 HTTP/1.1",
+                   ("Host: t", "X_Forwarded_For: spoof", "Cookie: a=1", "Cookie: b=2"))
+    with live.connect() as sock:
+        envs = []
+        for _ in range(3):
+            sock.sendall(head)
+            envs.append(json.loads(read_response(sock).body))
+    assert envs[0] == envs[1] == envs[2]
+    assert envs[0]["PATH_INFO"] == "/environ/a b" and envs[0]["QUERY_STRING"] == "q=1"
+    assert "HTTP_X_FORWARDED_FOR" not in envs[0] and envs[0]["HTTP_COOKIE"] == "a=1; b=2"
+    with live.connect() as sock:  # a known line does not excuse a second Host
+        sock.sendall(request("GET /environ/a%20b?q=1 HTTP/1.1", ("Host: t", "Host: t")))
+        assert read_response(sock).status == 400
+
+
+@e2e
 def test_absolute_form_target_becomes_path_info(fresh_server):
     env = json.loads(fresh_server().get("http://example.com/environ/a%20b?x=1").body)
     assert env["PATH_INFO"] == "/environ/a b" and env["QUERY_STRING"] == "x=1"

@@ -67,6 +67,19 @@ YIELD_EVERY = 16
 #: header name as sent -> its environ key (CONTENT_TYPE, HTTP_USER_AGENT)
 _KEYS = {}
 
+#: Request lines and header lines already parsed, by their bytes, with what
+#: the head loop takes from them: clients repeat the same lines (Host,
+#: User-Agent, Accept, often the request line itself), and a lookup costs a
+#: fraction of the regex match and decoding. Parsing a complete line is a
+#: pure function of its bytes, and a line only reaches the parser within the
+#: connection's line limits, so a memo changes no result. Lines longer than
+#: _MEMO_LINE are not remembered; each memo is emptied when it reaches
+#: MEMO_MAX entries (unique lines, such as request targets that differ per
+#: request, cycle through it).
+_REQUEST_LINES = {}   # line -> (method, target, version, request line as str)
+_FIELD_LINES = {}     # line -> (environ key, or None for a dropped name; value)
+_MEMO_LINE = 256
+
 
 def _environ_key(name):
     key = name.upper().replace("-", "_")
@@ -243,11 +256,17 @@ class Handler(Responder):
             if line != b"\r\n":
                 break
             line = next_line()
-        parsed = request_line(line, line_max)
+        parsed = _REQUEST_LINES.get(line)
         if parsed is None:
-            return None
-        method, target, version = parsed
-        self.requestline = line[:-2].decode("latin-1")
+            parsed = request_line(line, line_max)
+            if parsed is None:
+                return None
+            parsed += (line[:-2].decode("latin-1"),)
+            if len(line) <= _MEMO_LINE:
+                if len(_REQUEST_LINES) >= MEMO_MAX:
+                    _REQUEST_LINES.clear()
+                _REQUEST_LINES[line] = parsed
+        method, target, version, self.requestline = parsed
 
         env = self._base_env.copy()
         content_lengths = []
@@ -256,13 +275,22 @@ class Handler(Responder):
             line = field_line()
             if line == b"\r\n":
                 break
-            field = header_field(line, size_max)
-            if field is None:
-                return None
-            name, value = field
-            if "_" in name:
-                continue  # dropped, like gunicorn: X_Forwarded_For must not pose as X-Forwarded-For
-            key = _KEYS.get(name) or _environ_key(name)
+            parsed = _FIELD_LINES.get(line)
+            if parsed is None:
+                field = header_field(line, size_max)
+                if field is None:
+                    return None
+                name, value = field
+                # a name with "_" is dropped, like gunicorn: X_Forwarded_For
+                # must not pose as X-Forwarded-For
+                parsed = (None if "_" in name else _KEYS.get(name) or _environ_key(name)), value
+                if len(line) <= _MEMO_LINE:
+                    if len(_FIELD_LINES) >= MEMO_MAX:
+                        _FIELD_LINES.clear()
+                    _FIELD_LINES[line] = parsed
+            key, value = parsed
+            if key is None:
+                continue
             if key == "CONTENT_LENGTH":
                 content_lengths.append(value)
                 env["CONTENT_LENGTH"] = value
