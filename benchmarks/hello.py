@@ -3,6 +3,7 @@
     python benchmarks/hello.py                  # 3 rounds x 10 s per server
     python benchmarks/hello.py --quick          # 1 round x 3 s: a smoke run
     python benchmarks/hello.py --servers forkserve-w0,gevent-pywsgi --out /tmp/h
+    python benchmarks/hello.py --servers forkserve-w0,forkserve-w4 --contend 2 --out /tmp/hc
 
 Every server serves benchmarks/hello_app.py (13 bytes, one start_response,
 no framework), pinned with taskset to --server-cpus (default CPU 0); wrk,
@@ -11,6 +12,9 @@ keep-alive connections busy with GET /. All servers are started first and
 then measured in rounds, one server after the other within a round, so a
 change in the machine's load hits every server alike rather than the last
 ones. An idle server costs next to nothing while another one is measured.
+With --contend N, N busy-looping processes share the server CPUs through
+the warm-up and the rounds (CPU contention, as from other work on the
+machine; a VM's steal cannot be made from inside it).
 
 Figures (per server; "the server" is every process of its process group):
 
@@ -40,6 +44,7 @@ per server) and rounds.csv (one row per round), and each server's log.
 """
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -213,6 +218,8 @@ def parse_args(argv):
     p.add_argument("--python", default=sys.executable, help="the servers' interpreter")
     p.add_argument("--server-cpus", default="0", help="taskset CPUs for the servers (0)")
     p.add_argument("--client-cpus", default="1", help="taskset CPUs for wrk and the harness (1)")
+    p.add_argument("--contend", type=int, default=0, metavar="N",
+                   help="N busy-looping processes on the server CPUs during the rounds (0)")
     p.add_argument("--out", help="results directory (default benchmarks/results/hello, "
                                  "or a temp dir with --quick)")
     args = p.parse_args(argv)
@@ -296,7 +303,8 @@ def run_all(args, argv):
             running[spec.name] = (spec, group, port)
             results[spec.name] = (spec.description, [])
             say(f"{spec.name}: ready on port {port} ({len(group.members())} processes)")
-        with tempfile.TemporaryDirectory(prefix="forkserve-hello-") as workdir:
+        with tempfile.TemporaryDirectory(prefix="forkserve-hello-") as workdir, \
+                contention(args.contend, args.server_cpus, log_dir):
             for name, (spec, group, port) in running.items():
                 wrk(f"http://127.0.0.1:{port}/", args.warmup, args.connections,
                     args.client_cpus, workdir)
@@ -337,9 +345,23 @@ def run_all(args, argv):
                 f"{args.warmup} s of warm-up",
         "servers": f"pinned to CPU {args.server_cpus or 'any'}; wrk and the harness on CPU "
                    f"{args.client_cpus or 'any'}; pre-fork servers run {args.workers} "
-                   "workers on that one CPU",
+                   "workers on that one CPU"
+                   + (f"; {args.contend} busy-looping process(es) on the server CPU "
+                      "through the rounds (--contend)" if args.contend else ""),
     }
     return results, skipped, notes, app_us, meta
+
+
+@contextlib.contextmanager
+def contention(count, cpus, log_dir):
+    """`count` busy-looping processes pinned to `cpus` while the block runs."""
+    hogs = [procs.Group(["taskset", "-c", cpus, sys.executable, "-c", "while True: pass"],
+                  log_path=os.path.join(log_dir, "contend.log")) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.stop(grace=5)
 
 
 def _version(python, dist):
