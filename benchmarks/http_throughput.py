@@ -10,7 +10,8 @@ For each round and each tree it starts `python -m forkserve -w N` (default
 two apps:
 
   hello     a WSGI hello world (one 13-byte body, Content-Length set)
-  persondb  examples.persondb (dict mode, 2,000 rows), GET /person/<email>
+  persondb  examples.persondb (dict mode, --rows people, default 2,000),
+            GET /person/<email>, one person after the other in file order
 
 By default the trees take turns within a round. With --together both trees'
 servers run at once and one wrk per tree loads them at the same instants:
@@ -169,6 +170,8 @@ def main():
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--apps", default="hello,persondb", help="comma-separated: hello,persondb")
     parser.add_argument("--workers", type=int, default=0, help="forkserve -w (default 0)")
+    parser.add_argument("--rows", type=int, default=2000,
+                        help="people in the persondb app's data (default 2,000)")
     parser.add_argument("--together", action="store_true",
                         help="load both trees' servers at once instead of in turn")
     args = parser.parse_args()
@@ -182,7 +185,7 @@ def main():
             "persondb": ("examples.persondb.app:app", "/health", {"PERSONDB_MODE": "dict",
                                                            "PERSONDB_CSV": str(rows)})}
     for extra, path in (([], rows), (["--emails"], emails)):
-        subprocess.run([sys.executable, "-m", "examples.persondb.generate", "--rows", "2000",
+        subprocess.run([sys.executable, "-m", "examples.persondb.generate", "--rows", str(args.rows),
                         "-o", str(path), *extra], cwd=ROOT, check=True)
     apps = {name: apps[name] for name in args.apps.split(",")}
     results = {(name, app): [] for name in trees for app in apps}
