@@ -4,6 +4,8 @@
         --rounds 3 --duration 5
     python benchmarks/http_throughput.py --tree before=/tmp/fs-before --tree after=. \
         --together --apps hello --rounds 12 --duration 3 [--workers 4]
+    python benchmarks/http_throughput.py --tree w0=. --tree w4=. --workers 0,4 --together \
+        --apps persondb --mode share --rows 300000 --rounds 4 --duration 10
 
 For each round and each tree it starts `python -m forkserve -w N` (default
 -w 0) from that tree, pinned to CPU 0, and runs wrk pinned to CPU 1 against
@@ -169,20 +171,28 @@ def main():
     parser.add_argument("--duration", type=int, default=5, help="seconds of wrk per measurement")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--apps", default="hello,persondb", help="comma-separated: hello,persondb")
-    parser.add_argument("--workers", type=int, default=0, help="forkserve -w (default 0)")
+    parser.add_argument("--workers", default="0",
+                        help="forkserve -w (default 0); or one per tree, comma-separated, "
+                             "to compare worker counts: --tree w0=. --tree w4=. --workers 0,4")
+    parser.add_argument("--mode", default="dict", choices=("dict", "share", "store"),
+                        help="PERSONDB_MODE of the persondb app (default dict)")
     parser.add_argument("--rows", type=int, default=2000,
                         help="people in the persondb app's data (default 2,000)")
     parser.add_argument("--together", action="store_true",
                         help="load both trees' servers at once instead of in turn")
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree)
+    workers = [int(w) for w in args.workers.split(",")]
+    if len(workers) not in (1, len(trees)):
+        parser.error("--workers takes one count, or one per --tree")
+    workers = dict(zip(trees, workers * len(trees) if len(workers) == 1 else workers))
     work = Path(tempfile.mkdtemp(prefix="http-throughput-"))
     (work / "hello_app.py").write_text(HELLO)
     (work / "lookup.lua").write_text(LUA)
     rows = work / "rows.csv"
     emails = work / "emails.txt"
     apps = {"hello": ("hello_app:app", "/", {}),
-            "persondb": ("examples.persondb.app:app", "/health", {"PERSONDB_MODE": "dict",
+            "persondb": ("examples.persondb.app:app", "/health", {"PERSONDB_MODE": args.mode,
                                                            "PERSONDB_CSV": str(rows)})}
     for extra, path in (([], rows), (["--emails"], emails)):
         subprocess.run([sys.executable, "-m", "examples.persondb.generate", "--rows", str(args.rows),
@@ -201,7 +211,7 @@ def main():
                     for name in group:
                         servers[name] = start(Path(trees[name]).resolve(), spec,
                                               dict(env, EXTRA_PATH=f"{work}:{ROOT}"),
-                                              work / f"{name}.log", args.workers)
+                                              work / f"{name}.log", workers[name])
                     measured = measure(servers, app, path, args, work, emails)
                 finally:
                     for proc, _ in servers.values():
