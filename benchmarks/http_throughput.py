@@ -6,6 +6,8 @@
         --together --apps hello --rounds 12 --duration 3 [--workers 4]
     python benchmarks/http_throughput.py --tree w0=. --tree w4=. --workers 0,4 --together \
         --apps persondb --mode share --rows 300000 --rounds 4 --duration 10
+    python benchmarks/http_throughput.py --gunicorn --tree forkserve=. --workers 4 --together \
+        --apps persondb --rows 300000 --rounds 4 --duration 10
 
 For each round and each tree it starts `python -m forkserve -w N` (default
 -w 0) from that tree, pinned to CPU 0, and runs wrk pinned to CPU 1 against
@@ -13,7 +15,8 @@ two apps:
 
   hello     a WSGI hello world (one 13-byte body, Content-Length set)
   persondb  examples.persondb (dict mode, --rows people, default 2,000),
-            GET /person/<email>, one person after the other in file order
+            GET /person/<email>, one person after the other in file order,
+            or picked at random with --random (as run.py's lookups are)
 
 By default the trees take turns within a round. With --together both trees'
 servers run at once and one wrk per tree loads them at the same instants:
@@ -58,8 +61,10 @@ LUA = textwrap.dedent('''
     local emails = {}
     for line in io.lines(os.getenv("BENCH_EMAILS")) do emails[#emails + 1] = line end
     local i = 0
+    local random = os.getenv("BENCH_RANDOM") == "1"
+    math.randomseed(1)  -- every wrk picks the same people in the same order
     request = function()
-        i = i % #emails + 1
+        if random then i = math.random(#emails) else i = i % #emails + 1 end
         return wrk.format("GET", "/person/" .. emails[i])
     end
 ''')
@@ -90,9 +95,15 @@ def start_logged(command, cwd, env, log_path):
 
 
 def start(tree, app, env, log_path, workers=0):
+    """forkserve from `tree`; with tree None, Gunicorn (--preload -k gevent)
+    on this checkout's app, which logs "Listening at" as forkserve does."""
+    server = (["forkserve"] if tree is not None
+              else ["gunicorn", "--preload", "-k", "gevent", "-c", os.devnull, "--timeout", "120",
+                    "--keep-alive", "5", "--worker-connections", "1000"])  # as run.py runs it
+    tree = tree if tree is not None else ROOT
     environment = dict(os.environ, PYTHONPATH=f"{tree}:{env.pop('EXTRA_PATH')}",
                        PYTHONUNBUFFERED="1", **env)
-    return start_logged(["taskset", "-c", "0", sys.executable, "-m", "forkserve", "-w",
+    return start_logged(["taskset", "-c", "0", sys.executable, "-m", *server, "-w",
                          str(workers), "-b", "127.0.0.1:0", app], tree, environment, log_path)
 
 
@@ -142,7 +153,8 @@ def measure(servers, app, path, args, work, emails):
     for name, (proc, port) in servers.items():
         if app == "persondb":
             runs[name] = wrk(port, "/", args.duration, args.connections,
-                             str(work / "lookup.lua"), {"BENCH_EMAILS": str(emails)})
+                             str(work / "lookup.lua"),
+                             {"BENCH_EMAILS": str(emails), "BENCH_RANDOM": str(int(args.random))})
         else:
             runs[name] = wrk(port, path, args.duration, args.connections)
     measured = {}
@@ -165,6 +177,9 @@ def _tree_cpu_seconds(pid):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gunicorn", action="store_true",
+                        help="also run Gunicorn (--preload -k gevent) on the same app, named "
+                             "gunicorn, first: the ratios are then to it")
     parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH",
                         help="a forkserve source tree to measure (give two: before and after)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -174,6 +189,8 @@ def main():
     parser.add_argument("--workers", default="0",
                         help="forkserve -w (default 0); or one per tree, comma-separated, "
                              "to compare worker counts: --tree w0=. --tree w4=. --workers 0,4")
+    parser.add_argument("--random", action="store_true",
+                        help="persondb: look people up in random order, not file order")
     parser.add_argument("--mode", default="dict", choices=("dict", "share", "store"),
                         help="PERSONDB_MODE of the persondb app (default dict)")
     parser.add_argument("--rows", type=int, default=2000,
@@ -181,7 +198,8 @@ def main():
     parser.add_argument("--together", action="store_true",
                         help="load both trees' servers at once instead of in turn")
     args = parser.parse_args()
-    trees = dict(t.split("=", 1) for t in args.tree)
+    trees = {"gunicorn": None} if args.gunicorn else {}
+    trees.update(t.split("=", 1) for t in args.tree)
     workers = [int(w) for w in args.workers.split(",")]
     if len(workers) not in (1, len(trees)):
         parser.error("--workers takes one count, or one per --tree")
@@ -209,7 +227,8 @@ def main():
                 servers = {}
                 try:
                     for name in group:
-                        servers[name] = start(Path(trees[name]).resolve(), spec,
+                        tree = trees[name] and Path(trees[name]).resolve()
+                        servers[name] = start(tree, spec,
                                               dict(env, EXTRA_PATH=f"{work}:{ROOT}"),
                                               work / f"{name}.log", workers[name])
                     measured = measure(servers, app, path, args, work, emails)
