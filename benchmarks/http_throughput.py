@@ -14,7 +14,8 @@ For each round and each tree it starts `python -m forkserve -w N` (default
 two apps:
 
   hello     a WSGI hello world (one 13-byte body, Content-Length set)
-  persondb  examples.persondb (dict mode, --rows people, default 2,000),
+  persondb  examples.persondb (PERSONDB_MODE --mode, default dict, for every
+            server, Gunicorn's too; --rows people, default 2,000),
             GET /person/<email>, one person after the other in file order,
             or picked at random with --random (as run.py's lookups are)
 
@@ -202,7 +203,7 @@ def main():
     trees.update(t.split("=", 1) for t in args.tree)
     workers = [int(w) for w in args.workers.split(",")]
     if len(workers) not in (1, len(trees)):
-        parser.error("--workers takes one count, or one per --tree")
+        parser.error("--workers takes one count, or one per server (--gunicorn's first)")
     workers = dict(zip(trees, workers * len(trees) if len(workers) == 1 else workers))
     work = Path(tempfile.mkdtemp(prefix="http-throughput-"))
     (work / "hello_app.py").write_text(HELLO)
@@ -213,8 +214,8 @@ def main():
             "persondb": ("examples.persondb.app:app", "/health", {"PERSONDB_MODE": args.mode,
                                                            "PERSONDB_CSV": str(rows)})}
     for extra, path in (([], rows), (["--emails"], emails)):
-        subprocess.run([sys.executable, "-m", "examples.persondb.generate", "--rows", str(args.rows),
-                        "-o", str(path), *extra], cwd=ROOT, check=True)
+        subprocess.run([sys.executable, "-m", "examples.persondb.generate",
+                        "--rows", str(args.rows), "-o", str(path), *extra], cwd=ROOT, check=True)
     apps = {name: apps[name] for name in args.apps.split(",")}
     results = {(name, app): [] for name in trees for app in apps}
     total0, steal0 = cpu_times()
