@@ -26,6 +26,7 @@ the copying happens). `share` needs Python 3.12+. Needs wrk, taskset and perf.
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,7 @@ from benchmarks.servers import APP, REPO  # noqa: E402
 WORKER_COMM = "forkserve: work"  # the workers' title, as the kernel's 15-byte comm keeps it
 FAULT, COW = "asm_exc_page_fault", "do_wp_page"
 PAGE_COPIES = ("copy_mc_enhanced_fast_string", "copy_page", "copy_mc_fragile")
+LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
 
 
 def start(args, mode, csv_path, log_path):
@@ -54,9 +56,10 @@ def start(args, mode, csv_path, log_path):
                     "-w", "4", "-b", "127.0.0.1:0", APP], cwd=REPO, env=env, log_path=log_path)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        text = open(log_path, encoding="utf-8", errors="replace").read()
-        if "Listening at: http://127.0.0.1:" in text:
-            port = int(text.split("Listening at: http://127.0.0.1:")[1].split()[0].rstrip(")"))
+        with open(log_path, "rb") as log:
+            port = LISTENING.search(log.read())
+        if port is not None:
+            port = int(port.group(1))
             workers = [s for s in sample_group(server.pid, False) if s.role == "worker"]
             if len(workers) == 4 and http_status(port) == 200:
                 return server, port
@@ -105,11 +108,12 @@ def measure(args, mode, csv_path, emails_path, out):
         before = sample_group(server.pid, False)
         perf = Group(["perf", "record", "-a", "-C", args.server_cpus, "-g", "-o", data],
                      log_path=os.path.join(out, f"perf-{mode}.log"))
-        spec = load.LoadSpec(emails_path=emails_path, cpus=args.client_cpus)
-        result = load.run_phase(f"http://127.0.0.1:{port}/", spec, args.requests, 300, out)
-        after = sample_group(server.pid, False)
-        perf.send_signal(signal.SIGINT)
-        perf.popen.wait(timeout=120)
+        try:
+            spec = load.LoadSpec(emails_path=emails_path, cpus=args.client_cpus)
+            result = load.run_phase(f"http://127.0.0.1:{port}/", spec, args.requests, 300, out)
+            after = sample_group(server.pid, False)
+        finally:
+            perf.stop(sig=signal.SIGINT, grace=120)  # SIGINT: perf writes its data, then exits
     finally:
         server.stop()
     answered = result.responses

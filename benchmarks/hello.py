@@ -355,9 +355,12 @@ def run_all(args, argv):
 @contextlib.contextmanager
 def contention(count, cpus, log_dir):
     """`count` busy-looping processes pinned to `cpus` while the block runs."""
-    hogs = [procs.Group(["taskset", "-c", cpus, sys.executable, "-c", "while True: pass"],
-                  log_path=os.path.join(log_dir, "contend.log")) for _ in range(count)]
+    hogs = []
     try:
+        for _ in range(count):
+            hogs.append(procs.Group(["taskset", "-c", cpus, sys.executable, "-c",
+                                     "while True: pass"],
+                                    log_path=os.path.join(log_dir, "contend.log")))
         yield
     finally:
         for hog in hogs:
