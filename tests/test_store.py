@@ -12,9 +12,11 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 from pathlib import Path
 
@@ -851,6 +853,15 @@ READER_SCRIPT = textwrap.dedent("""
 """)
 
 
+def people_file(path, count, width):
+    """Build a store file of `count` people with a `width`-fold id field;
+    returns (path, its size)."""
+    rows = ((f"person{i}@example.com", {"email": f"person{i}@example.com", "n": str(i) * width})
+            for i in range(count))
+    Store.build(rows, path, codec="row").close()
+    return path, path.stat().st_size
+
+
 def mapping_of(pid, path):
     """smaps_rollup-shaped fields of the mapping of `path` in process pid."""
     from forkserve.memory.procfs import parse_smaps_rollup
@@ -867,11 +878,7 @@ def mapping_of(pid, path):
 def test_unrelated_processes_opening_one_store_file_share_its_pages(tmp_path):
     # As separate forkserve instances (containers, systemd units) do: neither
     # process is forked from the other, only the file is common.
-    path = tmp_path / "people.fsdb"
-    rows = ((f"person{i}@example.com", {"email": f"person{i}@example.com", "n": str(i) * 20})
-            for i in range(40_000))
-    Store.build(rows, path, codec="row").close()
-    size = path.stat().st_size
+    path, size = people_file(tmp_path / "people.fsdb", 40_000, 20)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     readers = [subprocess.Popen([sys.executable, "-c", READER_SCRIPT, str(path)], env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -889,6 +896,49 @@ def test_unrelated_processes_opening_one_store_file_share_its_pages(tmp_path):
             reader.stdin.close()
             reader.wait(timeout=30)
             reader.stdout.close()
+
+
+def cached_bytes(path):
+    """Bytes of `path` in the page cache (util-linux's fincore)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES",
+                          str(path)], capture_output=True, text=True, check=True).stdout
+    return int(out)
+
+
+def evict(path):
+    """Drop `path`'s pages from the page cache; False where the filesystem
+    keeps them in memory anyway (tmpfs)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return cached_bytes(path) < os.path.getsize(path) // 4
+
+
+@linux_only
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="needs fincore (util-linux)")
+def test_prefetch_reads_the_file_into_the_page_cache_and_populate_maps_it(tmp_path):
+    # Bigger than a few read-ahead windows (8 MiB here), which the kernel
+    # reads around the first faults on the header and the trailer.
+    path, size = people_file(tmp_path / "people.fsdb", 150_000, 40)
+    if not evict(path):
+        pytest.skip(f"{tmp_path}'s filesystem keeps files in memory: nothing to read in")
+    with Store.open(path) as store:  # lazy: only around the header and the trailer
+        assert cached_bytes(path) < size // 2
+        assert store["person7@example.com"]["n"] == "7" * 40
+    assert evict(path)
+    with Store.open(path, prefetch=True) as store:
+        deadline = time.monotonic() + 30
+        while cached_bytes(path) < size:  # the kernel reads it in the background
+            assert time.monotonic() < deadline, f"{cached_bytes(path)} of {size} bytes cached"
+            time.sleep(0.01)
+        assert mapping_of(os.getpid(), path)["Rss"] < size // 4  # cached, not mapped here
+    assert evict(path)
+    with Store.open(path, populate=True) as store:  # read and mapped before it returns
+        assert cached_bytes(path) >= size  # whole pages
+        assert mapping_of(os.getpid(), path)["Rss"] >= size
 
 
 def test_a_hash_index_with_no_empty_slot_is_reported_as_damaged_not_looped_on(tmp_path):

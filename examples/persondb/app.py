@@ -203,7 +203,7 @@ def load_store(path, store_path=None, shard=None):
 
     if path is None:
         try:
-            return Store.open(store_path)
+            return Store.open(store_path, prefetch=True)
         except (OSError, StoreError) as exc:
             raise PersonDBError(
                 f"PERSONDB_STORE {store_path!r} cannot be opened ({exc}); build it with "
@@ -221,15 +221,17 @@ def load_store(path, store_path=None, shard=None):
     if fresh:
         # The file's pages live in the page cache, once, shared by every
         # process that maps them: workers, reload generations and any other
-        # instance on the host that opens the same file. (populate=True would
-        # also map them all into the master now: no first-touch faults, at
-        # the cost of reading the whole file here.)
+        # instance on the host that opens the same file. prefetch=True starts
+        # reading them in now, so that the first requests do not wait for the
+        # disk when the cache has dropped them. (populate=True would also map
+        # them all into the master: no first-touch faults at all, at the cost
+        # of reading the whole file before serving.)
         try:
-            return Store.open(store_path)
+            return Store.open(store_path, prefetch=True)
         except StoreFormatError as exc:
             log.warning("rebuilding the cached store: %s", exc)
     _build_store(path, store_path, shard)
-    return Store.open(store_path)
+    return Store.open(store_path, prefetch=True)
 
 
 def _build_store(path, store_path, shard):

@@ -68,6 +68,9 @@ from forkserve.store.layout import (
 __all__ = ["Store", "StoreError", "StoreFormatError"]
 
 _MISSING = object()
+#: prefetch's posix_fadvise(WILLNEED) step: Linux reads at most one read-ahead
+#: window per call, and no default window is smaller than this.
+_PREFETCH_STEP = 128 * 1024
 
 
 class Store(collections.abc.Mapping):
@@ -144,24 +147,28 @@ class Store(collections.abc.Mapping):
         return cls.open(path)
 
     @classmethod
-    def open(cls, path, *, populate=False):
+    def open(cls, path, *, populate=False, prefetch=False):
         """Map the store file at path, checking only its header and trailer.
 
-        Takes microseconds whatever the size; pages are read on first use.
-        With populate=True every page is read and mapped now (MAP_POPULATE):
-        do that in a pre-fork master, so that the pages a worker touches are
-        mapped by the master too — shared, and counted as shared in
-        /proc/PID/smaps — and no request waits for a page fault. It costs the
-        time to read the file (from the page cache, usually) and the master's
-        RSS grows by the file's size: the one copy every worker uses.
+        Takes microseconds whatever the size; pages are read on first use,
+        from disk if the page cache lacks them (a gevent worker waits with
+        all its greenlets). prefetch=True queues reads of the whole file into
+        the page cache and returns without waiting or mapping anything here.
+        populate=True reads and maps every page before returning: in a
+        pre-fork master, the workers' pages are then the master's too, shared
+        (and counted as shared in /proc/PID/smaps), and no request waits for
+        a fault; the master's RSS grows by the file: the one copy all use.
         Raises StoreFormatError for a file that is not a complete store.
         """
         path = os.fspath(path)
         flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
         with open(path, "rb") as file:
-            if os.fstat(file.fileno()).st_size < HEADER.size:
+            size = os.fstat(file.fileno()).st_size
+            if size < HEADER.size:
                 read_layout(path, file.read())  # raises, saying how short it is
             buffer = mmap.mmap(file.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+            for offset in range(0, size if prefetch and not populate else 0, _PREFETCH_STEP):
+                os.posix_fadvise(file.fileno(), offset, _PREFETCH_STEP, os.POSIX_FADV_WILLNEED)
         return cls._wrap(buffer, path)
 
     @classmethod
