@@ -54,6 +54,7 @@ Invariants:
 """
 
 import collections.abc
+import contextlib
 import mmap
 import os
 import zlib
@@ -68,8 +69,7 @@ from forkserve.store.layout import (
 __all__ = ["Store", "StoreError", "StoreFormatError"]
 
 _MISSING = object()
-#: prefetch's posix_fadvise(WILLNEED) step: Linux reads at most one read-ahead
-#: window per call, and no default window is smaller than this.
+#: prefetch's posix_fadvise(WILLNEED) step: Linux reads one read-ahead window per call at most
 _PREFETCH_STEP = 128 * 1024
 
 
@@ -151,9 +151,9 @@ class Store(collections.abc.Mapping):
         """Map the store file at path, checking only its header and trailer.
 
         Takes microseconds whatever the size; pages are read on first use,
-        from disk if the page cache lacks them (a gevent worker waits with
-        all its greenlets). prefetch=True queues reads of the whole file into
-        the page cache and returns without waiting or mapping anything here.
+        from disk if the page cache lacks them (a gevent worker waits with all
+        its greenlets). prefetch=True queues reads of the file into the page
+        cache and returns without waiting or mapping anything here.
         populate=True reads and maps every page before returning: in a
         pre-fork master, the workers' pages are then the master's too, shared
         (and counted as shared in /proc/PID/smaps), and no request waits for
@@ -166,9 +166,10 @@ class Store(collections.abc.Mapping):
             size = os.fstat(file.fileno()).st_size
             if size < HEADER.size:
                 read_layout(path, file.read())  # raises, saying how short it is
+            with contextlib.suppress(OSError):  # a hint: refused, the open stays lazy
+                for offset in range(0, size if prefetch and not populate else 0, _PREFETCH_STEP):
+                    os.posix_fadvise(file.fileno(), offset, _PREFETCH_STEP, os.POSIX_FADV_WILLNEED)
             buffer = mmap.mmap(file.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
-            for offset in range(0, size if prefetch and not populate else 0, _PREFETCH_STEP):
-                os.posix_fadvise(file.fileno(), offset, _PREFETCH_STEP, os.POSIX_FADV_WILLNEED)
         return cls._wrap(buffer, path)
 
     @classmethod
