@@ -79,7 +79,10 @@ def test_keep_alive_clients_lose_no_request_across_reloads_and_max_requests_recy
              message="20 --max-requests recycles")
     assert clients.failures == [], f"{len(clients.failures)} lost of {clients.total}"
     print(f"0 lost of {clients.total} requests over {len(clients.served)} workers")
-    assert len(clients.served) > 20  # the load ran across the replacements
+    # the load ran across the replacements: each of the 20 recycled workers
+    # served these clients (they are the only ones); a replacement forked for
+    # the 20th may not have answered yet when the poll above returns
+    assert len(clients.served) >= 20, clients.served
     # once a worker reaches 400 it closes each connection after its next response
     assert max(clients.served.values()) <= 400 + 2 * 4, clients.served.most_common(3)
 
