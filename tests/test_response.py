@@ -113,8 +113,9 @@ def test_a_name_or_value_seen_valid_does_not_let_an_invalid_header_through():
 
 
 def test_the_memo_of_checked_headers_stays_bounded(monkeypatch):
-    from forkserve.http import response
-    monkeypatch.setattr(response, "_MEMO_MAX", 8)
+    from forkserve.http import h1, response
+    monkeypatch.setattr(h1, "MEMO_MAX", 8)
     for number in range(100):
         plan_head("200 OK", [(f"X-{number}", str(number))], 0, "HTTP/1.1", False)
     assert len(response._VALID_NAMES) <= 8 and len(response._VALID_VALUES) <= 8
+    assert response._VALID_NAMES["X-99"] == "x-99"  # the newest is kept

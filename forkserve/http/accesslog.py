@@ -21,9 +21,10 @@ Only the atoms the format names are computed. Gunicorn's default format,
 what nearly everyone logs, has its own path: capture() takes the values into
 a tuple while the request runs, render() makes the line with one f-string
 and a check made of str methods, and forkserve's log file renders the lines it
-holds in one batch when it writes them (logs.AccessFileHandler): 1.7 us per
-request in a worker, against 4 us when each line was formatted amid its
-request (benchmarks/README.md, "What the access log costs").
+holds in one batch when it writes them (logs.AccessFileHandler): 1.7-2.2 us
+per request in a worker, against 2.6 us for the same f-string amid each
+request and 4 us for the earlier per-request % formatting
+(benchmarks/README.md, "What the access log costs").
 
 Pure: `AccessFormat.line()` takes the request's facts and returns the line;
 `capture()` and `AccessFormat.render()` are the same in two steps.

@@ -232,15 +232,31 @@ def valid_host(value):
         return True
     if _HOST.fullmatch(value) is None:
         return False
-    if len(_VALID_HOSTS) < MEMO_MAX:
-        _VALID_HOSTS.add(value)
-    return True
+    return _VALID_HOSTS.remember(value, True)
 
 
-#: Most requests repeat a handful of Host values and header names; results
-#: for up to this many distinct ones are remembered (then no more are added).
+#: Entries a Memo holds at most.
 MEMO_MAX = 1024
-_VALID_HOSTS = set()
+
+
+class Memo(dict):
+    """Results already computed, by what they were computed from: requests
+    and applications repeat a handful of lines, Host values, header names
+    and statuses, and a lookup costs a fraction of parsing or checking again.
+    Only pure results go in, so a memo changes no result. Reads are a dict's
+    (get, in); remember() empties it when it holds MEMO_MAX entries, so it
+    stays bounded whatever clients send."""
+
+    __slots__ = ()
+
+    def remember(self, key, value):
+        if len(self) >= MEMO_MAX:
+            self.clear()
+        self[key] = value
+        return value
+
+
+_VALID_HOSTS = Memo()
 
 
 def header_field(line, size_max):

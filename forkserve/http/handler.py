@@ -46,7 +46,7 @@ from forkserve.http.body import Body
 from forkserve.http.h1 import (  # the grammar; re-exported names are in __all__
     _Expired, BLANK_LINES, body_framing,
     chunk_size, ClientDisconnected, escape, GONE_ERRNOS, header_field,
-    Limits, MEMO_MAX, request_line, request_target, RequestError, valid_host,
+    Limits, Memo, request_line, request_target, RequestError, valid_host,
 )
 from forkserve.http.responder import Responder
 from forkserve.http.response import ApplicationError, FileWrapper
@@ -65,19 +65,17 @@ IDLE, HEAD, BUSY = "idle", "head", "busy"
 YIELD_EVERY = 16
 
 #: header name as sent -> its environ key (CONTENT_TYPE, HTTP_USER_AGENT)
-_KEYS = {}
+_KEYS = Memo()
 
 #: Request lines and header lines already parsed, by their bytes, with what
 #: the head loop takes from them: clients repeat the same lines (Host,
-#: User-Agent, Accept, often the request line itself), and a lookup costs a
-#: fraction of the regex match and decoding. Parsing a complete line is a
-#: pure function of its bytes, and a line only reaches the parser within the
-#: connection's line limits, so a memo changes no result. Lines longer than
-#: _MEMO_LINE are not remembered; each memo is emptied when it reaches
-#: MEMO_MAX entries (unique lines, such as request targets that differ per
-#: request, cycle through it).
-_REQUEST_LINES = {}   # line -> (method, target, version, request line as str)
-_FIELD_LINES = {}     # line -> (environ key, or None for a dropped name; value)
+#: User-Agent, Accept, often the request line itself). Parsing a complete
+#: line is a pure function of its bytes, and a line only reaches the parser
+#: within the connection's line limits, so a memo changes no result. Lines
+#: longer than _MEMO_LINE are not remembered; unique lines, such as request
+#: targets that differ per request, cycle through the memo.
+_REQUEST_LINES = Memo()   # line -> (method, target, version, request line as str)
+_FIELD_LINES = Memo()     # line -> (environ key, or None for a dropped name; value)
 _MEMO_LINE = 256
 
 
@@ -85,9 +83,7 @@ def _environ_key(name):
     key = name.upper().replace("-", "_")
     if key not in ("CONTENT_LENGTH", "CONTENT_TYPE"):
         key = "HTTP_" + key
-    if len(_KEYS) < MEMO_MAX:
-        _KEYS[name] = key
-    return key
+    return _KEYS.remember(name, key)
 
 
 _EMPTY_BODY = Body(None, 0, False, Limits())  # shared: a length-0 Body never reads
@@ -263,9 +259,7 @@ class Handler(Responder):
                 return None
             parsed += (line[:-2].decode("latin-1"),)
             if len(line) <= _MEMO_LINE:
-                if len(_REQUEST_LINES) >= MEMO_MAX:
-                    _REQUEST_LINES.clear()
-                _REQUEST_LINES[line] = parsed
+                _REQUEST_LINES.remember(line, parsed)
         method, target, version, self.requestline = parsed
 
         env = self._base_env.copy()
@@ -285,9 +279,7 @@ class Handler(Responder):
                 # must not pose as X-Forwarded-For
                 parsed = (None if "_" in name else _KEYS.get(name) or _environ_key(name)), value
                 if len(line) <= _MEMO_LINE:
-                    if len(_FIELD_LINES) >= MEMO_MAX:
-                        _FIELD_LINES.clear()
-                    _FIELD_LINES[line] = parsed
+                    _FIELD_LINES.remember(line, parsed)
             key, value = parsed
             if key is None:
                 continue

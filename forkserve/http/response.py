@@ -1,8 +1,8 @@
 """The response side of PEP 3333, as pure functions: check what the
 application passes to start_response(), and turn its status and headers into
 an HTTP/1.1 response head framed the way the server chooses. Nothing here
-does I/O or keeps state (but a bounded memo of header names and values
-already checked); forkserve.http.handler sends what these return.
+does I/O or keeps state (but bounded memos of statuses, header names and
+values already checked); forkserve.http.handler sends what these return.
 
 Invariants:
 - No header the application gives reaches the wire unless its name is an
@@ -20,7 +20,7 @@ Invariants:
 
 import re
 
-from forkserve.http.h1 import MEMO_MAX, TCHAR
+from forkserve.http.h1 import Memo, TCHAR
 
 __all__ = ["ApplicationError", "FileWrapper", "check_start_response", "plan_head",
            "encode_head"]
@@ -29,15 +29,12 @@ _NAME = re.compile(f"[{TCHAR}]+")
 _VALUE = re.compile("[\t\x20-\x7e\x80-\xff]*")
 _SPECIAL = frozenset({"content-length", "connection", "transfer-encoding", "date"})
 
-#: header names already found valid, each with its lowercase form, and values
-#: already found valid: applications send the same few again and again, and a
-#: lookup costs a tenth of checking. A memo changes no result; each is
-#: emptied when it reaches _MEMO_MAX entries.
-_VALID_NAMES = {}
-_VALID_VALUES = set()
-_MEMO_MAX = MEMO_MAX
-#: statuses already found valid (a memo as well; it stops growing at _MEMO_MAX)
-_VALID_STATUSES = set()
+#: header names already found valid, each with its lowercase form; values and
+#: statuses already found valid (an application sends the same few again and
+#: again, and a lookup costs a tenth of checking)
+_VALID_NAMES = Memo()
+_VALID_VALUES = Memo()
+_VALID_STATUSES = Memo()
 
 
 class ApplicationError(Exception):
@@ -71,8 +68,7 @@ def check_start_response(status, headers):
         if type(status) is not str or len(status) < 4 or status[3] != " " \
                 or not status[:3].isdigit() or not status.isprintable():
             raise ApplicationError(f"invalid status {status!r}: must be a str like '200 OK'")
-        if len(_VALID_STATUSES) < _MEMO_MAX:
-            _VALID_STATUSES.add(status)
+        _VALID_STATUSES.remember(status, True)
     if type(headers) is not list:
         raise ApplicationError(f"response headers must be a list, not {type(headers).__name__}")
 
@@ -137,13 +133,8 @@ def _checked(name, value):
     valid (and memoized); ApplicationError if it is not."""
     if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
         raise ApplicationError(f"invalid response header {name!r}: {value!r}")
-    if len(_VALID_NAMES) >= _MEMO_MAX:
-        _VALID_NAMES.clear()
-    if len(_VALID_VALUES) >= _MEMO_MAX:
-        _VALID_VALUES.clear()
-    lname = _VALID_NAMES[name] = name.lower()
-    _VALID_VALUES.add(value)
-    return lname
+    _VALID_VALUES.remember(value, True)
+    return _VALID_NAMES.remember(name, name.lower())
 
 
 def encode_head(lines, close, version, date):
