@@ -26,48 +26,40 @@ the copying happens). `share` needs Python 3.12+. Needs wrk, taskset and perf.
 
 import argparse
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import load  # noqa: E402
 from benchmarks.procs import Group, sample_group  # noqa: E402
-from benchmarks.run import http_status, prepare_dataset  # noqa: E402
-from benchmarks.servers import APP, REPO  # noqa: E402
+from benchmarks.run import prepare_dataset, wait_until_ready  # noqa: E402
+from benchmarks.servers import APP, REPO, all_servers  # noqa: E402
 
 WORKER_COMM = "forkserve: work"  # the workers' title, as the kernel's 15-byte comm keeps it
 FAULT, COW = "asm_exc_page_fault", "do_wp_page"
 PAGE_COPIES = ("copy_mc_enhanced_fast_string", "copy_page", "copy_mc_fragile")
-LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
 
 
-def start(args, mode, csv_path, log_path):
-    env = dict(os.environ, PERSONDB_CSV=csv_path, PERSONDB_MODE=mode)
+def start(args, mode, csv_path, log_path, tree=REPO, processes=5):
+    """`forkserve -w 4` from `tree` on PersonDB in `mode`, once /health
+    answers and `processes` of its processes exist (5: the master and every
+    worker): (Group, port)."""
+    env = dict(os.environ, PERSONDB_CSV=csv_path, PERSONDB_MODE=mode, PYTHONPATH=tree)
     if os.path.exists(log_path):
         os.unlink(log_path)  # Group appends; a port from an earlier run must not be read
     server = Group(["taskset", "-c", args.server_cpus, args.python, "-m", "forkserve",
-                    "-w", "4", "-b", "127.0.0.1:0", APP], cwd=REPO, env=env, log_path=log_path)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        with open(log_path, "rb") as log:
-            port = LISTENING.search(log.read())
-        if port is not None:
-            port = int(port.group(1))
-            workers = [s for s in sample_group(server.pid, False) if s.role == "worker"]
-            if len(workers) == 4 and http_status(port) == 200:
-                return server, port
-        if not server.alive():
-            break
-        time.sleep(0.1)
-    server.stop()
-    raise SystemExit(f"forkserve ({mode}) did not start; its log: {log_path}")
+                    "-w", "4", "-b", "127.0.0.1:0", APP], cwd=tree, env=env, log_path=log_path)
+    spec = next(s for s in all_servers() if s.name == f"forkserve-{mode}")
+    try:
+        return server, wait_until_ready(server, spec, None, log_path, processes, 300)
+    except BaseException:
+        server.stop()
+        raise
 
 
 def comm_samples(lines, comm):

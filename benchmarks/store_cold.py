@@ -17,7 +17,6 @@ Trees take turns within a round. Needs wrk and taskset.
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -28,11 +27,9 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import load  # noqa: E402
-from benchmarks.procs import Group  # noqa: E402
-from benchmarks.run import build_store, http_status, prepare_dataset  # noqa: E402
-from benchmarks.servers import APP, REPO  # noqa: E402
-
-LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
+from benchmarks.cow_cost import start  # noqa: E402
+from benchmarks.run import build_store, prepare_dataset  # noqa: E402
+from benchmarks.servers import REPO  # noqa: E402
 
 
 def evict(path):
@@ -55,22 +52,9 @@ def cached_share(path):
 
 def measure(args, tree, csv_path, store_path, emails_path, log_path):
     evict(store_path)
-    env = dict(os.environ, PERSONDB_CSV=csv_path, PERSONDB_MODE="store", PYTHONPATH=tree)
     started = time.monotonic()
-    server = Group(["taskset", "-c", args.server_cpus, args.python, "-m", "forkserve", "-w", "4",
-                    "-b", "127.0.0.1:0", APP], cwd=tree, env=env, log_path=log_path)
+    server, port = start(args, "store", csv_path, log_path, tree, processes=1)  # first answer
     try:
-        port = None
-        while time.monotonic() < started + 120 and server.alive():
-            if port is None:
-                with open(log_path, "rb") as log:
-                    found = LISTENING.search(log.read())
-                port = found and int(found.group(1))
-            if port is not None and http_status(port) == 200:
-                break
-            time.sleep(0.02)
-        else:
-            raise SystemExit(f"forkserve from {tree} did not answer; its log: {log_path}")
         answered = time.monotonic() - started
         share = cached_share(store_path)
         spec = load.LoadSpec(emails_path=emails_path, cpus=args.client_cpus)
