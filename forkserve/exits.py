@@ -9,6 +9,7 @@ import os
 import signal
 
 __all__ = ["WORKER_BOOT_ERROR", "APP_LOAD_ERROR", "CONFIG_ERROR", "BIND_ERROR",
+           "WORKER_RESOURCE_ERROR",
            "HaltServer", "Exit", "classify"]
 
 OK = 0
@@ -22,10 +23,15 @@ WORKER_BOOT_ERROR = 3
 APP_LOAD_ERROR = 4
 #: a listening address could not be bound
 BIND_ERROR = 5
+#: a worker could not start for lack of a resource it can get later (file
+#: descriptors: `ulimit -n`); the master retries it with a backoff and never
+#: counts it as a boot failure
+WORKER_RESOURCE_ERROR = 6
 
 _NAMES = {OK: "exited cleanly", FAILURE: "failed", CONFIG_ERROR: "had a configuration error",
           WORKER_BOOT_ERROR: "failed to boot", APP_LOAD_ERROR: "could not load the application",
-          BIND_ERROR: "could not bind"}
+          BIND_ERROR: "could not bind",
+          WORKER_RESOURCE_ERROR: "ran out of a resource (file descriptors) while starting"}
 
 
 class HaltServer(BaseException):
