@@ -136,6 +136,12 @@ SETTINGS = (
             "Python's thresholds), normal (Python's defaults) or idle (young generations "
             "between requests). The master's frozen heap is never collected.",
             metavar="POLICY", section="memory"),
+    # --share-heap: forkserve.memory.heap holds what it marks and what it costs.
+    Setting("share_heap", ("--share-heap",), values.flag, False,
+            "Python 3.12+: once the application is loaded, make the master's whole heap "
+            "immortal so that workers' reads copy none of it. Objects that exist then are "
+            "never freed: their finalisers and weakref callbacks never run. Refused on 3.11.",
+            kind="flag", section="memory"),
     Setting("limit_request_line", ("--limit-request-line",), values.whole(0), 4094,
             "Longest request line in bytes, CRLF not counted (as Gunicorn); longer gets 414. "
             "At most 8190; 0 means no limit (a 1 MiB ceiling remains).",
