@@ -56,10 +56,10 @@ def test_share_heap_with_no_workers_says_it_is_pointless_and_serves(run_server):
     assert server.get("/pid")[0] == 200
 
 
-def _safety_server(run_server, tmp_path, *flags, **env):
+def _safety_server(run_server, tmp_path, *flags, wait=True, **env):
     witness = tmp_path / "witness"
     witness.mkdir()
-    server = run_server(*flags, "-w", "1", app="heap_safety:app",
+    server = run_server(*flags, "-w", "1", app="heap_safety:app", wait=wait,
                         env={"WITNESS_DIR": str(witness), **env})
     return server, witness
 
@@ -144,3 +144,27 @@ def test_hup_with_share_heap_ends_the_old_processes_and_frees_the_old_heap(
     poll(lambda: _rss(server.pid) < 75 * 2**20, message="the master's RSS to drop")
     assert server.get("/")[1].startswith("v2")
     assert len(SHARED.findall(server.log())) == 2  # the new generation shared its own heap
+
+
+def test_warmup_requests_are_served_by_the_master_before_it_forks(run_server, tmp_path):
+    server, witness = _safety_server(run_server, tmp_path, "--warmup", "/witness",
+                                     "--warmup", "/nowhere")
+    assert (witness / f"request-{server.pid}").exists()
+    log = server.log()
+    assert "--warmup: /nowhere answered 404 Not Found" in log
+    assert "--warmup: 6 requests (3 x 200, 3 x 404)" in log
+    assert log.index("--warmup: 6 requests") < log.index("Listening at")
+
+
+def test_a_warmup_request_that_raises_stops_the_start(run_server, tmp_path):
+    server, _ = _safety_server(run_server, tmp_path, "--warmup", "/raise", wait=False)
+    assert server.wait_exit() == exits.APP_LOAD_ERROR
+    assert "RuntimeError: raised on purpose by a test" in server.log()
+    assert "--warmup: GET /raise raised" in server.log()
+    assert "Listening at" not in server.log()
+
+
+def test_warmup_takes_only_url_paths(run_server, tmp_path):
+    server = run_server("--warmup", "products", wait=False)
+    assert server.wait_exit() == exits.CONFIG_ERROR
+    assert "'products' is not a URL path; give one that starts with /" in server.log()

@@ -4,7 +4,8 @@
 2. Bind every address (a port in use fails now, not after a long load).
 3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports.
 4. Import the application: its dataset loads here, once, in the master.
-5. With --share-heap, the whole heap is made immortal (forkserve.memory.heap);
+5. --warmup requests (forkserve.process.warmup), then with --share-heap the
+   whole heap is made immortal (forkserve.memory.heap);
    then gc.freeze() + gc.set_threshold(0) (cow.harden), then the post_freeze hook.
 6. listen(), log the real addresses, write the pid file; then fork workers
    (forkserve.process.master) or serve from this process (forkserve.process.single).
@@ -23,7 +24,7 @@ from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import ignored, loader
 from forkserve.process import (autoreload, environment, hooks, privileges, progress, reload,
-                               serving, signals, sockets)
+                               serving, signals, sockets, warmup)
 
 __all__ = ["run"]
 
@@ -71,6 +72,8 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
                 return exits.APP_LOAD_ERROR
         serving.preload()
         autoreload.install(cfg, role)
+        if cfg.warmup:
+            warmup.run(app, cfg.warmup)
         if cfg.share_heap:
             _share_heap(cfg)
         cow.harden()

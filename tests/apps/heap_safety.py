@@ -11,6 +11,8 @@ file named `<event>-<pid>` into WITNESS_DIR. Routes:
   /churn?n=N     allocate and drop N records (dicts, lists, str, cycles)
   /gc            gc.collect() in this worker: how many objects it freed
   /ballast       the size of the master's ballast (makes the master's heap big)
+  /witness       writes request-<pid> (for --warmup: which process was asked)
+  /raise         raises RuntimeError (for --warmup: a failing warm-up request)
 """
 
 import gc
@@ -100,6 +102,11 @@ def _app(environ, start_response):
         body = str(gc.collect())
     elif path == "/ballast":
         body = str(len(ballast))
+    elif path == "/witness":
+        _mark("request")
+        body = "seen"
+    elif path == "/raise":
+        raise RuntimeError("raised on purpose by a test")
     else:
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found"]
