@@ -12,6 +12,7 @@ import errno
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -73,3 +74,23 @@ def test_access_log_drops_lines_while_the_disk_is_full_and_resumes_once_it_is_no
     assert "Traceback" not in log, log
     assert log.count("No space left on device; dropped") == 1, log  # one per interval
     assert "writing again" in log
+
+
+def test_leaking_worker_is_recycled_within_a_tenth_over_max_worker_memory(run_server):
+    # The application leaks 5 MiB a request, about 100 MB/s at 20 requests a
+    # second, one connection each. What a worker leaked before it stopped
+    # taking requests is at most the limit, plus 10%, plus one request's 5 MiB.
+    limit, step = 100, 5
+    server = run_server("-w", "1", "--max-worker-memory", str(limit), app="hog:app")
+    [first] = server.wait_workers(1)
+    leaked = {}  # pid -> MiB its requests allocated
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and leaked.get(first, 0) < 4 * limit:
+        pid = int(server.get(f"/alloc?{step}")[1])
+        leaked[pid] = leaked.get(pid, 0) + step
+        if len(leaked) > 1 and leaked[pid] >= 2 * step:
+            break  # the replacement serves
+        time.sleep(0.05)
+    assert len(leaked) > 1, f"the leaking worker was never recycled: {leaked}"
+    assert leaked[first] <= limit * 1.1 + step, (leaked, server.log())
+    assert "over --max-worker-memory 100 MiB" in server.log()

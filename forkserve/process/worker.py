@@ -19,7 +19,7 @@ import signal
 import time
 import traceback
 
-from forkserve.memory import cow, reporter, procfs, workergc
+from forkserve.memory import cow, limit, reporter, procfs, workergc
 from forkserve import exits, logs
 from forkserve.process import hooks, privileges, procname, signals
 from forkserve.process.serving import make_servers
@@ -59,6 +59,17 @@ class Worker:
         #: refreshed on every turn of the loop (at most once a heartbeat).
         self.title_interval = 30.0
         self.private = ""       # ", 12.3 MiB private", as last read
+        #: --max-worker-memory checked after responses (memory.limit)
+        self.memory_limit = None
+        #: least seconds between two of those checks: a response within the
+        #: gap arms one check at its end instead. Each check costs ~3 us
+        #: (benchmarks/memory_check.py), a hello-world response ~15 us of CPU;
+        #: a leak has at most this gap to grow past the limit unseen.
+        self.memory_check_gap = 0.005
+        self._next_memory_check = 0.0
+        self._memory_timer = None
+        self.retiring = False
+        self._next_shortage_log = 0.0
         self.titled = None      # the request count the title shows
         self.wakeup = None
 
@@ -104,6 +115,10 @@ class Worker:
         self.wakeup = gevent.event.Event()
         self.scoreboard.beat(self.index)
         random.seed()
+        if self.cfg.max_worker_memory:  # opened before privileges drop: /proc/PID is ours now
+            read_anonymous, _ = limit.statm_reader(os.getpid())
+            self.memory_limit = limit.MemoryLimit(self.cfg.max_worker_memory * 2**20,
+                                                  read_anonymous, self._read_private_bytes)
         procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name)
         privileges.drop(self.cfg.user, self.cfg.group)
         cow.check()
@@ -157,9 +172,30 @@ class Worker:
         beating.kill()
 
     def read_private(self):
-        reading = procfs.read_process(os.getpid())
-        self.private = f", {reporter.format_size(reading.private)} private" if reading else ""
+        private = self._read_private_bytes()
+        self.private = "" if private is None else f", {reporter.format_size(private)} private"
         self.titled = None  # shown on the next update_title()
+
+    def _read_private_bytes(self):
+        """This worker's private memory, or None when it cannot be read now.
+
+        Bookkeeping never stops a worker: out of descriptors (or memory),
+        the reading is skipped and logged at most once per title interval.
+        """
+        try:
+            reading = procfs.read_process(os.getpid())
+        except OSError as exc:
+            if exc.errno not in procfs.SHORTAGE_ERRNOS:
+                raise
+            now = time.monotonic()
+            if now >= self._next_shortage_log:
+                self._next_shortage_log = now + self.title_interval
+                log.warning("worker %d (pid %d) cannot read its memory from /proc: %s; "
+                            "serving on (raise the open-files limit, `ulimit -n` or "
+                            "LimitNOFILE=, or lower --worker-connections)",
+                            self.worker_id, os.getpid(), exc.strerror)
+            return None
+        return reading.private if reading else None
 
     def update_title(self):
         """Show requests served and private memory in ps/top (if either changed)."""
@@ -181,12 +217,42 @@ class Worker:
     def _count_request(self):
         self.requests += 1
         self.scoreboard.count_request(self.index)
+        if self.retiring:
+            return
         if self.max_requests and self.requests == self.max_requests:
             log.info("worker %d served %d requests (--max-requests): asking to be recycled",
                      self.worker_id, self.requests)
-            self.scoreboard.set_state(self.index, RETIRE)
-            for server in self.servers:  # no new connections; each closes after its next response
-                server.retire()
+            self._retire()
+        elif self.memory_limit is not None:
+            now = time.monotonic()
+            if now >= self._next_memory_check:
+                self._check_memory(now)
+            elif self._memory_timer is None:
+                from gevent import get_hub
+                self._memory_timer = get_hub().loop.timer(self._next_memory_check - now)
+                self._memory_timer.start(self._check_memory_later)
+
+    def _check_memory_later(self):
+        self._memory_timer.close()
+        self._memory_timer = None
+        if not self.retiring:
+            self._check_memory(time.monotonic())
+
+    def _check_memory(self, now):
+        self._next_memory_check = now + self.memory_check_gap
+        private = self.memory_limit.over()
+        if private is not None:
+            log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
+                        "--max-worker-memory %d MiB; recycling it", self.worker_id,
+                        os.getpid(), private / 2**20, self.cfg.max_worker_memory)
+            self._retire()
+
+    def _retire(self):
+        """Ask the master for a replacement; it stops this worker once that one runs."""
+        self.retiring = True
+        self.scoreboard.set_state(self.index, RETIRE)
+        for server in self.servers:  # no new connections; each closes after its next response
+            server.retire()
 
     def _beat_forever(self, interval):
         import gevent
