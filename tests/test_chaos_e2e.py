@@ -10,7 +10,9 @@ Every test ends in well under a minute.
 import contextlib
 import errno
 import os
+import resource
 import signal
+import socket
 import subprocess
 import time
 
@@ -94,3 +96,67 @@ def test_leaking_worker_is_recycled_within_a_tenth_over_max_worker_memory(run_se
     assert len(leaked) > 1, f"the leaking worker was never recycled: {leaked}"
     assert leaked[first] <= limit * 1.1 + step, (leaked, server.log())
     assert "over --max-worker-memory 100 MiB" in server.log()
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_worker_out_of_file_descriptors_keeps_serving_and_backs_off_accepting(run_server):
+    server = run_server("-w", "1", app="fdtitle:app")
+    [worker] = server.wait_workers(1)
+    # A few descriptors to spare, then idle clients take them all; the rest
+    # wait in the listen backlog.
+    resource.prlimit(worker, resource.RLIMIT_NOFILE, (open_fds(worker) + 4, 4096))
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(30)]
+    try:
+        poll(lambda: "cannot read its memory from /proc" in server.log(), timeout=15,
+             message="the title's /proc reading to fail softly")
+        started = time.monotonic()
+        refused = server.log().count("cannot accept connections")
+        poll(lambda: server.log().count("cannot read its memory from /proc") >= 2, timeout=15,
+             message="a second interval of failed readings")
+        seconds = time.monotonic() - started
+        accept_errors = server.log().count("cannot accept connections") - refused
+    finally:
+        for client in idle:
+            client.close()
+    assert server.children() == [worker]
+    assert server.get("/pid") == (200, str(worker))
+    log = server.log()
+    assert "crashed" not in log and "Traceback" not in log, log
+    assert "ulimit -n" in log
+    # accept waits between tries (server.SHORTAGE_PAUSE, 0.1 s): no busy loop
+    assert accept_errors <= seconds / 0.1 + 2, (accept_errors, seconds)
+
+
+_EXHAUST_FIRST_WORKER = """
+import os
+
+def post_fork(server, worker):
+    # The first worker only: take every descriptor and keep them, as if the
+    # limit were too low for the worker to set itself up.
+    try:
+        os.close(os.open(os.environ["MARK"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    worker.held = []
+    try:
+        while True:
+            worker.held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+"""
+
+
+def test_worker_that_cannot_start_for_lack_of_descriptors_exits_with_the_resource_code(
+        run_server, tmp_path):
+    config = tmp_path / "exhaust.conf.py"
+    config.write_text(_EXHAUST_FIRST_WORKER)
+    server = run_server("-w", "1", "-c", str(config), env={"MARK": str(tmp_path / "mark")})
+    [worker] = server.wait_workers(1)
+    assert server.get("/pid") == (200, str(worker))
+    log = server.log()
+    assert "could not start: out of file descriptors" in log and "ulimit -n" in log, log
+    assert "exited with status 6" in log, log
+    assert "failed to boot" not in log, log

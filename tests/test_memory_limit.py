@@ -64,3 +64,12 @@ def test_statm_reader_sees_this_process_allocate():
         assert read() - before > 60 * MIB
     finally:
         os.close(fd)
+
+
+def test_libev_out_of_descriptors_is_a_resource_error_not_a_crash():
+    from forkserve.process.worker import _out_of_descriptors
+    assert _out_of_descriptors(SystemError(
+        "(libev) error creating signal/async pipe: Too many open files"))
+    assert _out_of_descriptors(OSError(24, "Too many open files"))
+    assert not _out_of_descriptors(OSError(13, "Permission denied"))
+    assert not _out_of_descriptors(SystemError("something else"))

@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import random
+import resource
 import signal
 import time
 import traceback
@@ -35,6 +36,18 @@ _INHERITED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, sign
 
 
 class Worker:
+    #: seconds between private-memory readings for the process title;
+    #: reading smaps_rollup makes the kernel walk the process's pages,
+    #: which stalls this worker's event loop ~12.5 ms per GB mapped
+    #: (measured), so not too often. The request count in the title is
+    #: refreshed on every turn of the loop (at most once a heartbeat).
+    title_interval = 30.0
+    #: least seconds between two --max-worker-memory checks after responses:
+    #: a response within the gap arms one check at its end instead. Each
+    #: check costs ~3 us (benchmarks/memory_check.py), a hello-world response
+    #: ~15 us of CPU; a leak has at most this gap to grow past the limit unseen.
+    memory_check_gap = 0.005
+
     def __init__(self, index, app, listeners, cfg, scoreboard, app_name, *, generation=0,
                  max_requests=0, close_fds=()):
         self.index = index
@@ -52,20 +65,9 @@ class Worker:
         self.requests = 0
         self.servers = []
         self.stop_mode = None   # None, "graceful" or "fast"
-        #: seconds between private-memory readings for the process title;
-        #: reading smaps_rollup makes the kernel walk the process's pages,
-        #: which stalls this worker's event loop ~12.5 ms per GB mapped
-        #: (measured), so not too often. The request count in the title is
-        #: refreshed on every turn of the loop (at most once a heartbeat).
-        self.title_interval = 30.0
         self.private = ""       # ", 12.3 MiB private", as last read
         #: --max-worker-memory checked after responses (memory.limit)
         self.memory_limit = None
-        #: least seconds between two of those checks: a response within the
-        #: gap arms one check at its end instead. Each check costs ~3 us
-        #: (benchmarks/memory_check.py), a hello-world response ~15 us of CPU;
-        #: a leak has at most this gap to grow past the limit unseen.
-        self.memory_check_gap = 0.005
         self._next_memory_check = 0.0
         self._memory_timer = None
         self.retiring = False
@@ -88,7 +90,14 @@ class Worker:
             hooks.post_fork(self)
             hooks.post_worker_init(self)
             self.boot_servers()
-        except BaseException:
+        except BaseException as exc:
+            if _out_of_descriptors(exc):
+                log.error("worker %d (pid %d) could not start: out of file descriptors (%s; "
+                          "the open-files limit is %d): raise it (`ulimit -n`, or LimitNOFILE= "
+                          "in a systemd unit) or lower --worker-connections", self.worker_id,
+                          os.getpid(), exc, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+                hooks.worker_exit(self)
+                cow.exit_process(exits.WORKER_RESOURCE_ERROR)
             log.error("worker %d failed to boot:\n%s", self.worker_id, traceback.format_exc())
             hooks.worker_exit(self)
             cow.exit_process(exits.WORKER_BOOT_ERROR)
@@ -129,6 +138,27 @@ class Worker:
         gevent.signal_handler(signal.SIGQUIT, self._request_stop, "fast")
         gevent.signal_handler(signal.SIGUSR1, logs.reopen)
         signals.release()  # blocked by the master across the fork; pending ones arrive now
+        self._make_loop_pipe()
+
+    def _make_loop_pipe(self):
+        """Have libev make its wakeup pipe now, while the worker boots.
+
+        libev makes it the first time a watcher needs it, which can be amid
+        serving with every descriptor taken: then the hub raises SystemError
+        and the worker dies (or libev aborts the process). An async watcher
+        started here makes it (unreferenced: it keeps the loop from nothing),
+        after os.pipe() proved two descriptors free: that raises
+        OSError(EMFILE), which start() reports as a resource error, where
+        libev would abort. gevent.idle() runs the loop once through (a
+        sleep(0) returns before libev's after-fork step): what libev remakes
+        after fork, it remakes now.
+        """
+        import gevent
+        for fd in os.pipe():
+            os.close(fd)
+        self._loop_pipe = gevent.get_hub().loop.async_(ref=False)
+        self._loop_pipe.start(lambda: None)
+        gevent.idle()
 
     def boot_servers(self):
         self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
@@ -259,3 +289,15 @@ class Worker:
         while True:
             self.scoreboard.beat(self.index)
             gevent.sleep(interval)
+
+
+#: what libev's SystemError says when it could not make a descriptor: it
+#: reports errno only as text
+_SHORTAGE_TEXTS = tuple(os.strerror(code) for code in procfs.SHORTAGE_ERRNOS)
+
+
+def _out_of_descriptors(exc):
+    """True if `exc` says the process could not get a file descriptor (or memory)."""
+    if isinstance(exc, OSError):
+        return exc.errno in procfs.SHORTAGE_ERRNOS
+    return isinstance(exc, SystemError) and any(text in str(exc) for text in _SHORTAGE_TEXTS)
