@@ -75,6 +75,9 @@ SETTINGS = (
     Setting("worker_connections", ("--worker-connections",), values.whole(1), 1000,
             "Most simultaneous connections one worker serves (one greenlet each).",
             metavar="N"),
+    Setting("no_balance", ("--no-balance",), values.flag, False,
+            "Let workers race for new connections instead of each pausing accept() while it "
+            "holds more than its share of the workers' open connections.", kind="flag"),
     Setting("backlog", ("--backlog",), values.whole(1), 2048,
             "Listen queue length: connections the kernel holds while workers are busy.",
             metavar="N"),

@@ -23,8 +23,10 @@ import traceback
 from forkserve.memory import cow, limit, reporter, procfs, workergc
 from forkserve import exits, logs
 from forkserve.process import hooks, privileges, procname, signals
+from forkserve.process.balance import Admission
 from forkserve.process.serving import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
+from forkserve.process.unpatched import original
 
 __all__ = ["Worker"]
 
@@ -161,8 +163,10 @@ class Worker:
         gevent.idle()
 
     def boot_servers(self):
+        admission = None if self.cfg.no_balance else Admission(
+            self.scoreboard, self.index, original("select", "select"), time.monotonic)
         self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
-                                    on_request=self._count_request)
+                                    on_request=self._count_request, admission=admission)
         for server in self.servers:
             server.start()
         # Logged before the master can see READY: a log shows a replacement
