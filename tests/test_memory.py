@@ -1007,10 +1007,11 @@ def test_memory_command_usage_errors_exit_2(argv, message, capsys):
 @pytest.mark.parametrize(
     "address, expected",
     [
-        ("127.0.0.1:9100", ("127.0.0.1", 9100, None, "/")),
-        ("http://localhost:9100", ("localhost", 9100, None, "/")),
+        ("127.0.0.1:9100", ("127.0.0.1", 9100, None, "/json")),
+        ("http://localhost:9100", ("localhost", 9100, None, "/json")),
+        ("http://localhost:9100/", ("localhost", 9100, None, "/")),
         ("http://[::1]:9100/stats", ("::1", 9100, None, "/stats")),
-        ("unix:/run/forkserve/stats.sock", (None, None, "/run/forkserve/stats.sock", "/")),
+        ("unix:/run/forkserve/stats.sock", (None, None, "/run/forkserve/stats.sock", "/json")),
     ],
 )
 def test_stats_addresses_in_every_accepted_form(address, expected):

@@ -85,7 +85,7 @@ def test_stats_endpoint_serves_json_and_prometheus_text(run_server):
     for _ in range(6):
         server.get("/")
     port = _stats_port(server)
-    status, content_type, body = _fetch(port, "/")
+    status, content_type, body = _fetch(port, "/json")
     assert status == 200 and content_type == "application/json"
     report = json.loads(body)
     rows = {row["pid"]: row for row in report["processes"]}
@@ -172,7 +172,7 @@ def test_memory_log_interval_logs_every_process(run_server):
 
 def test_single_process_stats_endpoint(run_server):
     server = run_server("-w", "0", "--stats", "127.0.0.1:0", app="hog:app")
-    report = json.loads(_fetch(_stats_port(server), "/")[2])
+    report = json.loads(_fetch(_stats_port(server), "/json")[2])
     assert [row["role"] for row in report["processes"]] == ["single"]
 
 
@@ -395,7 +395,7 @@ def test_worker_gc_policy_collects_and_reports_collections_and_pauses(
     for _ in range(1000):  # 2 dicts left each: over gen 0's threshold of 700 several times
         assert server.get("/cycle")[0] == 200
     port = _stats_port(server)
-    [row] = [row for row in json.loads(_fetch(port, "/")[2])["processes"]
+    [row] = [row for row in json.loads(_fetch(port, "/json")[2])["processes"]
              if row["pid"] == worker]
     if collects:
         assert row["gc_collections"] > 0 and row["gc_pause"] > 0
