@@ -331,7 +331,7 @@ def worker_requests(stats_port):
     """{pid: requests served} of the serving processes, from forkserve's stats JSON."""
     conn = http.client.HTTPConnection("127.0.0.1", stats_port, timeout=30)
     try:
-        conn.request("GET", "/")
+        conn.request("GET", "/json")
         report_ = json.loads(conn.getresponse().read())
     except (OSError, http.client.HTTPException, ValueError) as exc:
         say(f"  no per-worker request counts: stats endpoint: {exc!r}")

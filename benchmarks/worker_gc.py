@@ -45,7 +45,7 @@ def _wait_for(pattern, log_path, deadline):
 
 def _stats(port):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request("GET", "/")
+    connection.request("GET", "/json")
     report = json.loads(connection.getresponse().read())
     connection.close()
     return [row for row in report["processes"] if row["role"] == "worker"]

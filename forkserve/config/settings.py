@@ -124,8 +124,9 @@ SETTINGS = (
             "Change to this directory before loading the application.", metavar="DIR"),
     Setting("stats", ("--stats",), values.text, None,
             "Serve memory figures from the master at this address (HOST:PORT or unix:PATH): "
-            "JSON at / and Prometheus text at /metrics; /health says whether the workers "
-            "serve (200) or not (503).", metavar="ADDRESS", section="memory"),
+            "a live dashboard at /, JSON at /json (and /history), Prometheus text at "
+            "/metrics; /health says whether the workers serve (200) or not (503).",
+            metavar="ADDRESS", section="memory"),
     Setting("memory_log_interval", ("--memory-log-interval",), values.seconds, 0.0,
             "Log every process's shared and private memory every this many seconds. 0 disables.",
             metavar="SECONDS", section="memory"),

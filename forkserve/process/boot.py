@@ -173,7 +173,7 @@ def _listen(cfg, listeners, stats_listener):
         log.info("Listening at: %s (%d)", sockets.describe(listener), os.getpid())
     if stats_listener is not None:
         stats_listener.listen(16)
-        log.info("Stats at: %s (JSON at /, Prometheus at /metrics)",
+        log.info("Stats at: %s (dashboard at /, JSON at /json, Prometheus at /metrics)",
                  sockets.describe(stats_listener))
 
 

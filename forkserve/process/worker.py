@@ -51,8 +51,10 @@ class Worker:
     memory_check_gap = 0.005
 
     def __init__(self, index, app, listeners, cfg, scoreboard, app_name, *, generation=0,
-                 max_requests=0, close_fds=()):
-        self.index = index
+                 max_requests=0, close_fds=(), number=None):
+        self.index = index  # the scoreboard slot
+        #: the place in the pool a replacement inherits (forkserve.process.workers)
+        self.number = index + 1 if number is None else number
         self.app = app
         self.listeners = listeners
         self.cfg = cfg
@@ -79,7 +81,7 @@ class Worker:
 
     @property
     def worker_id(self):
-        return self.index + 1
+        return self.number
 
     # --- after fork ---
 
