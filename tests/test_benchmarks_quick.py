@@ -1,6 +1,6 @@
 """The benchmark harness: its pure parts, and one tiny end-to-end run.
 
-The unit tests drive report.py, load.py's parser, procs.py's /proc parser,
+The unit tests drive report.py, harness/wrk.py's parser, harness/procs.py's /proc parser,
 the time budget and the server command lines with made-up data. The e2e
 tests run benchmarks/run.py on a 400-row dataset with two servers (a few
 seconds) and check it cleans up after itself, also when it is interrupted.
