@@ -51,7 +51,6 @@ import dataclasses
 import datetime
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -61,8 +60,9 @@ if __package__ in (None, ""):
 
 from benchmarks.harness import procs, wrk  # noqa: E402
 from benchmarks.harness.machine import (  # noqa: E402
-    Conditions, cpu_list, machine, package_version, say, stop_on_signals, versions,
+    Conditions, cpu_list, machine, say, stop_on_signals, versions,
 )
+from benchmarks.harness.results import Result, command_line  # noqa: E402
 from benchmarks.harness.servers import (  # noqa: E402
     HELLO_APP as APP, HERE, REPO, hello_servers, keepalive_problem, python_version,
     uwsgi_fallback,
@@ -182,6 +182,9 @@ def main(argv=None):
     with stop_on_signals():
         results, skipped, notes, app_us, meta = run_all(args, argv)
     rows = summary(results, app_us)
+    result = meta.pop("result")
+    result.rows = rows
+    result.write(args.out)
     with open(os.path.join(args.out, "summary.csv"), "w", newline="") as f:
         fields = [k for k in rows[0] if k != "rounds_rps"] if rows else ["server"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore",
@@ -261,16 +264,14 @@ def run_all(args, argv):
         for server in running.values():
             server.stop(grace=10)
     conditions.end()
-    v = versions(args.python)
-    extra = ("waitress", "cheroot", "bjoern")
-    command = "python benchmarks/hello.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    found = versions(args.python, extra=("waitress", "cheroot", "bjoern"))
+    command = command_line("hello.py", argv)
     meta = {
         "title": "hello world" + (" (--quick)" if args.quick else ""),
         "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"`{command.strip()}`",
+        "command": f"`{command}`",
         "machine": machine() + "; " + conditions.describe(),
-        "versions": ", ".join(f"{k} {val}" for k, val in v.items()) + ", "
-                    + ", ".join(f"{name} {package_version(args.python, name)}" for name in extra),
+        "versions": ", ".join(f"{k} {val}" for k, val in found.items()),
         "load": f"wrk 1 thread, {args.connections} keep-alive connections, GET / on "
                 f"{APP}; {args.rounds} round(s) x {args.duration} s per server after "
                 f"{args.warmup} s of warm-up",
@@ -280,6 +281,8 @@ def run_all(args, argv):
                    + (f"; {args.contend} busy-looping process(es) on the server CPU "
                       "through the rounds (--contend)" if args.contend else ""),
     }
+    meta["result"] = Result.measured("hello.py", command, [], conditions, title=meta["title"],
+                                     date=meta["date"], versions=found)
     return results, skipped, notes, app_us, meta
 
 

@@ -22,7 +22,6 @@ import datetime
 import http.client
 import json
 import os
-import shlex
 import sys
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from benchmarks.harness.machine import (  # noqa: E402
     Conditions, cpu_list, machine, say, stop_on_signals, versions,
 )
 from benchmarks.harness.procs import sample_group  # noqa: E402
+from benchmarks.harness.results import Result, command_line  # noqa: E402
 from benchmarks.harness.servers import REPO, persondb_servers, python_version  # noqa: E402
 from benchmarks.harness.start import ServerFailed, all_cpus, log_tail, start_spec  # noqa: E402
 
@@ -291,7 +291,11 @@ def run_all(args, argv, clock_start):
                                     py_version))
             finally:
                 budget.server_done()
-    meta = run_meta(args, argv, py_version, csv_path, started_at, conditions.end())
+    found = versions(args.python)
+    meta = run_meta(args, argv, found, csv_path, started_at, conditions.end())
+    meta["result"] = Result.measured(
+        "run.py", command_line("run.py", argv), report.summary_rows(runs), conditions,
+        title=meta["title"], date=meta["date"], versions=found)
     return runs, meta
 
 
@@ -317,16 +321,14 @@ def run_one(spec, args, csv_path, load_spec, env, workdir, budget, py_version):
                                 reason=f"{first_line} (see logs/{spec.name}.log)")
 
 
-def run_meta(args, argv, py_version, csv_path, started_at, conditions):
+def run_meta(args, argv, found_versions, csv_path, started_at, conditions):
     size_mb = os.path.getsize(csv_path) / 1e6
-    v = versions(args.python)
-    command = "python benchmarks/run.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     return {
         "title": "PersonDB lookups" + (" (--quick)" if args.quick else ""),
         "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"`{command.strip()}`",
+        "command": f"`{command_line('run.py', argv)}`",
         "machine": machine() + "; " + conditions.describe(),
-        "versions": ", ".join(f"{k} {val}" for k, val in v.items()),
+        "versions": ", ".join(f"{k} {val}" for k, val in found_versions.items()),
         "dataset": f"{args.rows:,} people, CSV {size_mb:,.0f} MB (seed {args.seed})",
         "load": (f"{args.phases} phases × {args.requests:,} random lookups (5% unknown → 404), "
                  f"wrk {load_spec_text(args)}"),
@@ -342,6 +344,7 @@ def load_spec_text(args):
 
 
 def write_results(runs, meta, out):
+    meta.pop("result").write(out)
     with open(os.path.join(out, "samples.csv"), "w", newline="") as f:
         report.write_samples_csv(runs, f)
     with open(os.path.join(out, "summary.csv"), "w", newline="") as f:

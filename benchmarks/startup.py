@@ -50,6 +50,7 @@ if __package__ in (None, ""):
 from benchmarks.harness import procs  # noqa: E402
 from benchmarks.harness.datasets import build_store, prepare_dataset  # noqa: E402
 from benchmarks.harness.machine import Conditions, machine, say, stop_on_signals  # noqa: E402
+from benchmarks.harness.results import Result, command_line  # noqa: E402
 from benchmarks.harness.servers import APP, REPO, python_version  # noqa: E402
 
 MODES = ("dict", "share", "store")
@@ -245,15 +246,17 @@ def main(argv=None):
             say(f"{mode}: starting {args.workers} workers on {args.rows:,} rows")
             rows.append(measure(mode, args, csv_path, env, os.path.join(out, "logs")))
             say(f"{mode}: {rows[-1]}")
-    command = "python benchmarks/startup.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = command_line("startup.py", argv)
     meta = {
         "title": f"{args.rows:,} people, -w {args.workers}" + (" (--quick)" if args.quick else ""),
         "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"`{command.strip()}`",
+        "command": f"`{command}`",
         "machine": f"{machine()}; {conditions.describe()}",
         "python": ".".join(map(str, version)),
         "server": f"pinned to CPU {args.server_cpus}",
     }
+    Result.measured("startup.py", command, rows, conditions, title=meta["title"],
+                    date=meta["date"], versions={"python": meta["python"]}).write(out)
     page = render(rows, meta)
     with open(os.path.join(out, "startup.md"), "w") as f:
         f.write(page)

@@ -18,7 +18,8 @@ import time
 import pytest
 
 from benchmarks import load, report, run, servers
-from benchmarks.procs import parse_cpu_seconds
+from benchmarks.harness.procs import parse_cpu_seconds
+from benchmarks.harness.results import Result
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -254,7 +255,7 @@ def test_tiny_run_writes_every_result_and_leaves_no_process(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
-    expected = {"samples.csv", "summary.csv", "results.md"}
+    expected = {"samples.csv", "summary.csv", "results.md", "result.json"}
     try:
         import matplotlib  # noqa: F401
         expected.add("memory.png")
@@ -265,6 +266,10 @@ def test_tiny_run_writes_every_result_and_leaves_no_process(tmp_path):
     assert "| `gevent-single` |" in results and "| `forkserve-dict` |" in results
     samples = (out / "samples.csv").read_text()
     assert ",loaded," in samples and ",phase_end," in samples
+    result = Result.read(out / "result.json")
+    assert result.scenario == "run.py" and result.command.startswith("python benchmarks/run.py")
+    assert {row["server"] for row in result.rows} == {"gevent-single", "forkserve-dict"}
+    assert set(result.conditions) == {"load_before", "load_after", "steal"}
     assert _processes_using(str(tmp_path / "data")) == []
 
 

@@ -17,8 +17,8 @@ import sys
 
 from benchmarks.harness.servers import REPO
 
-__all__ = ["Conditions", "cpu_list", "cpu_times", "machine", "package_version", "say",
-           "stop_on_signals", "versions"]
+__all__ = ["Conditions", "cpu_list", "cpu_times", "machine", "say", "stop_on_signals",
+           "versions"]
 
 
 def cpu_times(stat="/proc/stat"):
@@ -87,13 +87,6 @@ def versions(python, extra=()):
     except FileNotFoundError:
         found["wrk"] = "not installed"
     return found
-
-
-def package_version(python, dist):
-    proc = subprocess.run([python, "-c", "import importlib.metadata as m, sys; "
-                           "print(m.version(sys.argv[1]))", dist],
-                          capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else "not installed"
 
 
 def say(message):
