@@ -17,7 +17,9 @@ import time
 
 import pytest
 
-from benchmarks import load, report, run, servers
+from benchmarks import report, run
+from benchmarks.harness import servers
+from benchmarks.harness import wrk as load
 from benchmarks.harness.procs import parse_cpu_seconds
 from benchmarks.harness.results import Result
 
@@ -176,20 +178,20 @@ def test_budget_shares_time_among_remaining_phases(monkeypatch):
 
 
 def test_forkserve_port_comes_from_its_log():
-    spec = next(s for s in servers.all_servers() if s.name == "forkserve-dict")
+    spec = next(s for s in servers.persondb_servers() if s.name == "forkserve-dict")
     log = b"[INFO] Listening at: http://127.0.0.1:43121 (77)\n"
     assert spec.port_from_log(log) == 43121
     assert spec.port_from_log(b"[INFO] Booting\n") is None
 
 
 def test_share_is_skipped_before_312_with_the_reason():
-    spec = next(s for s in servers.all_servers() if s.name == "forkserve-share")
+    spec = next(s for s in servers.persondb_servers() if s.name == "forkserve-share")
     reason = spec.skip_reason(sys.executable, (3, 11))
     assert "3.12+" in reason and "immortal" in reason
 
 
 def test_servers_get_sockets_not_port_numbers():
-    by_name = {s.name: s for s in servers.all_servers()}
+    by_name = {s.name: s for s in servers.persondb_servers()}
     gunicorn = by_name["gunicorn"].command("python", 4, 7)
     assert "--preload" in gunicorn and "fd://7" in gunicorn
     uwsgi = by_name["uwsgi"].command("python", 4, 7)
