@@ -25,7 +25,7 @@ from gevent.pool import Pool
 
 import forkserve
 from forkserve.http.accesslog import AccessFormat
-from forkserve.http.handler import FileWrapper, Handler, Limits
+from forkserve.http.handler import ErrorStream, FileWrapper, Handler, Limits
 from forkserve.http.proxy import ProxyPolicy
 
 __all__ = ["Server", "needs_nodelay"]
@@ -58,25 +58,6 @@ def needs_nodelay(listener):
     if not sys.platform.startswith("linux"):
         return True
     return not listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-
-
-class ErrorStream:
-    """wsgi.errors: what the application writes becomes ERROR log records."""
-
-    def __init__(self, logger):
-        self._logger = logger
-
-    def write(self, text):
-        text = text.rstrip("\n")
-        if text:
-            self._logger.error("%s", text)
-
-    def writelines(self, lines):
-        for line in lines:
-            self.write(line)
-
-    def flush(self):
-        pass
 
 
 class Server:
