@@ -375,6 +375,13 @@ class Handler(Responder):
         env["REQUEST_METHOD"] = method
         env["SERVER_PROTOCOL"] = version
         env["RAW_URI"] = env["REQUEST_URI"] = target
+        script_name = env["SCRIPT_NAME"]
+        if script_name:  # mounted under a prefix: as Gunicorn, raw bytes compared, 500 outside
+            if not path.startswith(script_name):
+                raise RequestError(500, f"request path {escape(path[:60])} does not start with "
+                                        f"SCRIPT_NAME {escape(script_name)} (the proxy in front "
+                                        "must forward only paths under it)")
+            path = path[len(script_name):]
         env["PATH_INFO"] = unquote(path, "latin-1") if "%" in path else path
         env["QUERY_STRING"] = query
 

@@ -15,6 +15,7 @@ close its connection, without waiting (--max-requests reached).
 
 import errno
 import logging
+import os
 import socket
 import sys
 import time
@@ -116,7 +117,9 @@ class Server:
             "SERVER_SOFTWARE": f"forkserve/{forkserve.__version__}",
             "SERVER_NAME": name,
             "SERVER_PORT": port,
-            "SCRIPT_NAME": "",
+            # where the application is mounted, as Gunicorn reads it (--env
+            # SCRIPT_NAME=/prefix or the environment); see Handler.make_environ
+            "SCRIPT_NAME": os.environ.get("SCRIPT_NAME", ""),
             "wsgi.version": (1, 0),
             "wsgi.url_scheme": "http",
             "wsgi.errors": ErrorStream(self.logger),
