@@ -133,8 +133,8 @@ ROWS = (
     _refused("preload_app", "forkserve always loads the application once, in the master, "
              "before forking: that is how workers share its data. Remove "
              "preload_app = False.", flags=("--preload",), switch=True, harmless=(True,)),
-    _refused("sendfile", "forkserve never uses sendfile(); file responses are sent with "
-             "send().", flags=("--no-sendfile",), switch=True, harmless=(None, False)),
+    _honoured("sendfile", "Same meaning: wsgi.file_wrapper's regular files go out with "
+              "os.sendfile() unless sendfile = False (--no-sendfile)."),
     _refused("reuse_port", "Workers share the master's listening sockets; SO_REUSEPORT "
              "sockets per worker are not supported.", flags=("--reuse-port",), switch=True,
              harmless=(False,)),

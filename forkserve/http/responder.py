@@ -184,7 +184,10 @@ class Responder(Connection):
 
     def _send_file(self, wrapper):
         """Send a FileWrapper's regular file with os.sendfile(); False (nothing
-        sent) if it is not one, so the caller iterates it instead."""
+        sent) if it is not one or the sendfile setting is off, so the caller
+        iterates it instead."""
+        if not self.server.sendfile:
+            return False
         try:
             fileno = wrapper.filelike.fileno()
             info = os.fstat(fileno)

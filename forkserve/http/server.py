@@ -76,7 +76,7 @@ class Server:
     def __init__(self, listener, app, *, worker_connections=1000, limits=None,
                  access_log=None, error_log=None, multiprocess=True,
                  on_request=None, server_name=None, pool=None, access_format=None,
-                 access_sink=None, proxy=None):
+                 access_sink=None, proxy=None, sendfile=True):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.process.sockets first")
@@ -94,6 +94,8 @@ class Server:
             access_sink if access_sink is not None else self._log_access)
         #: what a proxy in front may say (forwarded_allow_ips, PROXY protocol)
         self.proxy = proxy if proxy is not None else ProxyPolicy()
+        #: send wsgi.file_wrapper's regular files with os.sendfile() (the sendfile setting)
+        self.sendfile = sendfile
         self.logger = error_log if error_log is not None else logging.getLogger("forkserve.error")
         self.on_request = on_request
         self.loop = get_hub().loop

@@ -59,7 +59,8 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
                    error_log=logs.error_log, multiprocess=multiprocess,
                    on_request=on_request, pool=pool, access_format=access_format,
-                   access_sink=logs.access_sink(access_format), proxy=proxy)
+                   access_sink=logs.access_sink(access_format), proxy=proxy,
+                   sendfile=cfg.sendfile)
             for listener in listeners]
 
 
