@@ -37,7 +37,8 @@ class Setting:
     default: Any
     help: str
     metavar: str | None = None
-    # "value" takes an argument; "flag" is a switch; "append" repeats;
+    # "value" takes an argument; "flag" is a switch; "off" a switch that
+    # turns an on-by-default setting off (--no-...); "append" repeats;
     # "optional" takes an argument or, alone, means "auto".
     kind: str = "value"
     section: str = "server"
@@ -176,6 +177,10 @@ SETTINGS = (
             "Seconds one send of the response may wait for a client that does not read; "
             "the connection is closed after. 0 disables.",
             metavar="SECONDS", section="http"),
+    Setting("sendfile", ("--no-sendfile",), values.flag_on_by_default, True,
+            "Send wsgi.file_wrapper's regular files with os.sendfile() (zero copy); "
+            "--no-sendfile (sendfile = False) reads them in blocks and sends those.",
+            kind="off", section="http"),
     Setting("user", ("-u", "--user"), values.name_or_id, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",
             metavar="USER", section="security"),
@@ -291,9 +296,9 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
                         version="forkserve " + __import__("forkserve").__version__)
     for setting in SETTINGS:
         dest = setting.name
-        if setting.kind == "flag":
-            parser.add_argument(*setting.flags, dest=dest, action="store_const", const=True,
-                                default=None, help=setting.help)
+        if setting.kind in ("flag", "off"):
+            parser.add_argument(*setting.flags, dest=dest, action="store_const",
+                                const=setting.kind == "flag", default=None, help=setting.help)
         elif setting.kind == "optional":  # the flag alone means "auto"
             parser.add_argument(*setting.flags, dest=dest, nargs="?", const="auto",
                                 default=None, metavar=setting.metavar, help=setting.help)

@@ -71,6 +71,15 @@ def flag(value) -> bool:
 flag.__name__ = "bool"
 
 
+def flag_on_by_default(value) -> bool:
+    """A switch that is on unless turned off; None (Gunicorn's "the
+    default") means on."""
+    return True if value is None else flag(value)
+
+
+flag_on_by_default.__name__ = "bool"
+
+
 def bind_list(value) -> list:
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     addresses = [str(item).strip() for item in items if str(item).strip()]
