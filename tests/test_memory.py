@@ -1018,9 +1018,9 @@ def test_memory_command_with_a_pid_file_holding_garbage_fails(tmp_path, capsys):
     assert "does not hold a pid" in capsys.readouterr().err
 
 
-def test_memory_command_without_pid_or_stats_is_a_usage_error(capsys):
-    assert command.main([]) == 2
-    assert "--pid FILE" in capsys.readouterr().err
+def test_memory_command_naming_the_server_twice_is_a_usage_error(tmp_path, capsys):
+    assert command.main(["123", "--stats", "127.0.0.1:9100"]) == 2
+    assert "name the server once" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
