@@ -373,6 +373,52 @@ def test_master_boot_failures_back_off_then_halt(master):
         assert len(master.fake.forked) == forks + 1
 
 
+def test_master_replaces_workers_killed_before_ready_with_a_growing_backoff_and_never_halts(
+        master):
+    _turn(master)
+    delays = []
+    for _ in range(Master.max_boot_failures + 1):  # 12 exits, each of two kinds
+        for status in (signal.SIGKILL, exits.WORKER_RESOURCE_ERROR << 8):
+            forks = len(master.fake.forked)
+            _exit(master, master.fake.forked[-1], status)
+            _turn(master)  # no HaltServer
+            assert len(master.fake.forked) == forks  # not before the backoff delay
+            delays.append(master.next_spawn_at - master.fake.now)
+            master.fake.now = master.next_spawn_at
+            _turn(master)
+            assert len(master.fake.forked) == forks + 1
+    assert delays[:3] == pytest.approx([Master.boot_backoff * 2 ** n for n in range(3)])
+    assert max(delays) == pytest.approx(delays[-1]) == pytest.approx(Master.max_backoff)
+
+
+def test_master_counts_a_worker_ready_once_it_says_so_even_if_it_dies_before_the_next_turn(
+        master):
+    _turn(master)
+    pid = master.fake.forked[-1]
+    record = master.workers[pid]
+    master.scoreboard.set_state(record.index, READY)
+    _exit(master, pid, exits.WORKER_BOOT_ERROR << 8)  # e.g. a crash on its first request
+    _turn(master)
+    assert master.boot_failures == 0 and master.next_spawn_at <= master.fake.now
+
+
+def test_master_halt_after_boot_failures_quotes_the_workers_error(master):
+    _turn(master)
+    for _ in range(Master.max_boot_failures - 1):
+        master.boot_errors.write(master.workers[master.fake.forked[-1]].index, "first")
+        _exit(master, master.fake.forked[-1], exits.WORKER_BOOT_ERROR << 8)
+        master.reap()
+        master.fake.now = master.next_spawn_at
+        master.manage()
+    last = master.workers[master.fake.forked[-1]]
+    master.boot_errors.write(last.index, "ImportError: No module named 'redis'")
+    _exit(master, last.pid, exits.WORKER_BOOT_ERROR << 8)
+    with pytest.raises(exits.HaltServer) as halt:
+        master.reap()
+    assert halt.value.reason == ("workers failed to boot 5 times in a row; the last one's "
+                                 "error: ImportError: No module named 'redis'")
+
+
 def test_master_recycles_replacement_first_the_old_worker_leaves_once_the_new_is_ready(master):
     _turn(master)
     _make_ready(master)

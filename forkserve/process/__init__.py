@@ -8,6 +8,7 @@ master_reload  the master's side of a reload (retire its workers, become the sup
 workers        what the master knows of each worker it forked (WorkerRecord)
 master_memory  the master's memory checks (--max-worker-memory) and reports
 worker         what runs in a worker after fork
+boot_errors    where a worker leaves the error that stopped it booting, for the master
 serving        what a serving process is built from (preload, its HTTP servers)
 single         one process serving, no fork (-w 0)
 supervisor     what the master becomes after its first reload

@@ -33,6 +33,7 @@ from forkserve import exits
 from forkserve.exits import HaltServer
 from forkserve.memory import why
 from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
+from forkserve.process.boot_errors import BootErrors
 from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.master_memory import WorkerMemory
@@ -49,10 +50,15 @@ log = logging.getLogger("forkserve.error")
 
 
 class Master(Driver, MasterReload, WorkerMemory):
-    #: consecutive boot failures after which the master gives up
+    #: consecutive boot failures (workers exiting WORKER_BOOT_ERROR: the
+    #: application or a worker hook raised) after which the master gives up
     max_boot_failures = 5
-    #: first backoff delay after a boot failure; doubles each time
+    #: first delay before replacing a worker that ended before it was ready
+    #: (a boot failure, a kill, a lack of file descriptors); doubles each time
     boot_backoff = 0.1
+    #: the longest such delay: workers killed as they start (the OOM killer)
+    #: are retried this often for as long as it lasts, never given up on
+    max_backoff = 2.0
 
     def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *, stats=None,
                  fork=None, waitpid=None, kill=os.kill, select=None, clock=time.monotonic):
@@ -64,10 +70,12 @@ class Master(Driver, MasterReload, WorkerMemory):
         self.target = cfg.workers
         self.workers = {}
         self.scoreboard = Scoreboard()
+        self.boot_errors = BootErrors(self.scoreboard.capacity)
         self.queue = SignalQueue()
         self.role = role
         self.generation = role.generation
-        self.boot_failures = 0
+        self.boot_failures = 0     # WORKER_BOOT_ERROR exits in a row
+        self.early_exits = 0       # exits before ready in a row, whatever the cause
         self.next_spawn_at = 0.0
         self.stopping = None
         self.halting = False  # a HaltServer is being carried out
@@ -236,31 +244,55 @@ class Master(Driver, MasterReload, WorkerMemory):
             record = self.workers.pop(pid, None)
             if record is None:
                 continue  # not one of ours (e.g. a process the application spawned)
+            if self.scoreboard.read(record.index).state >= READY:
+                self.note_ready(record)  # it said so, even if no turn saw it yet
+            error = self.boot_errors.take(record.index)
             self.scoreboard.release(record.index)
             try:
                 hooks.child_exit(record.index, record.pid)
             except HaltServer as raised:  # logged; every exited worker is seen to first
                 halt = halt or raised
-            self.on_worker_exit(record, exits.classify(status))
+            self.on_worker_exit(record, exits.classify(status), error)
         if halt is not None and not self.halting:
             raise halt
 
-    def on_worker_exit(self, record, outcome):
+    def on_worker_exit(self, record, outcome, error=""):
+        """Replace a worker that ended unasked: at once if it had served, after
+        a backoff if it had not; stop the server only after
+        `max_boot_failures` real boot failures (exit WORKER_BOOT_ERROR) in a
+        row. A worker killed by a signal or short of file descriptors while
+        starting is retried for as long as it takes."""
         if record.expected_exit or self.stopping:
             log.info("Worker %d (pid %d) %s", record.worker_id, record.pid, outcome.description)
             return
-        if not record.ready:
-            self.boot_failures += 1
-            delay = self.boot_backoff * 2 ** (self.boot_failures - 1)
-            self.next_spawn_at = self.clock() + delay
-            log.error("Worker %d (pid %d) %s before it was ready (%d in a row)",
-                      record.worker_id, record.pid, outcome.description, self.boot_failures)
-            if self.boot_failures >= self.max_boot_failures:
-                raise HaltServer(f"workers failed to boot {self.boot_failures} times in a row; "
-                                 "the worker's error is logged above", exits.WORKER_BOOT_ERROR)
+        if record.ready:
+            log.error("Worker %d (pid %d) %s; starting a replacement", record.worker_id,
+                      record.pid, outcome.description)
             return
-        log.error("Worker %d (pid %d) %s; starting a replacement", record.worker_id,
-                  record.pid, outcome.description)
+        self.early_exits += 1
+        delay = min(self.max_backoff, self.boot_backoff * 2 ** (self.early_exits - 1))
+        self.next_spawn_at = self.clock() + delay
+        if outcome.kind != "boot_error":
+            log.error("Worker %d (pid %d) %s before it was ready; starting a replacement "
+                      "in %gs", record.worker_id, record.pid, outcome.description, delay)
+            return
+        self.boot_failures += 1
+        log.error("Worker %d (pid %d) failed to boot (%d in a row)%s", record.worker_id,
+                  record.pid, self.boot_failures, f": {error}" if error else "")
+        if self.boot_failures >= self.max_boot_failures:
+            reason = (f"the last one's error: {error}" if error
+                      else "the worker's error is logged above")
+            raise HaltServer(f"workers failed to boot {self.boot_failures} times in a row; "
+                             f"{reason}", exits.WORKER_BOOT_ERROR)
+
+    def note_ready(self, record):
+        """The worker has said it serves (its scoreboard slot): the backoff is over."""
+        if record.ready:
+            return
+        record.ready = True
+        self.boot_failures = self.early_exits = 0
+        if record.state == "booting":
+            record.state = "ready"
 
     # --- murder: timeouts, drain deadlines, memory limits ---
 
@@ -268,11 +300,8 @@ class Master(Driver, MasterReload, WorkerMemory):
         now = self.clock()
         for record in list(self.workers.values()):
             slot = self.scoreboard.read(record.index)
-            if not record.ready and slot.state >= READY:  # RETIRE and STOPPING come later
-                record.ready = True
-                self.boot_failures = 0
-                if record.state == "booting":
-                    record.state = "ready"
+            if slot.state >= READY:  # RETIRE and STOPPING come later
+                self.note_ready(record)
             if slot.state == RETIRE and record.state == "ready":
                 record.state = "retiring"
             if record.deadline is not None and now > record.deadline:
@@ -338,7 +367,7 @@ class Master(Driver, MasterReload, WorkerMemory):
             max_requests += random.randint(0, self.cfg.max_requests_jitter)
         worker = Worker(index, self.app, self.listeners, self.cfg, self.scoreboard,
                         self.app_name, generation=self.generation, max_requests=max_requests,
-                        close_fds=self.master_fds())
+                        close_fds=self.master_fds(), boot_errors=self.boot_errors)
         hooks.pre_fork(worker)
         # Until the worker has its own handlers, a signal sent to it (a TERM
         # right after the fork) must wait, not run the master's handler in it

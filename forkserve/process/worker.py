@@ -36,7 +36,7 @@ _INHERITED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, sign
 
 class Worker:
     def __init__(self, index, app, listeners, cfg, scoreboard, app_name, *, generation=0,
-                 max_requests=0, close_fds=()):
+                 max_requests=0, close_fds=(), boot_errors=None):
         self.index = index
         self.app = app
         self.listeners = listeners
@@ -46,6 +46,7 @@ class Worker:
         self.generation = generation
         self.max_requests = max_requests
         self.close_fds = close_fds
+        self.boot_errors = boot_errors  # where a boot failure's error goes to the master
         #: the master this worker is forked from (created in it); when it is
         #: gone (SIGKILL), the worker stops rather than serve with no master
         self.master_pid = os.getpid()
@@ -77,8 +78,11 @@ class Worker:
             hooks.post_fork(self)
             hooks.post_worker_init(self)
             self.boot_servers()
-        except BaseException:
+        except BaseException as exc:
             log.error("worker %d failed to boot:\n%s", self.worker_id, traceback.format_exc())
+            if self.boot_errors is not None:
+                self.boot_errors.write(self.index, "".join(
+                    traceback.format_exception_only(exc)).strip().splitlines()[-1])
             hooks.worker_exit(self)
             cow.exit_process(exits.WORKER_BOOT_ERROR)
         try:
