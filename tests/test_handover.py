@@ -651,15 +651,14 @@ def test_master_forks_a_worker_with_the_servers_signals_blocked(master):
     assert not set(MASTER_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
-def test_master_accounts_for_every_exited_worker_before_a_raising_child_exit_halts(
-        master, monkeypatch):
+def test_master_accounts_for_every_exited_worker_before_a_raising_child_exit_halts(master):
     from forkserve.exits import HaltServer
-    from forkserve.process import hooks
+    from forkserve.process.hooks import Hooks
 
-    def child_exit(index, pid):  # as a config's child_exit hook that raises
-        raise HaltServer("the child_exit hook raised ValueError")
+    def child_exit(server, worker):  # a config's child_exit hook that raises
+        raise ValueError("no metrics server")
 
-    monkeypatch.setattr(hooks, "child_exit", child_exit)
+    master.hooks = Hooks({"child_exit": child_exit}, master.cfg)
     _turn(master)
     _make_ready(master)
     for pid in list(master.workers):

@@ -12,7 +12,7 @@ import signal
 
 from forkserve import exits
 from forkserve.memory import procfs
-from forkserve.process import handover, hooks, systemd
+from forkserve.process import handover, systemd
 from forkserve.process.reload import spawn_generation
 
 __all__ = ["Generations", "Driver"]
@@ -130,6 +130,7 @@ class Driver:
     """Carries out forkserve.process.handover's actions: the part every driver shares.
 
     A driver (master, single server, supervisor) has `self.handover`, `self.clock()`,
+    `self.hooks` (a forkserve.process.hooks.Hooks),
     `self.generations` (a Generations) and its own `retire(number)`; the
     master also `kill_own_workers()`; the master and the single server also
     `become_supervisor(action)`.
@@ -140,8 +141,8 @@ class Driver:
             getattr(self, _ACTIONS[type(action)])(action)
 
     def _do_spawn(self, action):
-        hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
-        hooks.pre_exec()
+        self.hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
+        self.hooks.pre_exec()
         try:
             self.generations.spawn(action.number)
         except OSError as exc:

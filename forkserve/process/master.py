@@ -32,10 +32,11 @@ import time
 from forkserve import exits
 from forkserve.exits import HaltServer
 from forkserve.memory import why
-from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
+from forkserve.process import autoreload, procname, reload, signals, systemd
 from forkserve.process.boot_errors import BootErrors
 from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
+from forkserve.process.hooks import Hooks
 from forkserve.process.master_memory import WorkerMemory
 from forkserve.process.master_reload import MasterReload
 from forkserve.process.workers import WorkerRecord
@@ -61,8 +62,10 @@ class Master(Driver, MasterReload, WorkerMemory):
     max_backoff = 2.0
 
     def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *, stats=None,
-                 fork=None, waitpid=None, kill=os.kill, select=None, clock=time.monotonic):
+                 hooks=None, fork=None, waitpid=None, kill=os.kill, select=None,
+                 clock=time.monotonic):
         self.cfg = cfg
+        self.hooks = hooks or Hooks()  # the config file's; its workers get them too
         self.app = app
         self.listeners = listeners
         self.app_name = app_name
@@ -108,7 +111,7 @@ class Master(Driver, MasterReload, WorkerMemory):
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         try:
-            hooks.when_ready(self)
+            self.hooks.when_ready(self)
             while self.turn():
                 self.sleep()
         except HaltServer as halt:
@@ -199,7 +202,7 @@ class Master(Driver, MasterReload, WorkerMemory):
             return
         self.target += 1
         log.info("TTIN: %d workers", self.target)
-        hooks.nworkers_changed(self.target, self.target - 1)
+        self.hooks.nworkers_changed(self.target, self.target - 1)
 
     def handle_ttou(self):
         if self.target <= 1:
@@ -207,7 +210,7 @@ class Master(Driver, MasterReload, WorkerMemory):
             return
         self.target -= 1
         log.info("TTOU: %d workers", self.target)
-        hooks.nworkers_changed(self.target, self.target + 1)
+        self.hooks.nworkers_changed(self.target, self.target + 1)
 
     def handle_usr1(self):
         from forkserve import logs
@@ -249,7 +252,7 @@ class Master(Driver, MasterReload, WorkerMemory):
             error = self.boot_errors.take(record.index)
             self.scoreboard.release(record.index)
             try:
-                hooks.child_exit(record.index, record.pid)
+                self.hooks.child_exit(record.index, record.pid)
             except HaltServer as raised:  # logged; every exited worker is seen to first
                 halt = halt or raised
             self.on_worker_exit(record, exits.classify(status), error)
@@ -314,7 +317,7 @@ class Master(Driver, MasterReload, WorkerMemory):
                 log.error("Worker %d (pid %d) timed out: its event loop was blocked for more "
                           "than %gs; killing it", record.worker_id, record.pid,
                           self.cfg.timeout)
-                if hooks.installed("worker_abort"):  # its handler runs the hook, then exits
+                if self.hooks.installed("worker_abort"):  # its handler runs the hook, then exits
                     record.deadline = now + 1.0       # ... or SIGKILL follows
                 self.kill(record, signal.SIGABRT if record.deadline else signal.SIGKILL)
                 record.state = "stopping"  # reaped on the next turn, then replaced
@@ -367,8 +370,9 @@ class Master(Driver, MasterReload, WorkerMemory):
             max_requests += random.randint(0, self.cfg.max_requests_jitter)
         worker = Worker(index, self.app, self.listeners, self.cfg, self.scoreboard,
                         self.app_name, generation=self.generation, max_requests=max_requests,
-                        close_fds=self.master_fds(), boot_errors=self.boot_errors)
-        hooks.pre_fork(worker)
+                        close_fds=self.master_fds(), boot_errors=self.boot_errors,
+                        hooks=self.hooks)
+        self.hooks.pre_fork(worker)
         # Until the worker has its own handlers, a signal sent to it (a TERM
         # right after the fork) must wait, not run the master's handler in it
         # and be lost: the worker unblocks them in init_process().

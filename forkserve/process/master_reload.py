@@ -11,7 +11,7 @@ gone, the master execs into the supervisor.
 import logging
 import signal
 
-from forkserve.process import hooks, procname, reload
+from forkserve.process import procname, reload
 
 __all__ = ["MasterReload"]
 
@@ -36,7 +36,7 @@ class MasterReload:
 
     def retire(self, number):
         if number == self.generation:
-            hooks.pre_retire(self.generation)
+            self.hooks.pre_retire(self.generation)
             # `forkserve memory --pid` reads from the title which generation serves
             self._titled_serving = self.handover.serving
             procname.set_title(self.cfg, "master", self.app_name,

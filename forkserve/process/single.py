@@ -18,8 +18,9 @@ import gevent.event
 
 from forkserve.memory import cow, reporter
 from forkserve import exits, logs
-from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
+from forkserve.process import autoreload, procname, reload, signals, systemd
 from forkserve.process.handover import Handover
+from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
 from forkserve.process.generations import Driver, Generations
 from forkserve.process.serving import gevent_socket, make_servers
@@ -32,8 +33,9 @@ log = logging.getLogger("forkserve.error")
 
 class SingleServer(Driver):
     def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *,
-                 stats_listener=None):
+                 stats_listener=None, hooks=None):
         self.cfg = cfg
+        self.hooks = hooks or Hooks()
         self.app = app
         self.listeners = listeners
         self.app_name = app_name
@@ -57,12 +59,12 @@ class SingleServer(Driver):
                            else "single", self.app_name)
         self._install_signal_handlers()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
-                               on_request=self._count_request)
+                               on_request=self._count_request, hooks=self.hooks)
         for server in servers:
             server.start()
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
-        hooks.when_ready(single=self)
+        self.hooks.when_ready(single=self)
         reload.signal_ready(self.role)
         systemd.notify("READY=1")
         self._serve_until_stop_or_handover()
@@ -148,7 +150,7 @@ class SingleServer(Driver):
     # --- what the hand-over asks of this process (generations.Driver) ---
 
     def retire(self, number):
-        hooks.pre_retire(self.generation)
+        self.hooks.pre_retire(self.generation)
         self.draining = True  # the loop ends; run() drains, then hands over
 
     def become_supervisor(self, action):

@@ -26,6 +26,7 @@ from forkserve.process import procname, reload, signals, systemd
 from forkserve.config.settings import Config
 from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
+from forkserve.process.hooks import Hooks
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
 
@@ -41,6 +42,7 @@ class Supervisor(Driver):
     def __init__(self, state, *, fork=None, waitpid=None, kill=os.kill, select=None,
                  clock=time.monotonic):
         self.cfg = Config(app=state["app"], values=state["values"])
+        self.hooks = Hooks()  # a config file's hooks run in the generations, not here
         self.app_name = state["app_name"]
         self.listeners = [socket.socket(fileno=fd) for fd in state["fds"]]
         self.stats = None

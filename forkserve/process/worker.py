@@ -21,7 +21,8 @@ import traceback
 
 from forkserve.memory import cow, reporter, procfs, workergc
 from forkserve import exits, logs
-from forkserve.process import hooks, privileges, procname, signals
+from forkserve.process import privileges, procname, signals
+from forkserve.process.hooks import Hooks
 from forkserve.process.serving import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 
@@ -36,7 +37,7 @@ _INHERITED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, sign
 
 class Worker:
     def __init__(self, index, app, listeners, cfg, scoreboard, app_name, *, generation=0,
-                 max_requests=0, close_fds=(), boot_errors=None):
+                 max_requests=0, close_fds=(), boot_errors=None, hooks=None):
         self.index = index
         self.app = app
         self.listeners = listeners
@@ -47,6 +48,7 @@ class Worker:
         self.max_requests = max_requests
         self.close_fds = close_fds
         self.boot_errors = boot_errors  # where a boot failure's error goes to the master
+        self.hooks = hooks or Hooks()   # the master's, with their server.pid
         #: the master this worker is forked from (created in it); when it is
         #: gone (SIGKILL), the worker stops rather than serve with no master
         self.master_pid = os.getpid()
@@ -75,23 +77,23 @@ class Worker:
             self.init_process()
             # After init_process: the signals the master blocked across the
             # fork are unblocked, so what the hook starts does not inherit them.
-            hooks.post_fork(self)
-            hooks.post_worker_init(self)
+            self.hooks.post_fork(self)
+            self.hooks.post_worker_init(self)
             self.boot_servers()
         except BaseException as exc:
             log.error("worker %d failed to boot:\n%s", self.worker_id, traceback.format_exc())
             if self.boot_errors is not None:
                 self.boot_errors.write(self.index, "".join(
                     traceback.format_exception_only(exc)).strip().splitlines()[-1])
-            hooks.worker_exit(self)
+            self.hooks.worker_exit(self)
             cow.exit_process(exits.WORKER_BOOT_ERROR)
         try:
             self.run()
         except BaseException:
             log.error("worker %d crashed:\n%s", self.worker_id, traceback.format_exc())
-            hooks.worker_exit(self)
+            self.hooks.worker_exit(self)
             cow.exit_process(exits.FAILURE)
-        hooks.worker_exit(self)
+        self.hooks.worker_exit(self)
         cow.exit_process(exits.OK)
 
     def init_process(self):
@@ -121,7 +123,7 @@ class Worker:
 
     def boot_servers(self):
         self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
-                                    on_request=self._count_request)
+                                    on_request=self._count_request, hooks=self.hooks)
         for server in self.servers:
             server.start()
         # Logged before the master can see READY: a log shows a replacement
@@ -177,7 +179,7 @@ class Worker:
 
     def _request_stop(self, mode):
         if mode == "fast":
-            hooks.worker_int(self)
+            self.hooks.worker_int(self)
         if self.stop_mode != "fast":
             self.stop_mode = mode
         self.wakeup.set()
