@@ -187,7 +187,8 @@ def test_usr2_reloads_as_hup_does():
     assert SingleServer.handle_usr2 is SingleServer.handle_hup
 
 
-def test_readme_signals_table_is_generated_from_the_declarations():
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert signals_table() in readme, (
-        "README's signals table is stale: regenerate it with python -m forkserve.process.signals")
+def test_docs_signals_table_is_generated_from_the_declarations():
+    page = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "signals.md").read_text()
+    assert signals_table() in page, (
+        "docs/signals.md's table is stale: paste in the output of "
+        "python -m forkserve.process.signals")

@@ -15,7 +15,7 @@ settings (all of gunicorn.config.KNOWN_SETTINGS, 27.0) has one `Row` here:
 
 This module only decides: `settings_from_file` turns a config file's names
 into forkserve settings and hooks, `translate` checks one Gunicorn value,
-`table` renders the README. Config files are read by
+`table` renders docs/gunicorn.md's table. Config files are read by
 forkserve.config.settings.
 """
 
@@ -71,7 +71,7 @@ HOOKS = {
     "nworkers_changed": 3, "on_exit": 1,
 }
 
-#: forkserve's own hooks, for moments Gunicorn does not have (see README).
+#: forkserve's own hooks, for moments Gunicorn does not have (see docs/gunicorn.md).
 FORKSERVE_HOOKS = {
     "post_freeze": 1,   # (server): the dataset is loaded and frozen, before the first fork
     "pre_retire": 2,    # (server, generation): a reload's new generation serves; this one drains
@@ -342,7 +342,7 @@ def add_arguments(parser, taken):
     """Add Gunicorn's flags that forkserve's own settings do not already have."""
     group = parser.add_argument_group(
         "Gunicorn's flags", "Accepted so a Gunicorn command line works unchanged; each is "
-        "honoured or refused with the reason (see the README's Gunicorn table).")
+        "honoured or refused with the reason (see docs/gunicorn.md).")
     for row in ROWS:
         flags = [flag for flag in row.flags if flag not in taken]
         if not flags:
@@ -370,7 +370,7 @@ def _check_hook(name, value, arity, path):
 
 
 def table() -> str:
-    """The README's table of every Gunicorn setting and what forkserve does with it."""
+    """docs/gunicorn.md's table of every Gunicorn setting and what forkserve does with it."""
     lines = ["| Gunicorn setting | forkserve | Notes |", "|---|---|---|"]
     for row in ROWS:
         if row.kind == "honoured":
@@ -386,6 +386,6 @@ def table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m forkserve.config.gunicorn prints the README table
+if __name__ == "__main__":  # python -m forkserve.config.gunicorn prints docs/gunicorn.md's table
     import sys
     sys.stdout.write(table() + "\n")

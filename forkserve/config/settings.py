@@ -3,7 +3,7 @@
 Each `Setting` names its command-line flags, its environment variable
 (FORKSERVE_<NAME>), its config-file key (the name), its type, its default
 and one line of help. The argument parser, the environment and config-file
-readers and the README's settings table are all derived from `SETTINGS`;
+readers and docs/settings.md's tables are all derived from `SETTINGS`;
 nothing else in the package lists settings.
 
 Precedence, lowest first: defaults, config file, environment, command line.
@@ -351,7 +351,7 @@ def _command_line(parser, argv, where) -> dict:
 
 
 def settings_table() -> str:
-    """The README's settings tables, one per section, in Markdown."""
+    """docs/settings.md's settings tables, one per section, in Markdown."""
     sections = dict.fromkeys(setting.section for setting in SETTINGS)  # in declared order
     lines = []
     for section in sections:
@@ -367,5 +367,5 @@ def settings_table() -> str:
     return "\n".join(line for line in lines if line is not None)
 
 
-if __name__ == "__main__":  # python -m forkserve.config.settings prints the README table
+if __name__ == "__main__":  # python -m forkserve.config.settings prints docs/settings.md's table
     sys.stdout.write(settings_table() + "\n")

@@ -2,7 +2,7 @@
 
 `SIGNALS` says what each signal does with -w N (the master), with -w 0 (the
 single-process server) and after a reload (the master or single server has
-become the supervisor of generations); the README's Signals table is
+become the supervisor of generations); docs/signals.md's table is
 generated from it (`python -m forkserve.process.signals`), and a test fails
 when they drift. Every process that handles signals has one
 `handle_<name>()` method per signal it installs (`handler_name`).
@@ -80,7 +80,7 @@ SINGLE_SIGNALS = tuple(spec.signum for spec in SIGNALS if spec.single is not Non
 
 
 def signals_table() -> str:
-    """The README's Signals table, in Markdown."""
+    """docs/signals.md's Signals table, in Markdown."""
     lines = ["| Signal | Master (`-w N`) | Single process (`-w 0`) | After a reload (supervisor) |",
              "|---|---|---|---|"]
     for spec in SIGNALS:
@@ -151,5 +151,5 @@ class SignalQueue:
         os.close(self.wake_w)
 
 
-if __name__ == "__main__":  # python -m forkserve.process.signals prints the README table
+if __name__ == "__main__":  # python -m forkserve.process.signals prints docs/signals.md's table
     sys.stdout.write(signals_table() + "\n")
