@@ -12,10 +12,11 @@ methods run from the loop. The master waits with the original select(),
 fork() and waitpid() even when gevent has monkey-patched them for the
 application: the master never runs a gevent hub.
 
-Recycling (--max-requests, --max-worker-memory) is always "replacement
-first": the worker is marked retiring, which stops it counting towards the
-target, so `manage()` forks a replacement; once enough workers are ready,
-the retiring one gets TERM and drains its in-flight requests.
+What to do with the workers (fork one, replace one that died after a
+backoff, recycle replacement first, stop one, give up after repeated boot
+failures) is decided by forkserve.process.lifecycle, a pure state machine;
+murder() and manage() feed it what the scoreboard and the clock say, reap()
+feeds it the exits, and carry_out() does what it decides.
 
 A reload (HUP) is decided by forkserve.process.handover, shared with the
 single-process server and the supervisor; the master only carries out its
@@ -37,9 +38,9 @@ from forkserve.process.boot_errors import BootErrors
 from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
+from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle, Log
 from forkserve.process.master_memory import WorkerMemory
 from forkserve.process.master_reload import MasterReload
-from forkserve.process.workers import WorkerRecord
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
@@ -51,16 +52,6 @@ log = logging.getLogger("forkserve.error")
 
 
 class Master(Driver, MasterReload, WorkerMemory):
-    #: consecutive boot failures (workers exiting WORKER_BOOT_ERROR: the
-    #: application or a worker hook raised) after which the master gives up
-    max_boot_failures = 5
-    #: first delay before replacing a worker that ended before it was ready
-    #: (a boot failure, a kill, a lack of file descriptors); doubles each time
-    boot_backoff = 0.1
-    #: the longest such delay: workers killed as they start (the OOM killer)
-    #: are retried this often for as long as it lasts, never given up on
-    max_backoff = 2.0
-
     def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *, stats=None,
                  hooks=None, fork=None, waitpid=None, kill=os.kill, select=None,
                  clock=time.monotonic):
@@ -70,25 +61,22 @@ class Master(Driver, MasterReload, WorkerMemory):
         self.listeners = listeners
         self.app_name = app_name
         self.stats = stats
-        self.target = cfg.workers
-        self.workers = {}
+        #: what to do with the workers: forkserve.process.lifecycle decides,
+        #: this master reads their slots and exits and carries it out
+        self.lifecycle = Lifecycle(cfg.workers, timeout=cfg.timeout,
+                                   graceful_timeout=cfg.graceful_timeout,
+                                   abort_first=self.hooks.installed("worker_abort"))
         self.scoreboard = Scoreboard()
         self.boot_errors = BootErrors(self.scoreboard.capacity)
         self.queue = SignalQueue()
         self.role = role
         self.generation = role.generation
-        self.boot_failures = 0     # WORKER_BOOT_ERROR exits in a row
-        self.early_exits = 0       # exits before ready in a row, whatever the cause
-        self.next_spawn_at = 0.0
-        self.stopping = None
         self.halting = False  # a HaltServer is being carried out
-        self.stop_deadline = None
         #: HUP reloads code and data in a new generation, unless this master
         #: is itself a generation under a supervisor (then HUP restarts workers)
         self.reloadable = not role.supervised
         #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
         self.parent = os.getppid() if role.supervised else None
-        self.announced = False
         self.next_memory_check = 0.0
         self.next_memory_log = 0.0
         self._fork = fork or original("os", "fork")
@@ -100,6 +88,19 @@ class Master(Driver, MasterReload, WorkerMemory):
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=self._fork, kill=kill)
         self.why = None  # the --why listener, opened by run()
+
+    @property
+    def workers(self):
+        """pid -> WorkerRecord of every worker not yet reaped."""
+        return self.lifecycle.workers
+
+    @property
+    def target(self):
+        return self.lifecycle.target
+
+    @property
+    def stopping(self):
+        return self.lifecycle.stopping
 
     # --- the loop ---
 
@@ -117,7 +118,7 @@ class Master(Driver, MasterReload, WorkerMemory):
         except HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
             self.halting = True  # a hook raising while the rest are reaped halts nothing more
-            self.stop_all(signal.SIGKILL)
+            self.carry_out(self.lifecycle.halt())
             for number in list(self.generations.pids):  # a reload under way stops too
                 self.generations.signal(number, signal.SIGQUIT)
             self.wait_all(deadline=self.clock() + 5)
@@ -151,8 +152,8 @@ class Master(Driver, MasterReload, WorkerMemory):
     def sleep(self):
         timeout = heartbeat_interval(self.cfg.timeout)
         now = self.clock()
-        if self.next_spawn_at > now:
-            timeout = min(timeout, self.next_spawn_at - now)
+        if self.lifecycle.next_spawn_at > now:
+            timeout = min(timeout, self.lifecycle.next_spawn_at - now)
         watched = [self.queue.wake_r, *self.generations.waiting_fds()]
         watched += self.stats.filenos() if self.stats else []
         watched += self.why.filenos() if self.why else []
@@ -192,15 +193,13 @@ class Master(Driver, MasterReload, WorkerMemory):
 
     def restart_workers(self):
         log.info("Hang up: restarting %d workers gracefully", self.target)
-        for record in self.workers.values():
-            if record.state in ("booting", "ready"):
-                record.state = "retiring"
+        self.lifecycle.retire_all()
 
     def handle_ttin(self):
         if self.target >= self.scoreboard.capacity // 2:
             log.warning("TTIN ignored: already at %d workers", self.target)
             return
-        self.target += 1
+        self.lifecycle.target += 1
         log.info("TTIN: %d workers", self.target)
         self.hooks.nworkers_changed(self.target, self.target - 1)
 
@@ -208,7 +207,7 @@ class Master(Driver, MasterReload, WorkerMemory):
         if self.target <= 1:
             log.info("TTOU ignored: at least one worker is kept")
             return
-        self.target -= 1
+        self.lifecycle.target -= 1
         log.info("TTOU: %d workers", self.target)
         self.hooks.nworkers_changed(self.target, self.target + 1)
 
@@ -218,20 +217,17 @@ class Master(Driver, MasterReload, WorkerMemory):
         self.signal_workers(signal.SIGUSR1)
 
     def begin_stop(self, mode):
-        if self.stopping == "fast" or (self.stopping and mode == "graceful"):
-            return
-        self.stopping = mode
-        self.apply(self.handover.stop(mode, self.clock()))
-        systemd.notify("STOPPING=1")
         now = self.clock()
+        kills = self.lifecycle.stop(mode, now)
+        if kills is None:
+            return  # a stop as strong is under way
+        self.apply(self.handover.stop(mode, now))
+        systemd.notify("STOPPING=1")
         if mode == "graceful":
-            self.stop_deadline = now + self.cfg.graceful_timeout
             log.info("Handling signal: term (graceful stop, up to %gs)", self.cfg.graceful_timeout)
-            self.stop_all(signal.SIGTERM)
         else:
-            self.stop_deadline = now + 1.0
             log.info("Handling signal: fast stop")
-            self.stop_all(signal.SIGQUIT)
+        self.carry_out(kills)
 
     # --- reap ---
 
@@ -244,83 +240,50 @@ class Master(Driver, MasterReload, WorkerMemory):
                 self.apply(self.handover.gone(number, f"(pid {pid}) {outcome.description}",
                                               self.clock()))
                 continue
-            record = self.workers.pop(pid, None)
+            record = self.workers.get(pid)
             if record is None:
                 continue  # not one of ours (e.g. a process the application spawned)
-            if self.scoreboard.read(record.index).state >= READY:
-                self.note_ready(record)  # it said so, even if no turn saw it yet
-            error = self.boot_errors.take(record.index)
+            # it said it serves (its slot), even if no turn of the loop saw it yet
+            said_ready = self.scoreboard.read(record.index).state >= READY
+            actions = self.lifecycle.exited(pid, exits.classify(status), self.clock(),
+                                            said_ready=said_ready,
+                                            error=self.boot_errors.take(record.index))
             self.scoreboard.release(record.index)
-            try:
-                self.hooks.child_exit(record.index, record.pid)
-            except HaltServer as raised:  # logged; every exited worker is seen to first
-                halt = halt or raised
-            self.on_worker_exit(record, exits.classify(status), error)
+            for call in (lambda: self.hooks.child_exit(record.index, pid),
+                         lambda: self.carry_out(actions)):
+                try:
+                    call()
+                except HaltServer as raised:  # every exited worker is seen to first
+                    halt = halt or raised
         if halt is not None and not self.halting:
             raise halt
 
-    def on_worker_exit(self, record, outcome, error=""):
-        """Replace a worker that ended unasked: at once if it had served, after
-        a backoff if it had not; stop the server only after
-        `max_boot_failures` real boot failures (exit WORKER_BOOT_ERROR) in a
-        row. A worker killed by a signal or short of file descriptors while
-        starting is retried for as long as it takes."""
-        if record.expected_exit or self.stopping:
-            log.info("Worker %d (pid %d) %s", record.worker_id, record.pid, outcome.description)
-            return
-        if record.ready:
-            log.error("Worker %d (pid %d) %s; starting a replacement", record.worker_id,
-                      record.pid, outcome.description)
-            return
-        self.early_exits += 1
-        delay = min(self.max_backoff, self.boot_backoff * 2 ** (self.early_exits - 1))
-        self.next_spawn_at = self.clock() + delay
-        if outcome.kind != "boot_error":
-            log.error("Worker %d (pid %d) %s before it was ready; starting a replacement "
-                      "in %gs", record.worker_id, record.pid, outcome.description, delay)
-            return
-        self.boot_failures += 1
-        log.error("Worker %d (pid %d) failed to boot (%d in a row)%s", record.worker_id,
-                  record.pid, self.boot_failures, f": {error}" if error else "")
-        if self.boot_failures >= self.max_boot_failures:
-            reason = (f"the last one's error: {error}" if error
-                      else "the worker's error is logged above")
-            raise HaltServer(f"workers failed to boot {self.boot_failures} times in a row; "
-                             f"{reason}", exits.WORKER_BOOT_ERROR)
-
-    def note_ready(self, record):
-        """The worker has said it serves (its scoreboard slot): the backoff is over."""
-        if record.ready:
-            return
-        record.ready = True
-        self.boot_failures = self.early_exits = 0
-        if record.state == "booting":
-            record.state = "ready"
+    def carry_out(self, actions):
+        """Do what forkserve.process.lifecycle decided."""
+        forking = True
+        for action in actions:
+            if type(action) is Fork:
+                forking = forking and self.spawn_worker() is not None
+            elif type(action) is Kill:
+                self.kill(action.pid, action.signum)
+            elif type(action) is Log:
+                log.log(action.level, "%s", action.message)
+            elif type(action) is Announce:
+                reload.signal_ready(self.role)  # to the supervisor, if this is a generation
+                systemd.notify("READY=1")
+            elif type(action) is Halt:
+                raise HaltServer(action.reason, action.status)
 
     # --- murder: timeouts, drain deadlines, memory limits ---
 
     def murder(self):
+        """Timeouts, drain deadlines, readiness and recycle requests, from the slots."""
         now = self.clock()
         for record in list(self.workers.values()):
             slot = self.scoreboard.read(record.index)
-            if slot.state >= READY:  # RETIRE and STOPPING come later
-                self.note_ready(record)
-            if slot.state == RETIRE and record.state == "ready":
-                record.state = "retiring"
-            if record.deadline is not None and now > record.deadline:
-                log.warning("Worker %d (pid %d) did not finish within the graceful timeout; "
-                            "killing it", record.worker_id, record.pid)
-                self.kill(record, signal.SIGKILL)
-                record.deadline = None
-            elif (self.cfg.timeout and record.state != "stopping"
-                  and now - slot.beat > self.cfg.timeout):
-                log.error("Worker %d (pid %d) timed out: its event loop was blocked for more "
-                          "than %gs; killing it", record.worker_id, record.pid,
-                          self.cfg.timeout)
-                if self.hooks.installed("worker_abort"):  # its handler runs the hook, then exits
-                    record.deadline = now + 1.0       # ... or SIGKILL follows
-                self.kill(record, signal.SIGABRT if record.deadline else signal.SIGKILL)
-                record.state = "stopping"  # reaped on the next turn, then replaced
+            self.carry_out(self.lifecycle.observed(
+                record.pid, now, beat=slot.beat, said_ready=slot.state >= READY,
+                asked_retire=slot.state == RETIRE))
         if self.cfg.max_worker_memory and now >= self.next_memory_check:
             self.next_memory_check = now + self.memory_check_interval
             self.check_worker_memory()
@@ -328,36 +291,13 @@ class Master(Driver, MasterReload, WorkerMemory):
     # --- manage: reach the target, retire what was replaced ---
 
     def manage(self):
-        if self.stopping:
-            if self.clock() > self.stop_deadline:
-                self.stop_all(signal.SIGKILL)
-            return
-        if self.handover.retiring == self.generation:
-            return  # our workers drain for the new generation: none is replaced
-        serving = [r for r in self.workers.values() if r.counts_towards_target]
-        missing = self.target - len(serving)
-        while missing > 0 and self.clock() >= self.next_spawn_at:
-            if self.spawn_worker() is None:
-                break
-            missing -= 1
-        if missing < 0:
-            for record in sorted(serving, key=lambda r: r.index, reverse=True)[:-missing]:
-                self.stop_worker(record)
-        ready = sum(1 for r in serving if r.ready)
-        # A retiring worker (--max-requests) was ready and no longer accepts:
-        # it leaves (draining its open connections) once its replacement has
-        # started, even if that one recycles before it is seen ready.
-        retiring = [r for r in self.workers.values() if r.state == "retiring"]
-        if ready + len(retiring) >= self.target and not self.announced:
-            self.announced = True
-            reload.signal_ready(self.role)  # to the supervisor, if this is a generation
-            systemd.notify("READY=1")
-        for record in retiring[:max(0, len(serving) + len(retiring) - self.target)]:
-            self.stop_worker(record)
+        # while our workers drain for a new generation, none is replaced
+        self.carry_out(self.lifecycle.tick(
+            self.clock(), replace=self.handover.retiring != self.generation))
 
     def serving(self):
         """GET /health on --stats: the workers were all up once and no stop is under way."""
-        return self.announced and not self.stopping
+        return self.lifecycle.announced and not self.stopping
 
     def spawn_worker(self):
         index = self.free_slot()
@@ -383,7 +323,7 @@ class Master(Driver, MasterReload, WorkerMemory):
                 worker.start()  # never returns
         finally:
             signals.release()
-        self.workers[pid] = WorkerRecord(index, pid, self.generation)
+        self.lifecycle.forked(index, pid, self.generation)
         return pid
 
     def free_slot(self):
@@ -398,31 +338,19 @@ class Master(Driver, MasterReload, WorkerMemory):
         (a worker holding a ready pipe would hide its generation's death)."""
         fds = [self.queue.wake_r, self.queue.wake_w] + (self.why.filenos() if self.why else [])
         fds += self.generations.waiting_fds()
-        if self.role.ready_fd is not None and not self.announced:  # closed once announced
+        if self.role.ready_fd is not None and not self.lifecycle.announced:  # closed once announced
             fds.append(self.role.ready_fd)
         if self.stats:
             fds.extend(self.stats.all_filenos())
         return fds
 
-    def stop_worker(self, record, signum=signal.SIGTERM):
-        record.state = "stopping"
-        record.expected_exit = True
-        record.deadline = self.clock() + self.cfg.graceful_timeout + 1.0
-        self.kill(record, signum)
-
-    def stop_all(self, signum):
-        for record in list(self.workers.values()):
-            record.expected_exit = True
-            record.state = "stopping"
-            self.kill(record, signum)
-
     def signal_workers(self, signum):
         for record in self.workers.values():
-            self.kill(record, signum)
+            self.kill(record.pid, signum)
 
-    def kill(self, record, signum):
+    def kill(self, pid, signum):
         try:
-            self._kill(record.pid, signum)
+            self._kill(pid, signum)
         except ProcessLookupError:
             pass  # already gone; reap() will collect it
 

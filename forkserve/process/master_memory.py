@@ -22,7 +22,7 @@ class WorkerMemory:
     memory_check_interval = 2.0
 
     def check_worker_memory(self):
-        if any(r.state in ("retiring", "stopping") for r in self.workers.values()):
+        if self.lifecycle.recycling():
             return  # one recycle at a time
         limit = self.cfg.max_worker_memory * 1024 * 1024
         for record in self.workers.values():
@@ -33,7 +33,7 @@ class WorkerMemory:
                 log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
                             "--max-worker-memory %d MiB; recycling it", record.worker_id,
                             record.pid, reading.private / 2**20, self.cfg.max_worker_memory)
-                record.state = "retiring"
+                self.lifecycle.retire(record.pid)
                 return
 
     def process_infos(self):

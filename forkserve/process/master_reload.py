@@ -41,22 +41,16 @@ class MasterReload:
             self._titled_serving = self.handover.serving
             procname.set_title(self.cfg, "master", self.app_name,
                                f"serving generation {self.handover.serving}")
-            for record in list(self.workers.values()):
-                # each with its own SIGKILL deadline: the hand-over's ends
-                # if the new generation dies meanwhile
-                self.stop_worker(record)
+            # each with its own SIGKILL deadline: the hand-over's ends if
+            # the new generation dies meanwhile
+            self.carry_out(self.lifecycle.drain(self.clock()))
         else:
             self.generations.signal(number, signal.SIGTERM)
 
     def kill_own_workers(self):
         # murder() SIGKILLs each retired worker at its own deadline (and
         # clears it); this catches any still waiting for theirs.
-        for record in list(self.workers.values()):
-            if record.deadline is not None:
-                log.warning("Sending SIGKILL to worker %d (pid %d) of generation %d",
-                            record.worker_id, record.pid, self.generation)
-                record.deadline = None
-                self.kill(record, signal.SIGKILL)
+        self.carry_out(self.lifecycle.kill_draining(self.generation))
 
     def become_supervisor(self, action):
         reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
