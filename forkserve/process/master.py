@@ -141,8 +141,7 @@ class Master(Driver, MasterReload, WorkerMemory):
         return True
 
     def check_parent(self):
-        if self.parent is not None and not self.stopping and os.getppid() != self.parent:
-            log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
+        if self.supervisor_gone():
             self.begin_stop("graceful")
 
     def dispatch_signals(self):
@@ -234,11 +233,7 @@ class Master(Driver, MasterReload, WorkerMemory):
     def reap(self):
         halt = None
         for pid, status in reaped(self._waitpid):
-            number = self.generations.exited(pid)
-            if number is not None:
-                outcome = exits.classify(status)
-                self.apply(self.handover.gone(number, f"(pid {pid}) {outcome.description}",
-                                              self.clock()))
+            if self.generation_exited(pid, exits.classify(status).description):
                 continue
             record = self.workers.get(pid)
             if record is None:

@@ -23,12 +23,9 @@ class MasterReload:
     _titled_serving = None
 
     def check_reload(self):
-        now = self.clock()
-        for _ in self.generations.newly_ready():
-            self.apply(self.handover.ready(now))
-        self.apply(self.handover.tick(now))
+        self.follow_generations()
         if self.handover.retiring == self.generation and not self.workers:
-            self.apply(self.handover.gone(self.generation, "drained", now))
+            self.apply(self.handover.gone(self.generation, "drained", self.clock()))
         if self._titled_serving is not None and self.handover.serving == self.generation:
             # the new generation died while ours drained: ours serves again
             self._titled_serving = None

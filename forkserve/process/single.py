@@ -109,16 +109,13 @@ class SingleServer(Driver):
         while self.stop_mode is None and not self.draining:
             cow.check()
             autoreload.poll()
-            if self.parent is not None and os.getppid() != self.parent:
-                log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
+            if self.supervisor_gone():
                 self._request_stop("graceful")
                 break
             now = _now()
             self._dispatch_hups()
-            for _ in self.generations.newly_ready():
-                self.apply(self.handover.ready(now))
             self._reap_generations()
-            self.apply(self.handover.tick(now))  # a generation that loads too long
+            self.follow_generations()  # the clock: a generation that loads too long
             interval = self.cfg.memory_log_interval
             if interval and now >= next_memory_log:
                 next_memory_log = now + interval
@@ -144,8 +141,7 @@ class SingleServer(Driver):
                 if not reaped:
                     continue
                 description = exits.classify(status).description
-            number = self.generations.exited(pid)
-            self.apply(self.handover.gone(number, f"(pid {pid}) {description}", _now()))
+            self.generation_exited(pid, description)
 
     # --- what the hand-over asks of this process (generations.Driver) ---
 

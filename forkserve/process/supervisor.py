@@ -62,7 +62,6 @@ class Supervisor(Driver):
                                  graceful_timeout=self.cfg.graceful_timeout,
                                  max_failures=self.max_failures,
                                  reload_again=state.get("reload_again", False))
-        self.stopping = False
         self.queue = SignalQueue()
         for signum in state.get("signals", ()):
             self.queue.push(signum)  # arrived while the master was handing over
@@ -87,13 +86,12 @@ class Supervisor(Driver):
         for signum in self.queue.pop_all():
             getattr(self, handler_name(signum))()
         self.reap()
-        if self.stopping and not self.generations.pids:
+        if self.handover.stopping and not self.generations.pids:
             return False
-        now = self.clock()
-        for _ in self.generations.newly_ready():
-            self.apply(self.handover.ready(now))
+        serving = self.handover.serving
+        self.follow_generations()
+        if self.handover.serving != serving:
             self.set_title()
-        self.apply(self.handover.tick(now))
         return True
 
     def sleep(self):
@@ -108,11 +106,8 @@ class Supervisor(Driver):
 
     def reap(self):
         for pid, status in reaped(self._waitpid):
-            number = self.generations.exited(pid)
-            if number is None:
-                continue  # a worker of the generation this process used to be
-            description = f"(pid {pid}) {exits.classify(status).description}"
-            self.apply(self.handover.gone(number, description, self.clock()))
+            # not a generation: a worker of the one this process used to be
+            self.generation_exited(pid, exits.classify(status).description)
 
     # --- what the hand-over asks (generations.Driver) ---
 
@@ -135,9 +130,8 @@ class Supervisor(Driver):
     handle_quit = handle_int
 
     def _stop(self, mode, message):
-        if not self.stopping:
+        if not self.handover.stopping:  # the stop state is the hand-over's
             systemd.notify("STOPPING=1")
-        self.stopping = True
         log.info(message)
         self.apply(self.handover.stop(mode, self.clock()))
 
@@ -173,7 +167,7 @@ class Supervisor(Driver):
 
     def serving(self):
         """GET /health on --stats: a generation serves and no stop is under way."""
-        return self.handover.serving is not None and not self.stopping
+        return self.handover.serving is not None and not self.handover.stopping
 
     def report(self):
         handover = self.handover
