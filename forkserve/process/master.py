@@ -1,4 +1,5 @@
-"""The master: spawn, reap, murder and manage workers.
+"""The master (-w N): spawn, reap, murder and manage workers; carry out a
+reload; watch the workers' memory.
 
 The master has already loaded the application and hardened its memory
 (cow.harden) when it gets here; every worker is a fork of it. Its loop does
@@ -32,15 +33,13 @@ import time
 
 from forkserve import exits
 from forkserve.exits import HaltServer
-from forkserve.memory import why
+from forkserve.memory import reporter, why
 from forkserve.process import autoreload, procname, reload, signals, systemd
 from forkserve.process.boot_errors import BootErrors
 from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle, Log
-from forkserve.process.master_memory import WorkerMemory
-from forkserve.process.master_reload import MasterReload
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
@@ -51,7 +50,10 @@ __all__ = ["Master"]
 log = logging.getLogger("forkserve.error")
 
 
-class Master(Driver, MasterReload, WorkerMemory):
+class Master(Driver):
+    #: how often private memory is read for --max-worker-memory
+    memory_check_interval = 2.0
+
     def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *, stats=None,
                  hooks=None, fork=None, waitpid=None, kill=os.kill, select=None,
                  clock=time.monotonic):
@@ -88,6 +90,8 @@ class Master(Driver, MasterReload, WorkerMemory):
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=self._fork, kill=kill)
         self.why = None  # the --why listener, opened by run()
+        #: the generation the master's title says serves, while it is not its own
+        self.titled_serving = None
 
     @property
     def workers(self):
@@ -354,3 +358,81 @@ class Master(Driver, MasterReload, WorkerMemory):
             self.reap()
             if self.workers:
                 self._select([self.queue.wake_r], [], [], 0.05)
+
+    # --- a reload: forkserve.process.handover decides, these carry it out ---
+
+    def check_reload(self):
+        self.follow_generations()
+        if self.handover.retiring == self.generation and not self.workers:
+            self.apply(self.handover.gone(self.generation, "drained", self.clock()))
+        if self.titled_serving is not None and self.handover.serving == self.generation:
+            # the new generation died while ours drained: ours serves again
+            self.titled_serving = None
+            procname.set_title(self.cfg, "master", self.app_name)
+
+    def retire(self, number):
+        if number == self.generation:
+            self.hooks.pre_retire(self.generation)
+            # `forkserve memory --pid` reads from the title which generation serves
+            self.titled_serving = self.handover.serving
+            procname.set_title(self.cfg, "master", self.app_name,
+                               f"serving generation {self.handover.serving}")
+            # each with its own SIGKILL deadline: the hand-over's ends if
+            # the new generation dies meanwhile
+            self.carry_out(self.lifecycle.drain(self.clock()))
+        else:
+            self.generations.signal(number, signal.SIGTERM)
+
+    def kill_own_workers(self):
+        # murder() SIGKILLs each retired worker at its own deadline (and
+        # clears it); this catches any still waiting for theirs.
+        self.carry_out(self.lifecycle.kill_draining(self.generation))
+
+    def become_supervisor(self, action):
+        reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
+                               action.number, self.listeners,
+                               self.stats.listener if self.stats else None,
+                               reload_again=action.reload_again, queue=self.queue)
+
+    # --- memory: --max-worker-memory, --memory-log-interval, the stats report ---
+
+    def check_worker_memory(self):
+        if self.lifecycle.recycling():
+            return  # one recycle at a time
+        limit = self.cfg.max_worker_memory * 1024 * 1024
+        for record in self.workers.values():
+            if record.state != "ready":
+                continue
+            reading = reporter.read_process(record.pid)
+            if reading is not None and reading.private > limit:  # anonymous: copies, not files
+                log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
+                            "--max-worker-memory %d MiB; recycling it", record.worker_id,
+                            record.pid, reading.private / 2**20, self.cfg.max_worker_memory)
+                self.lifecycle.retire(record.pid)
+                return
+
+    def process_infos(self):
+        infos = [reporter.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
+                                    requests=None, generation=self.generation)]
+        for record in sorted(self.workers.values(), key=lambda r: r.index):
+            slot = self.scoreboard.read(record.index)
+            infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
+                                            worker_id=record.worker_id,
+                                            requests=slot.requests,
+                                            generation=record.generation,
+                                            gc_collections=slot.gc_collections,
+                                            gc_pause=slot.gc_pause_ns / 1e9))
+        return infos
+
+    def report(self):
+        if self.generations.pids:  # first reload: the tree has a generation under us
+            return reporter.collect(reporter.discover(os.getpid()))
+        return reporter.collect(self.process_infos())
+
+    def log_memory(self):
+        interval = self.cfg.memory_log_interval
+        now = self.clock()
+        if not interval or now < self.next_memory_log:
+            return
+        self.next_memory_log = now + interval
+        reporter.log_report(log, self.report())
