@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from forkserve import exits
-from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle, Log
+from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle
 
 KILLED = exits.classify(signal.SIGKILL)                       # a raw status: killed by a signal
 BOOT_ERROR = exits.classify(exits.WORKER_BOOT_ERROR << 8)

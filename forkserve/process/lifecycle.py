@@ -13,6 +13,14 @@ counted towards the target), retiring (to be replaced: --max-requests,
 replacement is up), stopping (sent TERM or QUIT, with a deadline after which
 it gets SIGKILL).
 
+A worker has two numbers. Its scoreboard slot (`index`) is wherever a slot
+was free when it was forked: a replacement starts while the worker it
+replaces still holds its slot. Its `number` (worker_id, shown in logs,
+process titles and Prometheus labels) is its place in the pool, 1 to the
+number of workers: a replacement takes the number of the worker it
+replaces, so a recycle leaves the set of numbers, and the metric series
+keyed by them, as they were.
+
 Invariants:
 - Booting and ready workers count towards the target, so a retiring one is
   replaced before it is stopped ("replacement first").
@@ -91,10 +99,12 @@ class Announce(_Action):
 class WorkerRecord:
     """One forked worker, as the master knows it."""
 
-    __slots__ = ("index", "pid", "state", "ready", "deadline", "expected_exit", "generation")
+    __slots__ = ("index", "pid", "state", "ready", "deadline", "expected_exit", "generation",
+                 "number")
 
-    def __init__(self, index, pid, generation):
+    def __init__(self, index, pid, generation, number=None):
         self.index = index
+        self.number = index + 1 if number is None else number
         self.pid = pid
         self.state = "booting"     # booting, ready, retiring, stopping
         self.ready = False
@@ -104,7 +114,7 @@ class WorkerRecord:
 
     @property
     def worker_id(self):
-        return self.index + 1
+        return self.number
 
     @property
     def counts_towards_target(self):
@@ -142,8 +152,17 @@ class Lifecycle:
 
     # --- events ---
 
-    def forked(self, index, pid, generation):
-        self.workers[pid] = WorkerRecord(index, pid, generation)
+    def forked(self, index, pid, generation, number=None):
+        self.workers[pid] = WorkerRecord(index, pid, generation, number)
+
+    def free_number(self):
+        """The lowest worker number no booting or ready worker holds: a retiring
+        worker's number goes to its replacement."""
+        taken = {r.number for r in self.workers.values() if r.counts_towards_target}
+        number = 1
+        while number in taken:
+            number += 1
+        return number
 
     def observed(self, pid, now, *, beat, said_ready=False, asked_retire=False):
         """Worker `pid`'s scoreboard slot, read on a turn: when it last beat,
@@ -212,7 +231,7 @@ class Lifecycle:
         if missing > 0 and now >= self.next_spawn_at:
             out += [Fork()] * missing
         if missing < 0:
-            for record in sorted(serving, key=lambda r: r.index, reverse=True)[:-missing]:
+            for record in sorted(serving, key=lambda r: r.number, reverse=True)[:-missing]:
                 out += self._stop(record, now)
         ready = sum(1 for r in serving if r.ready)
         # A retiring worker (--max-requests) was ready and no longer accepts:

@@ -307,10 +307,11 @@ class Master(Driver):
         max_requests = self.cfg.max_requests
         if max_requests and self.cfg.max_requests_jitter:
             max_requests += random.randint(0, self.cfg.max_requests_jitter)
+        number = self.lifecycle.free_number()
         worker = Worker(index, self.app, self.listeners, self.cfg, self.scoreboard,
                         self.app_name, generation=self.generation, max_requests=max_requests,
-                        close_fds=self.master_fds(), boot_errors=self.boot_errors,
-                        hooks=self.hooks)
+                        close_fds=self.master_fds(), number=number,
+                        boot_errors=self.boot_errors, hooks=self.hooks)
         self.hooks.pre_fork(worker)
         # Until the worker has its own handlers, a signal sent to it (a TERM
         # right after the fork) must wait, not run the master's handler in it
@@ -322,7 +323,7 @@ class Master(Driver):
                 worker.start()  # never returns
         finally:
             signals.release()
-        self.lifecycle.forked(index, pid, self.generation)
+        self.lifecycle.forked(index, pid, self.generation, number)
         return pid
 
     def free_slot(self):
@@ -414,14 +415,18 @@ class Master(Driver):
     def process_infos(self):
         infos = [reporter.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
                                     requests=None, generation=self.generation)]
-        for record in sorted(self.workers.values(), key=lambda r: r.index):
+        for record in sorted(self.workers.values(), key=lambda r: (r.number, r.index)):
             slot = self.scoreboard.read(record.index)
+            # A retiring worker has handed its number to its replacement.
+            leaving = "draining" if record.state in ("retiring", "stopping") else None
             infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
                                             worker_id=record.worker_id,
                                             requests=slot.requests,
-                                            generation=record.generation,
+                                            generation=record.generation, state=leaving,
                                             gc_collections=slot.gc_collections,
-                                            gc_pause=slot.gc_pause_ns / 1e9))
+                                            gc_pause=slot.gc_pause_ns / 1e9,
+                                            connections=slot.connections,
+                                            accepted=slot.accepted))
         return infos
 
     def report(self):
