@@ -101,6 +101,11 @@ class Limits:
         return min(self.limit_request_field_size or LINE_CEILING, LINE_CEILING)
 
     @cached_property
+    def fast_head_max(self):
+        """A head no longer than this has no line over its limit."""
+        return min(self.line_max + 2, self.field_size_max)
+
+    @cached_property
     def fields_max(self):
         return min(self.limit_request_fields or FIELDS_MAX, FIELDS_MAX)
 

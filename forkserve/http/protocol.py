@@ -107,11 +107,6 @@ class Data:
         return f"Data({self.data!r})"
 
 
-def _environ_key(name):
-    key = name.upper().replace("-", "_")
-    return key if key in ("CONTENT_LENGTH", "CONTENT_TYPE") else "HTTP_" + key
-
-
 class Connection:
     """The server side of one HTTP/1.1 connection; see the module's states.
 
@@ -209,17 +204,21 @@ class Connection:
         limits = self.limits
         if self._lines is None:
             self._lines = [None, {}, 0, [], 0]
-            # the usual case: the whole head is here and no line is near a limit
-            end = buf.find(b"\r\n\r\n", pos, pos + min(limits.line_max + 2, limits.field_size_max))
-            if end >= 0:
-                head = buf[pos:end + 4]
+            # the usual case: the whole head is here, no line is near a limit,
+            # and it starts with its request line
+            end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
+            if end >= 0 and buf[pos] != 13:
+                head = buf[pos:end + 2]
                 if head.count(b"\r") == head.count(b"\r\n"):  # else splitlines would split at CR
                     self._pos = end + 4
-                    for line in head.splitlines(True):
-                        request = self._head_line(line)
-                        if request is not None:
-                            return request
-        while True:
+                    lines = head.splitlines(True)
+                    line = lines[0]
+                    self._lines[0] = request_line(line, limits.line_max) + (line[:-2].decode(
+                        "latin-1"),)
+                    del lines[0]
+                    self._fields(lines)
+                    return self._head_done()
+        while True:  # line by line, each checked against its limit as it comes
             buf, pos = self._buf, self._pos
             limit = limits.line_max + 2 if self._lines[0] is None else limits.field_size_max
             found = buf.find(b"\n", pos, pos + limit)
@@ -233,46 +232,51 @@ class Connection:
             else:
                 end = found + 1
             self._pos = end
-            request = self._head_line(buf[pos:end])
-            if request is not None:
-                return request
+            line = buf[pos:end]
+            head = self._lines
+            if head[0] is None:
+                if line == b"\r\n" and head[4] < BLANK_LINES:
+                    head[4] += 1  # an empty line before the request line (RFC 9112 2.2)
+                    continue
+                head[0] = request_line(line, limits.line_max) + (line[:-2].decode("latin-1"),)
+                head[4] = 0
+            elif line == b"\r\n":
+                return self._head_done()
+            else:
+                self._fields((line,))
 
-    def _head_line(self, line):
-        """Take one line of a head; the Request once its blank line came."""
-        lines = self._lines
-        if lines[0] is None:
-            if line == b"\r\n" and lines[4] < BLANK_LINES:
-                lines[4] += 1  # an empty line before the request line (RFC 9112 2.2)
-                return None
-            parsed = request_line(line, self.limits.line_max)
-            lines[0] = parsed + (line[:-2].decode("latin-1"),)
-            lines[4] = 0
-            return None
-        if line == b"\r\n":
-            return self._head_done()
-        lines[4] += 1
-        if lines[4] > self.limits.fields_max:
+    def _fields(self, lines):
+        """Add header lines (each with its CRLF) to the head being read."""
+        head = self._lines
+        headers = head[1]
+        count = head[4] + len(lines)
+        if count > self.limits.fields_max:
             raise RequestError(431, f"more than {self.limits.fields_max} header fields")
-        name, value = header_field(line, self.limits.field_size_max)
-        if "_" in name:
-            return None  # dropped, as Gunicorn drops it: X_Forwarded_For must not pose as X-
-        key = _environ_key(name)
-        headers = lines[1]
-        if key == "CONTENT_LENGTH":
-            lines[3].append(value)
-            headers[key] = value
-        elif key == "CONTENT_TYPE":
-            if key in headers:
-                raise RequestError(400, "more than one Content-Type header")
-            headers[key] = value
-        else:
-            if key == "HTTP_HOST":
-                lines[2] += 1
+        head[4] = count
+        size_max = self.limits.field_size_max
+        for line in lines:
+            name, value = header_field(line, size_max)
+            if "_" in name:
+                continue  # dropped, as Gunicorn drops it: X_Forwarded_For must not pose as X-
+            key = name.upper().replace("-", "_")
+            if key == "HOST":
+                key = "HTTP_HOST"
+                head[2] += 1
+            elif key == "CONTENT_LENGTH":
+                head[3].append(value)
+                headers[key] = value
+                continue
+            elif key == "CONTENT_TYPE":
+                if key in headers:
+                    raise RequestError(400, "more than one Content-Type header")
+                headers[key] = value
+                continue
+            else:
+                key = "HTTP_" + key
             if key in headers:
                 headers[key] += ("; " if key == "HTTP_COOKIE" else ",") + value
             else:
                 headers[key] = value
-        return None
 
     def _head_done(self):
         (method, target, version, text), headers, hosts, lengths, _ = self._lines
@@ -284,8 +288,12 @@ class Connection:
             raise RequestError(400, f"invalid Host {escape(headers['HTTP_HOST'][:60])}")
         if not hosts and version == "HTTP/1.1":
             raise RequestError(400, "HTTP/1.1 request without a Host header")
-        chunked, length = body_framing(version, headers.get("HTTP_TRANSFER_ENCODING"), lengths,
-                                       self.limits.limit_request_body)
+        transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
+        if transfer_encoding is None and not lengths:
+            chunked, length = False, 0
+        else:
+            chunked, length = body_framing(version, transfer_encoding, lengths,
+                                           self.limits.limit_request_body)
         connection = headers.get("HTTP_CONNECTION")
         if connection is None:
             keep = version != "HTTP/1.0"
@@ -293,9 +301,8 @@ class Connection:
             tokens = {t.strip(" \t").lower() for t in connection.split(",")}
             keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
         self.keep_alive = keep and bool(self.limits.keep_alive)
-        expect = (chunked or length) and version == "HTTP/1.1" \
-            and headers.get("HTTP_EXPECT", "").lower() == "100-continue"
-        self._continue = bool(expect)
+        self._continue = bool((chunked or length) and version == "HTTP/1.1"
+                              and headers.get("HTTP_EXPECT", "").lower() == "100-continue")
         self._no_body = method == "HEAD"
         self._body_total = 0
         if chunked:
@@ -403,14 +410,18 @@ class Connection:
         request = self.request
         code, lines, dated, self._declared, self._chunked, close = plan_head(
             status, headers, total, request.version, self._no_body)
-        self._no_body = self._no_body or code in (204, 304)
-        if close or not self._reusable(draining):
+        no_body = self._no_body = self._no_body or code in (204, 304)
+        if close or not (self.their_state is DONE and self.keep_alive and not draining
+                         or self._reusable(draining)):
             self.keep_alive = False
         head = encode_head(lines, not self.keep_alive, request.version, None if dated else date)
         self.our_state = SEND_BODY
         self.code = code
-        if self._no_body or not body:
+        if no_body or not body:
             return head
+        if self._declared is None and not self._chunked:  # the usual case: framed by total
+            self.sent += len(body)
+            return head + body
         return head + self.response_data(body)
 
     def _reusable(self, draining):
