@@ -186,10 +186,9 @@ class Handler:
                     head_armed = True
                     # a PROXY protocol header comes before the first request
                     self._proxy_info = self.server.proxy.read_header(reader, self.client_address)
-                while True:
-                    event = http.next_event()
-                    if event is not NEED_DATA:
-                        break
+                # between requests, with nothing buffered: wait for the next one first
+                event = NEED_DATA if not first and not http.buffered else http.next_event()
+                while event is NEED_DATA:
                     if http.their_state is IDLE and not first:  # between requests
                         if idle_timer is not None:
                             idle_timer.again(throw, Expired)
@@ -203,6 +202,7 @@ class Handler:
                             head_armed = True
                         data = reader.recv()
                     http.receive_data(data)
+                    event = http.next_event()
             finally:
                 if head_timer is not None:
                     head_timer.stop()
