@@ -208,6 +208,7 @@ def test_close_now_closes_every_connection_at_once(fresh_server):
 def _stats_answer(raw):
     import select
     from forkserve.http.stats import StatsEndpoint
+    from forkserve.memory.reporter import Report
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -221,7 +222,7 @@ def _stats_answer(raw):
         while time.monotonic() < deadline:
             readable, writable, _ = select.select(endpoint.filenos(), endpoint.writable_filenos(),
                                                   [], 0.05)
-            endpoint.service(readable, writable, lambda: None, lambda: True)
+            endpoint.service(readable, writable, lambda: Report((), time.time()), lambda: True)
             ready, _, _ = select.select([client], [], [], 0)
             if ready:
                 data = client.recv(65536)

@@ -221,6 +221,19 @@ def path_list(value) -> list:
 path_list.__name__ = "list"
 
 
+def url_path_list(value) -> list:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    paths = [text(item) for item in items]
+    for path in paths:
+        if not path.startswith("/"):
+            raise ValueError(f"{path!r} is not a URL path; give one that starts with /, "
+                             "such as /health or /products?page=2")
+    return paths
+
+
+url_path_list.__name__ = "list"
+
+
 def reload_engine(value) -> str:
     engine = str(value).strip().lower()
     if engine not in ("auto", "poll"):

@@ -74,7 +74,7 @@ class Server:
     def __init__(self, listener, app, *, worker_connections=1000, limits=None,
                  access_log=None, error_log=None, multiprocess=True,
                  on_request=None, server_name=None, pool=None, access_format=None,
-                 access_sink=None, proxy=None, sendfile=True):
+                 access_sink=None, proxy=None, admission=None, sendfile=True):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.process.sockets first")
@@ -103,6 +103,9 @@ class Server:
         # Servers of one worker share `pool`, so --worker-connections caps the
         # worker, not each listening address.
         self.pool = pool if pool is not None else Pool(worker_connections)
+        #: what decides when to accept, shared like the pool by one worker's
+        #: servers (forkserve.process.balance.Admission); None: always
+        self.admission = admission
         self._handlers = set()
         self._acceptor = None
         self._nodelay = False
@@ -145,8 +148,11 @@ class Server:
     def _accept_loop(self):
         pool = self.pool
         accept = self.socket.accept
+        admission = self.admission
         while True:
             pool.wait_available()
+            if admission is not None:
+                admission.wait_turn(self.socket)
             try:
                 sock, address = accept()
             except OSError as ex:
@@ -159,7 +165,10 @@ class Server:
                     gevent.sleep(SHORTAGE_PAUSE)
                     continue
                 raise
-            pool.spawn(self._serve, sock, address)
+            serving = pool.spawn(self._serve, sock, address)
+            if admission is not None:
+                admission.opened()
+                serving.rawlink(admission.closed)  # however the greenlet ends
             # Let the new connection's greenlet run before taking another:
             # accepting back to back would let one worker take a whole burst
             # of connections that the workers sharing the listener could split.

@@ -34,10 +34,12 @@ def preload():
     import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
     import forkserve.http.transport  # noqa: F401
+    import forkserve.process.balance  # noqa: F401
 
 
-def make_servers(cfg, app, listeners, *, multiprocess, on_request):
-    """One gevent WSGI server per listening socket, configured from settings."""
+def make_servers(cfg, app, listeners, *, multiprocess, on_request, admission=None):
+    """One gevent WSGI server per listening socket, configured from settings;
+    `admission` (forkserve.process.balance) decides when they accept."""
     from gevent.pool import Pool
 
     from forkserve.http.accesslog import AccessFormat
@@ -62,7 +64,7 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
                    error_log=logs.error_log, multiprocess=multiprocess,
                    on_request=on_request, pool=pool, access_format=access_format,
                    access_sink=logs.access_sink(access_format), proxy=proxy,
-                   sendfile=cfg.sendfile)
+                   admission=admission, sendfile=cfg.sendfile)
             for listener in listeners]
 
 
