@@ -121,7 +121,7 @@ class Server:
             "SERVER_NAME": name,
             "SERVER_PORT": port,
             # where the application is mounted, as Gunicorn reads it (--env
-            # SCRIPT_NAME=/prefix or the environment); see Handler.make_environ
+            # SCRIPT_NAME=/prefix or the environment); see forkserve.http.environ
             "SCRIPT_NAME": os.environ.get("SCRIPT_NAME", ""),
             "wsgi.version": (1, 0),
             "wsgi.url_scheme": "http",
