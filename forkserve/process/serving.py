@@ -25,12 +25,14 @@ def preload():
 
     import forkserve.http.accesslog  # noqa: F401
     import forkserve.http.body  # noqa: F401
-    import forkserve.http.connection  # noqa: F401
+    import forkserve.http.environ  # noqa: F401
     import forkserve.http.handler  # noqa: F401
     import forkserve.http.responder  # noqa: F401
+    import forkserve.http.protocol  # noqa: F401
     import forkserve.http.proxy  # noqa: F401
     import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
+    import forkserve.http.transport  # noqa: F401
     import forkserve.process.balance  # noqa: F401
 
 
