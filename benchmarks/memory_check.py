@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,9 +34,13 @@ SETTINGS = {"no limit": [], "--max-worker-memory 4096": ["--max-worker-memory", 
 
 def start(extra, log_path):
     log = open(log_path, "wb")
+    # Not from benchmarks/: forkserve reads a gunicorn.conf.py in its working
+    # directory, and the one there (the gunicorn-gc hooks) is not for this.
+    env = dict(os.environ, PYTHONPATH=HERE)
     server = subprocess.Popen([sys.executable, "-m", "forkserve", "-w", "1", "-b", "127.0.0.1:0",
-                               *extra, "hello_app:app"], cwd=HERE, stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+                               *extra, "hello_app:app"], cwd=os.path.dirname(log_path),
+                              env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with open(log_path, "rb") as handle:
@@ -92,8 +97,9 @@ def main(argv=None):
     results = {name: [] for name in SETTINGS}
     servers = {}
     try:
+        workdir = tempfile.mkdtemp(prefix="memory_check-")
         for name, extra in SETTINGS.items():
-            servers[name] = start(extra, f"/tmp/memory_check-{len(servers)}.log")
+            servers[name] = start(extra, os.path.join(workdir, f"{len(servers)}.log"))
         for _ in range(args.rounds):
             for name, (_, port, worker) in servers.items():
                 results[name].append(measure(port, worker, args.seconds))

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
+from benchmarks.chaos import SEEDS, STATUS_LINE, exchange, mutate
 from forkserve_testing import ClientThreads, poll
-from httpcorpus import request as raw_request
 
 pytestmark = pytest.mark.e2e
 
@@ -268,64 +268,11 @@ def test_usr1_log_rotation_under_load_loses_no_access_log_line(run_server, tmp_p
     assert all(path.read_text() for path in tmp_path.glob("access.log.*"))
 
 
-_STATUS_LINE = re.compile(rb"HTTP/1\.[01] [1-5]\d\d[ \r]")
-
-#: what a mutation may put in place of a byte: framing and the usual suspects
-_MUTANTS = b"\r\n\t :;,\x00\x7f\xff-0123456789aZ/%\"\\"
-
-
-def mutate(valid, rng):
-    """`valid` with a few bytes replaced, inserted, duplicated or cut."""
-    data = bytearray(valid)
-    for _ in range(rng.randint(1, 4)):
-        at = rng.randrange(len(data))
-        kind = rng.random()
-        if kind < 0.4:
-            data[at] = rng.choice(_MUTANTS)
-        elif kind < 0.7:
-            data[at:at] = bytes([rng.choice(_MUTANTS)]) * rng.choice((1, 1, 2, 300))
-        elif kind < 0.85:
-            del data[at:at + rng.randint(1, 8)]
-        else:
-            data[at:at] = data[at:at + rng.randint(1, 40)]
-    return bytes(data)
-
-
-_SEEDS = (
-    raw_request("GET /pid?a=1 HTTP/1.1", ("Host: t", "User-Agent: chaos", "Accept: */*")),
-    raw_request("POST /pid HTTP/1.1", ("Host: t", "Content-Length: 5",
-                                       "Content-Type: text/plain"), b"hello"),
-    raw_request("POST /pid HTTP/1.1", ("Host: t", "Transfer-Encoding: chunked"),
-                b"5\r\nhello\r\n0\r\n\r\n"),
-    raw_request("GET /pid HTTP/1.0", ("Connection: keep-alive",)),
-)
-
-
-def exchange(port, data, timeout):
-    """Send `data`, close our side, read until the server closes: its bytes,
-    or None if it neither answered nor closed within `timeout`."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        try:
-            sock.sendall(data)
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass  # the server may refuse and close before all is sent
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass
-        except socket.timeout:
-            return None
-    return received
-
-
 def test_mutated_requests_get_valid_responses_and_never_hang(run_server):
     server = run_server("-w", "2", "--header-timeout", "5", "--body-timeout", "5")
     server.wait_workers(2)
     rng = random.Random(22)
-    batch = [mutate(rng.choice(_SEEDS), rng) for _ in range(1000)]
+    batch = [mutate(rng.choice(SEEDS), rng) for _ in range(1000)]
     outcomes = {"answered": 0, "closed": 0, "invalid": [], "hung": []}
     lock = threading.Lock()
 
@@ -337,7 +284,7 @@ def test_mutated_requests_get_valid_responses_and_never_hang(run_server):
                     outcomes["hung"].append(data)
                 elif not received:
                     outcomes["closed"] += 1
-                elif _STATUS_LINE.match(received):
+                elif STATUS_LINE.match(received):
                     outcomes["answered"] += 1
                 else:
                     outcomes["invalid"].append((data, received[:200]))
