@@ -23,8 +23,10 @@ import traceback
 from forkserve.memory import cow, limit, reporter, procfs, workergc
 from forkserve import exits, logs
 from forkserve.process import hooks, privileges, procname, signals
+from forkserve.process.balance import Admission
 from forkserve.process.serving import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
+from forkserve.process.unpatched import original
 
 __all__ = ["Worker"]
 
@@ -49,8 +51,10 @@ class Worker:
     memory_check_gap = 0.005
 
     def __init__(self, index, app, listeners, cfg, scoreboard, app_name, *, generation=0,
-                 max_requests=0, close_fds=()):
-        self.index = index
+                 max_requests=0, close_fds=(), number=None):
+        self.index = index  # the scoreboard slot
+        #: the place in the pool a replacement inherits (forkserve.process.workers)
+        self.number = index + 1 if number is None else number
         self.app = app
         self.listeners = listeners
         self.cfg = cfg
@@ -77,7 +81,7 @@ class Worker:
 
     @property
     def worker_id(self):
-        return self.index + 1
+        return self.number
 
     # --- after fork ---
 
@@ -161,8 +165,10 @@ class Worker:
         gevent.idle()
 
     def boot_servers(self):
+        admission = None if self.cfg.no_balance else Admission(
+            self.scoreboard, self.index, original("select", "select"), time.monotonic)
         self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
-                                    on_request=self._count_request)
+                                    on_request=self._count_request, admission=admission)
         for server in self.servers:
             server.start()
         # Logged before the master can see READY: a log shows a replacement
