@@ -18,7 +18,7 @@ Each attack starts a fresh server, ``python -m forkserve -w 4`` or
   slowloris  60 connections sending one header byte every 0.2 s for up to
              20 s, under load; forkserve with --header-timeout 5 (Gunicorn
              has no header timeout)
-  fds        the server under `ulimit -n 64` (setrlimit before exec), 200
+  fds        the server under `ulimit -n 64` (setrlimit before exec), 400
              idle connections held 35 s (past the 30 s title reading) under
              load; workers that died
   full-disk  the access log on a 256 KiB tmpfs filled up, 100 requests,
@@ -374,7 +374,7 @@ def attack_fds(name, workdir, rows):
     def attack():
         idle = []
         try:
-            for _ in range(200):
+            for _ in range(400):
                 idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
             time.sleep(35)  # held past the workers' 30 s bookkeeping
         except OSError as exc:
