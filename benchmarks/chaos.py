@@ -10,6 +10,8 @@ Each attack starts a fresh server, ``python -m forkserve -w 4`` or
 200,000-record dataset built in the master; /alloc leaks on request), on
 127.0.0.1 port 0, in its own process group:
 
+  kill       SIGKILL a worker, then each replacement 50 ms after it appears,
+             10 times, under load: does the server still serve
   hup        20 HUPs 50 ms apart under load (3 clients, fresh connections)
   ttin-ttou  16 TTIN/TTOU signals 20 ms apart under load
   usr1       5 log rotations (rename, USR1) under load; access lines lost
@@ -465,7 +467,37 @@ def attack_leak(name, workdir, rows, limit=200, step=5):
                f"workers that served: {len(leaked)}")
 
 
+def attack_kill(name, workdir, rows, kills=10):
+    server = Server(name, workdir, rows)
+    master = server.proc.pid
+    seen = set(group_members(master))
+
+    def attack():
+        done = 0
+        victim = max(seen - {master})  # a serving worker first, then each replacement
+        for _ in range(kills):
+            try:
+                os.kill(victim, 9)
+            except ProcessLookupError:
+                pass
+            done += 1
+            deadline = time.monotonic() + 10
+            fresh = set()
+            while not fresh and time.monotonic() < deadline and server.proc.poll() is None:
+                time.sleep(0.01)
+                fresh = set(group_members(master)) - seen - {master}
+            if not fresh:
+                break
+            seen.update(fresh)
+            victim = min(fresh)
+            time.sleep(0.05)  # the replacement's first 50 ms
+        alive = "stopped" if server.proc.poll() is not None else "running"
+        return f"replacements killed 50 ms after they appeared: {done}; master {alive}"
+    return under_load(server, attack)
+
+
 ATTACKS = {
+    "kill": attack_kill,
     "hup": attack_hup,
     "ttin-ttou": attack_ttin_ttou,
     "usr1": attack_usr1,
