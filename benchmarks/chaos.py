@@ -51,6 +51,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 
@@ -539,12 +540,13 @@ def table(results, started, load_before, cpu_before):
 def write_readme(text):
     with open(README) as handle:
         readme = handle.read()
-    section = (f"{SECTION}\n\n`python benchmarks/chaos.py` attacks each server (4 workers, "
-               "a 200,000-record preloaded app) the same way; the module's docstring says "
-               "what each attack does. Recovery is the time from the attack's end until "
-               "20 requests in a row succeed (\"-\": not within 60 s); processes left are "
-               "those of the server's process group alive 15 s after TERM.\n\n"
-               f"{text}\n")
+    intro = textwrap.fill(
+        "`python benchmarks/chaos.py` attacks each server (4 workers, a 200,000-record "
+        "preloaded app) the same way; the module's docstring says what each attack does. "
+        "Recovery is the time from the attack's end until 20 requests in a row succeed "
+        "(\"-\": not within 60 s); processes left are those of the server's process group "
+        "alive 15 s after TERM.", 78)
+    section = f"{SECTION}\n\n{intro}\n\n{text}\n"
     if SECTION in readme:
         start = readme.index(SECTION)
         end = readme.find("\n## ", start + len(SECTION))
