@@ -35,7 +35,8 @@ recovery (seconds from the attack's end until 20 requests in a row
 succeed), and processes left behind (members of the server's process
 group alive 15 s after TERM to the master; then they are killed). Writes
 the dated table, with the machine's load and CPU steal, into
-benchmarks/README.md ("Chaos: attacks side by side") unless --no-readme.
+benchmarks/README.md ("Chaos: attacks side by side") and the rows into
+benchmarks/results/chaos/result.json, unless --no-readme.
 """
 
 import argparse
@@ -58,12 +59,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks.procs import group_members  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.procs import group_members  # noqa: E402
+from benchmarks.harness.results import Result, command_line  # noqa: E402
 
 LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
 BOOTED = re.compile(r"Booting worker (?:\d+ )?with pid: (\d+)")
 STATUS_LINE = re.compile(rb"HTTP/1\.[01] [1-5]\d\d[ \r]")
 README = os.path.join(HERE, "README.md")
+RESULTS = os.path.join(HERE, "results", "chaos")
 SECTION = "## Chaos: attacks side by side"
 WORKERS = 4
 
@@ -510,20 +514,8 @@ ATTACKS = {
 }
 
 
-def conditions():
-    with open("/proc/loadavg") as handle:
-        load = " ".join(handle.read().split()[:3])
-    with open("/proc/stat") as handle:
-        cpu = [int(value) for value in handle.readline().split()[1:]]
-    return load, cpu
-
-
-def table(results, started, load_before, cpu_before):
-    load_after, cpu_after = conditions()
-    delta = [after - before for before, after in zip(cpu_before, cpu_after)]
-    steal = delta[7] / sum(delta) * 100 if len(delta) > 7 and sum(delta) else 0.0
-    lines = [f"Run {started} ({os.cpu_count()} CPUs, shared; load average {load_before} "
-             f"before, {load_after} after; CPU steal {steal:.1f}% over the run), "
+def table(results, started, conditions):
+    lines = [f"Run {started} ({os.cpu_count()} CPUs, shared; {conditions.describe()}), "
              "`python benchmarks/chaos.py`:", "",
              "| attack | server | failed/total | recovery (s) | processes left | notes |",
              "|---|---|---|---|---|---|"]
@@ -570,7 +562,7 @@ def main(argv=None):
         parser.error(f"unknown attack(s) {', '.join(sorted(unknown))}; "
                      f"choose from {', '.join(ATTACKS)}")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    load_before, cpu_before = conditions()
+    conditions = Conditions()
     workdir = tempfile.mkdtemp(prefix="chaos-")
     results = []
     try:
@@ -582,10 +574,16 @@ def main(argv=None):
                 results.append((attack, server, result))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    text = table(results, started, load_before, cpu_before)
+    conditions.end()
+    text = table(results, started, conditions)
     print(text)
     if not args.no_readme:
         write_readme(text)
+        os.makedirs(RESULTS, exist_ok=True)
+        Result.measured("chaos.py", command_line("chaos.py", argv),
+                        [dict(result, attack=attack, server=server)
+                         for attack, server, result in results],
+                        conditions, title="chaos: attacks side by side").write(RESULTS)
 
 
 if __name__ == "__main__":

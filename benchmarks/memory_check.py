@@ -24,7 +24,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.procs import cpu_seconds  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.procs import cpu_seconds  # noqa: E402
 from forkserve.memory import limit  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -80,20 +81,12 @@ def check_alone(calls=200_000):
     return elapsed / calls * 1e6
 
 
-def conditions():
-    with open("/proc/loadavg") as handle:
-        load = handle.read().split()[:3]
-    with open("/proc/stat") as handle:
-        cpu = [int(v) for v in handle.readline().split()[1:]]
-    return load, cpu
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    load_before, cpu_before = conditions()
+    conditions = Conditions()
     results = {name: [] for name in SETTINGS}
     servers = {}
     try:
@@ -107,11 +100,8 @@ def main(argv=None):
         for server, _, _ in servers.values():
             os.killpg(server.pid, 9)
             server.wait()
-    load_after, cpu_after = conditions()
-    delta = [after - before for before, after in zip(cpu_before, cpu_after)]
-    steal = delta[7] / sum(delta) * 100 if len(delta) > 7 and sum(delta) else 0.0
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
-          f"load {' '.join(load_before)} -> {' '.join(load_after)}, steal {steal:.1f}%")
+          f"{conditions.describe()}")
     print("| setting | worker CPU per response (us), each round | median | req/s median |")
     print("|---|---|---|---|")
     medians = {}
