@@ -182,11 +182,11 @@ def summarize(rows):
 
 def locust_requests(seconds, extra, workdir):
     """Requests per worker after a Locust run of 10 users against forkserve -w 4."""
-    prefix = os.path.join(workdir, f"locust{'-'.join(extra)}")
+    prefix = os.path.join(workdir, "locust" + "".join(extra))
     argv = [sys.executable, "-m", "locust", "-f", "examples/locustfile.py", "--headless",
             "-u", "10", "-r", "10", "-t", f"{seconds}s", "--csv", prefix,
             "--forkserve-app", "examples.persondb.app:app", "--forkserve-workers", str(WORKERS),
-            "--forkserve-interval", "1", "--forkserve-args", shlex.join(extra)]
+            "--forkserve-interval", "1", f"--forkserve-args={shlex.join(extra)}"]
     with procs.Group(argv, log_path=prefix + ".log", cwd=REPO) as group:
         group.popen.wait(timeout=seconds + 120)
     with open(prefix + "_memory.csv", newline="") as f:
@@ -247,7 +247,7 @@ def parse_args(argv):
                                 description="Requests per worker under keep-alive load: "
                                             "forkserve -w 4 against Gunicorn -k gevent -w 4.")
     p.add_argument("--connections", default="4,8,16,64",
-                   help="comma-separated connection counts (default: 4,8,16,64)")
+                   help="comma-separated connection counts (default: 4,8,16,64; '' for none)")
     p.add_argument("--duration", type=int, default=8, help="seconds per wrk run (default 8)")
     p.add_argument("--quick", action="store_true", help="8 and 64 connections, 3 s each")
     p.add_argument("--also", metavar="NAME=TREE [ARGS]", action="append", default=[],
@@ -261,7 +261,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.quick:
         args.connections, args.duration = "8,64", 3
-    args.levels = [int(c) for c in args.connections.split(",")]
+    args.levels = [int(c) for c in args.connections.split(",") if c.strip()]
     args.workers, args.server_cpus = WORKERS, None
     args.out = args.out or tempfile.mkdtemp(prefix="forkserve-balance-")
     return args
@@ -276,7 +276,7 @@ def main(argv=None):
     rows, running = [], []
     with stop_on_signals():
         try:
-            for spec, tree in servers(args.also):
+            for spec, tree in servers(args.also) if args.levels else ():
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE]),
                            PYTHONUNBUFFERED="1")
                 group, port = start(spec, args, os.path.join(args.out, "logs"), env)
