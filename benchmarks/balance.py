@@ -8,7 +8,8 @@
 Every server runs benchmarks/balance_app.py (a small JSON lookup) with 4
 workers, unpinned on all CPUs. For each connection count, wrk (one thread,
 hello.lua: GET / on keep-alive connections) runs against each server in
-turn, opening its connections afresh; --rounds repeats that, and the
+turn, opening its connections afresh (with --close, a new connection per
+request: what accepting costs); --rounds repeats that, and the
 summary gives each figure's median over the rounds. Per worker:
 
 - requests: forkserve's, from each worker's process title ("N req"), read
@@ -145,10 +146,10 @@ def settled_readings(pids, timeout=5.0):
     return last
 
 
-def measure(name, group, port, connections, seconds, workdir):
+def measure(name, group, port, connections, seconds, workdir, extra=()):
     pids = workers(group)
     before = settled_readings(pids)
-    out = wrk(f"http://127.0.0.1:{port}/", seconds, connections, None, workdir)
+    out = wrk(f"http://127.0.0.1:{port}/", seconds, connections, None, workdir, extra)
     after = settled_readings(pids)
     result = load.parse_result(out)
     requests = [after[p][0] - before[p][0] for p in pids
@@ -224,7 +225,8 @@ def render_summary(rows):
 def render(rows, meta):
     lines = [f"Run {meta['started']} UTC to {meta['ended']} UTC; load average "
              f"{meta['load_before']} before, {meta['load_after']} after; CPU steal "
-             f"{meta['steal']:.1%} of all CPU time over the run; {os.cpu_count()} CPUs.", "",
+             f"{meta['steal']:.1%} of all CPU time over the run; {os.cpu_count()} CPUs; "
+             f"wrk {meta['mode']}, {meta['duration']} s a run.", "",
              "Medians over the rounds (a worker is idle with < 0.05 CPU s in a run):", "",
              render_summary(rows), "Every run:", "",
              "| round | connections | server | req/s | p99 ms | requests per worker | busiest/mean "
@@ -255,6 +257,9 @@ def parse_args(argv):
                    help="also run forkserve from checkout TREE with ARGS, as forkserve-NAME")
     p.add_argument("--locust", type=int, metavar="SECONDS", default=0,
                    help="also run Locust (10 users) this long, with and without balance")
+    p.add_argument("--close", action="store_true",
+                   help="one request per connection (wrk -H 'Connection: close'): what "
+                        "accepting costs, rather than how keep-alive connections spread")
     p.add_argument("--rounds", type=int, default=1, help="times to repeat all (default 1)")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--out", help="directory for results.md and the logs (default: a temp dir)")
@@ -271,7 +276,9 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     meta = {"started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "mode": "Connection: close" if args.close else "keep-alive",
+            "duration": args.duration}
     steal_before = cpu_times()
     rows, running = [], []
     with stop_on_signals():
@@ -285,7 +292,8 @@ def main(argv=None):
             for round_no in range(1, args.rounds + 1):
                 for connections in args.levels:
                     for name, group, port in running:
-                        row = measure(name, group, port, connections, args.duration, args.out)
+                        row = measure(name, group, port, connections, args.duration, args.out,
+                                      ("-H", "Connection: close") if args.close else ())
                         row["round"] = round_no
                         say(f"round {round_no}, {connections} connections, {name}: "
                             f"{row['rps']:,.0f} req/s, {row['errors']} errors, p99 {row['p99_ms']:.1f} ms, requests "

@@ -135,10 +135,10 @@ def group_cpu_seconds(pgid):
     return sum(filter(None, (procs.cpu_seconds(pid) for pid in procs.group_members(pgid))))
 
 
-def wrk(url, seconds, connections, cpus, workdir):
-    """Run wrk with hello.lua; its stdout."""
+def wrk(url, seconds, connections, cpus, workdir, extra=()):
+    """Run wrk with hello.lua (and `extra` arguments); its stdout."""
     argv = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout=10s",
-            "-s", LUA_SCRIPT, url]
+            *extra, "-s", LUA_SCRIPT, url]
     if cpus:
         argv = ["taskset", "-c", cpus] + argv
     out_path = os.path.join(workdir, "wrk.out")
