@@ -16,7 +16,10 @@ summary gives each figure's median over the rounds. Per worker:
   before and after the run once the titles have caught up (a worker
   refreshes its title once a heartbeat, <= 1 s);
 - CPU: utime + stime from /proc/PID/stat (10 ms ticks), before and after,
-  for every server (Gunicorn shows no request count).
+  for every server (Gunicorn shows no request count). "worker CPU µs/req"
+  is the workers' CPU over wrk's responses: on a machine whose other work
+  decides how much CPU the server gets (req/s then swings from run to
+  run), it says whether the server itself got slower.
 
 `--locust SECONDS` also runs examples/locustfile.py (PersonDB, its demo
 dataset) with 10 users for that long, through the Locust plugin
@@ -156,6 +159,7 @@ def measure(name, group, port, connections, seconds, workdir, extra=()):
                 if after[p][0] is not None and before[p][0] is not None]
     cpu = [after[p][1] - before[p][1] for p in pids]
     return {"server": name, "connections": connections, "rps": result.rate,
+            "responses": result.responses,
             "p99_ms": result.p99_us / 1000, "errors": result.errors,
             "requests": requests if len(requests) == len(pids) else None, "cpu": cpu}
 
@@ -174,6 +178,8 @@ def summarize(rows):
         out.append({"connections": connections, "server": server, "rounds": len(group),
                     "rps": median(r["rps"] for r in group),
                     "p99_ms": median(r["p99_ms"] for r in group),
+                    "cpu_us": median(sum(r["cpu"]) / r["responses"] * 1e6
+                                     for r in group if r["responses"]),
                     "busiest_requests": median(busiest_ratio(r["requests"])
                                                for r in group if r["requests"]),
                     "busiest_cpu": median(busiest_ratio(r["cpu"]) for r in group),
@@ -211,12 +217,13 @@ def _f(value, spec):
 
 
 def render_summary(rows):
-    lines = ["| connections | server | rounds | req/s | p99 ms | busiest/mean (requests) | "
-             "busiest/mean (CPU) | most idle workers in a round |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| connections | server | rounds | req/s | p99 ms | worker CPU µs/req | "
+             "busiest/mean (requests) | busiest/mean (CPU) | most idle workers in a round |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in summarize(rows):
         lines.append(f"| {r['connections']} | {r['server']} | {r['rounds']} | "
                      f"{_f(r['rps'], ',.0f')} | {_f(r['p99_ms'], '.1f')} | "
+                     f"{_f(r['cpu_us'], '.1f')} | "
                      f"{_f(r['busiest_requests'], '.2f')} | {_f(r['busiest_cpu'], '.2f')} | "
                      f"{r['idle_workers']} |")
     return "\n".join(lines) + "\n"

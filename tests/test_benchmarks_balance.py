@@ -28,7 +28,7 @@ def test_a_variant_is_a_name_a_tree_and_extra_arguments(tmp_path):
 
 
 def test_the_summary_takes_medians_over_rounds_and_the_most_idle_workers():
-    rows = [{"connections": 8, "server": "x", "rps": rps, "p99_ms": p99,
+    rows = [{"connections": 8, "server": "x", "rps": rps, "p99_ms": p99, "responses": 1000,
              "requests": requests, "cpu": cpu}
             for rps, p99, requests, cpu in ((100, 5.0, [1, 1, 1, 1], [1.0, 1.0, 1.0, 1.0]),
                                             (300, 9.0, [0, 0, 2, 2], [0.0, 0.0, 1.0, 1.0]),
@@ -37,3 +37,4 @@ def test_the_summary_takes_medians_over_rounds_and_the_most_idle_workers():
     assert (summary["rounds"], summary["rps"], summary["p99_ms"]) == (3, 200, 7.0)
     assert summary["busiest_requests"] == 2.0  # ratios 1.0, 2.0, 2.5
     assert summary["idle_workers"] == 2
+    assert summary["cpu_us"] == 4000  # 4 CPU s over 1000 responses (the median)
