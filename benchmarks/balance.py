@@ -8,8 +8,7 @@
 Every server runs benchmarks/balance_app.py (a small JSON lookup) with 4
 workers, unpinned on all CPUs. For each connection count, wrk (one thread,
 hello.lua: GET / on keep-alive connections) runs against each server in
-turn, opening its connections afresh (with --close, a new connection per
-request: what accepting costs); --rounds repeats that, and the
+turn, opening its connections afresh; --rounds repeats that, and the
 summary gives each figure's median over the rounds. Per worker:
 
 - requests: forkserve's, from each worker's process title ("N req"), read
@@ -36,7 +35,8 @@ forkserve/memory/_immortal*.so into it) with ARGS added, so the code
 before a change, or another mechanism, is measured in the same run. Every
 server runs with `python -P` (no current directory on sys.path) and
 PYTHONPATH=TREE:benchmarks/. The machine's load average and CPU steal
-(from /proc/stat) over the run are printed with the table.
+(from /proc/stat) over the run are printed with the table; result.json
+(benchmarks/harness/results.py) holds the summary rows.
 """
 
 import argparse
@@ -53,10 +53,11 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load, procs  # noqa: E402
-from benchmarks.hello import cpu_times, start, wrk  # noqa: E402
-from benchmarks.run import say, stop_on_signals  # noqa: E402
-from benchmarks.servers import HERE, REPO, ServerSpec  # noqa: E402
+from benchmarks.harness import procs, wrk  # noqa: E402
+from benchmarks.harness.machine import Conditions, say, stop_on_signals  # noqa: E402
+from benchmarks.harness.results import Result, command_line  # noqa: E402
+from benchmarks.harness.servers import HERE, REPO, ServerSpec  # noqa: E402
+from benchmarks.harness.start import start_spec  # noqa: E402
 
 __all__ = ["busiest_ratio", "parse_variant", "requests_from_title", "summarize"]
 
@@ -122,10 +123,10 @@ def _cmdline(pid):
         return b""
 
 
-def workers(group):
-    """The worker pids of a server's group: those titled as forkserve workers,
-    or else every member but the master (Gunicorn's)."""
-    pids = [pid for pid in group.members() if pid != group.pid]
+def workers(server):
+    """The worker pids of a server: those titled as forkserve workers, or
+    else every process of its group but the master (Gunicorn's)."""
+    pids = [pid for pid in server.members() if pid != server.pid]
     titled = [pid for pid in pids if requests_from_title(_cmdline(pid)) is not None]
     return titled or pids
 
@@ -149,12 +150,12 @@ def settled_readings(pids, timeout=5.0):
     return last
 
 
-def measure(name, group, port, connections, seconds, workdir, extra=()):
-    pids = workers(group)
+def measure(name, server, connections, seconds, workdir):
+    pids = workers(server)
     before = settled_readings(pids)
-    out = wrk(f"http://127.0.0.1:{port}/", seconds, connections, None, workdir, extra)
+    out = wrk.run(f"{server.url}/", seconds, connections, None, workdir)
     after = settled_readings(pids)
-    result = load.parse_result(out)
+    result = wrk.parse_result(out)
     requests = [after[p][0] - before[p][0] for p in pids
                 if after[p][0] is not None and before[p][0] is not None]
     cpu = [after[p][1] - before[p][1] for p in pids]
@@ -230,10 +231,8 @@ def render_summary(rows):
 
 
 def render(rows, meta):
-    lines = [f"Run {meta['started']} UTC to {meta['ended']} UTC; load average "
-             f"{meta['load_before']} before, {meta['load_after']} after; CPU steal "
-             f"{meta['steal']:.1%} of all CPU time over the run; {os.cpu_count()} CPUs; "
-             f"wrk {meta['mode']}, {meta['duration']} s a run.", "",
+    lines = [f"Run {meta['started']} to {meta['ended']}; {meta['conditions']}; "
+             f"{os.cpu_count()} CPUs; wrk keep-alive, {meta['duration']} s a run.", "",
              "Medians over the rounds (a worker is idle with < 0.05 CPU s in a run):", "",
              render_summary(rows), "Every run:", "",
              "| round | connections | server | req/s | p99 ms | requests per worker | busiest/mean "
@@ -264,9 +263,6 @@ def parse_args(argv):
                    help="also run forkserve from checkout TREE with ARGS, as forkserve-NAME")
     p.add_argument("--locust", type=int, metavar="SECONDS", default=0,
                    help="also run Locust (10 users) this long, with and without balance")
-    p.add_argument("--close", action="store_true",
-                   help="one request per connection (wrk -H 'Connection: close'): what "
-                        "accepting costs, rather than how keep-alive connections spread")
     p.add_argument("--rounds", type=int, default=1, help="times to repeat all (default 1)")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--out", help="directory for results.md and the logs (default: a temp dir)")
@@ -274,7 +270,6 @@ def parse_args(argv):
     if args.quick:
         args.connections, args.duration = "8,64", 3
     args.levels = [int(c) for c in args.connections.split(",") if c.strip()]
-    args.workers, args.server_cpus = WORKERS, None
     args.out = args.out or tempfile.mkdtemp(prefix="forkserve-balance-")
     return args
 
@@ -282,41 +277,44 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
-    meta = {"started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-            "mode": "Connection: close" if args.close else "keep-alive",
-            "duration": args.duration}
-    steal_before = cpu_times()
+    conditions = Conditions()
+    result = Result.measured("balance.py", command_line("balance.py", argv), [], conditions,
+                             title="connections per worker")
+    meta = {"started": result.date, "duration": args.duration}
     rows, running = [], []
     with stop_on_signals():
         try:
             for spec, tree in servers(args.also) if args.levels else ():
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE]),
                            PYTHONUNBUFFERED="1")
-                group, port = start(spec, args, os.path.join(args.out, "logs"), env)
-                running.append((spec.name, group, port))
-                say(f"{spec.name}: up on port {port}")
+                server = start_spec(spec, python=args.python, workers=WORKERS, env=env,
+                                    log_path=os.path.join(args.out, "logs", f"{spec.name}.log"),
+                                    probe_path="/")
+                running.append((spec.name, server))
+                say(f"{spec.name}: up on port {server.port}")
             for round_no in range(1, args.rounds + 1):
                 for connections in args.levels:
-                    for name, group, port in running:
-                        row = measure(name, group, port, connections, args.duration, args.out,
-                                      ("-H", "Connection: close") if args.close else ())
+                    for name, server in running:
+                        row = measure(name, server, connections, args.duration, args.out)
                         row["round"] = round_no
                         say(f"round {round_no}, {connections} connections, {name}: "
-                            f"{row['rps']:,.0f} req/s, {row['errors']} errors, p99 {row['p99_ms']:.1f} ms, requests "
-                            f"{row['requests']}, CPU {[round(c, 2) for c in row['cpu']]}")
+                            f"{row['rps']:,.0f} req/s, {row['errors']} errors, "
+                            f"p99 {row['p99_ms']:.1f} ms, requests {row['requests']}, "
+                            f"CPU {[round(c, 2) for c in row['cpu']]}")
                         rows.append(row)
         finally:
-            for _, group, _ in running:
-                group.stop(grace=10)
+            for _, server in running:
+                server.stop(grace=10)
         locust = [(label, locust_requests(args.locust, extra, args.out))
                   for label, extra in (("balanced", []), ("--no-balance", ["--no-balance"]))
                   if args.locust]
-    steal_after = cpu_times()
-    meta["ended"] = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
-    meta["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    total = steal_after[1] - steal_before[1]
-    meta["steal"] = (steal_after[0] - steal_before[0]) / total if total else 0.0
+    meta["conditions"] = conditions.end().describe()
+    meta["ended"] = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M UTC")
+    result.conditions = conditions.as_dict()
+    result.rows = summarize(rows) + [{"server": f"locust {label}", "requests": requests,
+                                      "busiest_requests": busiest_ratio(requests)}
+                                     for label, requests in locust]
+    result.write(args.out)
     markdown = render(rows, meta) + ("\n" + render_locust(locust) if locust else "")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(markdown)

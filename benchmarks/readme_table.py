@@ -15,6 +15,8 @@ import argparse
 import csv
 import os
 
+from benchmarks.harness.results import replace_between, show_or_write
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY = os.path.join(ROOT, "benchmarks", "results", "summary.csv")
 PAGE = os.path.join(ROOT, "docs", "benchmarks.md")
@@ -75,9 +77,8 @@ def read_summary(path=SUMMARY):
 
 
 def replace_in(text, lines):
-    """`text` with the lines between BEGIN and END replaced by `lines`."""
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[:start] + "\n" + "\n".join(lines) + "\n" + text[end:]
+    """`text` with the table between BEGIN and END replaced by `lines`."""
+    return replace_between(text, BEGIN, END, lines)
 
 
 def main(argv=None):
@@ -86,14 +87,7 @@ def main(argv=None):
     parser.add_argument("--write", metavar="PAGE", help="replace the table in this file "
                         "(docs/benchmarks.md)")
     args = parser.parse_args(argv)
-    lines = render(read_summary(args.summary))
-    if not args.write:
-        print("\n".join(lines))
-        return
-    with open(args.write, encoding="utf-8") as handle:
-        text = handle.read()
-    with open(args.write, "w", encoding="utf-8") as handle:
-        handle.write(replace_in(text, lines))
+    show_or_write(render(read_summary(args.summary)), args.write, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class Instance(ServerProcess):
             return None
 
     def stats(self):
-        with urllib.request.urlopen(f"http://{self.stats_address}/", timeout=10) as response:
+        with urllib.request.urlopen(f"http://{self.stats_address}/json", timeout=10) as response:
             return json.load(response)
 
 

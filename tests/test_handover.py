@@ -373,16 +373,33 @@ def test_master_boot_failures_back_off_then_halt(master):
         assert len(master.fake.forked) == forks + 1
 
 
-def test_master_recycles_replacement_first_the_old_worker_leaves_once_the_new_is_ready(master):
+def _retire_worker_1(master):
+    """Start two workers and have worker 1 reach --max-requests; its record."""
     _turn(master)
     _make_ready(master)
-    old = [r for r in master.workers.values() if r.index == 0][0]
-    master.scoreboard.set_state(old.index, RETIRE)  # --max-requests reached
+    [old] = [r for r in master.workers.values() if r.number == 1]
+    master.scoreboard.set_state(old.index, RETIRE)
     _turn(master)
+    return old
+
+
+def test_master_recycles_replacement_first_the_old_worker_leaves_once_the_new_is_ready(master):
+    old = _retire_worker_1(master)
     assert len(master.fake.forked) == 3  # the replacement first
     assert (old.pid, signal.SIGTERM) not in master.fake.killed  # the old one still serves
     _make_ready(master)
     assert (old.pid, signal.SIGTERM) in master.fake.killed
+
+
+def test_a_recycled_workers_replacement_takes_its_number_in_another_scoreboard_slot(master):
+    old = _retire_worker_1(master)
+    [new] = [r for r in master.workers.values() if r.pid == master.fake.forked[-1]]
+    assert (new.number, new.worker_id) == (1, 1) and new.index not in (0, 1)
+    _make_ready(master)
+    _exit(master, old.pid)
+    _turn(master)
+    assert sorted(r.number for r in master.workers.values()) == [1, 2]
+    assert sorted(info.worker_id for info in master.process_infos()[1:]) == [1, 2]
 
 
 def test_reload_master_hup_drains_its_workers_only_once_the_new_generation_serves(master):

@@ -31,7 +31,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from forkserve.memory import command, cow, model, procfs, reporter, why, workergc
+from forkserve.memory import command, cow, model, procfs, render, reporter, why, workergc
 from forkserve.memory.reporter import ProcessInfo, ProcessMemory, ProcessRow, Report
 
 DATA = Path(__file__).parent / "data" / "proc"
@@ -509,8 +509,9 @@ def test_ratio_after_a_reload_is_against_the_serving_master():
     assert "master (g3) RSS 100.0 MiB x 1.60 (the other processes add" in \
         reporter.format_table(report)
     text = reporter.to_prometheus(report)
-    assert 'forkserve_process_private_bytes{pid="20",role="master",generation="2",' \
-           'state="draining"}' in text
+    assert 'forkserve_process_private_bytes{role="master",generation="2"}' in text
+    assert 'forkserve_process_info{role="master",generation="2",pid="20",state="draining"} 1' \
+        in text
 
 
 def test_json_from_a_server_without_the_anonymous_field_is_still_read():
@@ -716,11 +717,14 @@ def test_prometheus_text_is_valid_exposition_format():
     assert types["forkserve_server_pss_bytes"] == "gauge"
 
 
-def test_prometheus_sizes_are_in_bytes_with_pid_role_and_worker_labels():
+def test_prometheus_sizes_are_in_bytes_with_role_and_worker_labels_and_pids_in_an_info():
     text = reporter.to_prometheus(make_report(), prefix="app")
-    assert 'app_process_pss_bytes{pid="100",role="master"} 41943040\n' in text
-    assert 'app_process_uss_bytes{pid="101",role="worker",worker="1"} 5242880\n' in text
-    assert 'app_process_major_faults_total{pid="100",role="master"} 3\n' in text
+    assert 'app_process_pss_bytes{role="master"} 41943040\n' in text
+    assert 'app_process_uss_bytes{role="worker",worker="1",generation="1"} 5242880\n' in text
+    assert 'app_process_major_faults_total{role="master"} 3\n' in text
+    assert 'app_process_info{role="worker",worker="1",generation="1",pid="101",state="serving"} 1\n' in text
+    assert not [line for line in text.splitlines()
+                if "pid=" in line and not line.startswith("app_process_info{")]
     assert "app_server_pss_bytes 115343360\n" in text
     assert "app_master_rss_bytes 104857600\n" in text
     assert "app_workers_cost_bytes 10485760\n" in text
@@ -731,9 +735,29 @@ def test_prometheus_leaves_out_unknown_values():
     report = make_report()
     text = reporter.to_prometheus(Report(report.processes[1:], report.time))
     check_exposition(text)
-    assert 'requests_total{pid="102"' not in text
-    assert 'requests_total{pid="101",role="worker",worker="1"} 1200' in text
+    assert 'requests_total{role="worker",worker="2",generation="1"}' not in text
+    assert 'requests_total{role="worker",worker="1",generation="1"} 1200' in text
     assert not re.search(r"^forkserve_cost_ratio ", text, re.MULTILINE)
+
+
+def test_prometheus_tells_a_draining_worker_from_its_replacement_of_the_same_number():
+    report = make_report()
+    leaving, staying = report.processes[1], report.processes[2]
+    rows = (report.processes[0],
+            ProcessRow(dataclasses.replace(leaving.info, state="draining"), leaving.memory, 1.0),
+            ProcessRow(dataclasses.replace(staying.info, worker_id=1), staying.memory, 1.0))
+    text = reporter.to_prometheus(Report(rows, report.time))
+    check_exposition(text)  # no duplicate series
+    assert 'forkserve_process_pss_bytes{role="worker",worker="1",generation="1"} 36700160' in text
+    assert ('forkserve_process_pss_bytes{role="worker",worker="1",generation="1",'
+            'state="draining"} 36700160') in text
+
+
+def test_series_labels_fall_back_to_the_pid_when_titles_cannot_tell_workers_apart():
+    twins = [ProcessInfo(7, "worker", 1, generation=2), ProcessInfo(8, "worker", 1, generation=2)]
+    assert render.series_labels(twins) == [
+        [("role", "worker"), ("worker", "1"), ("generation", "2")],
+        [("role", "worker"), ("worker", "1"), ("generation", "2"), ("pid", "8")]]
 
 
 def test_prometheus_of_an_empty_report_is_valid():
@@ -983,10 +1007,11 @@ def test_memory_command_usage_errors_exit_2(argv, message, capsys):
 @pytest.mark.parametrize(
     "address, expected",
     [
-        ("127.0.0.1:9100", ("127.0.0.1", 9100, None, "/")),
-        ("http://localhost:9100", ("localhost", 9100, None, "/")),
+        ("127.0.0.1:9100", ("127.0.0.1", 9100, None, "/json")),
+        ("http://localhost:9100", ("localhost", 9100, None, "/json")),
+        ("http://localhost:9100/", ("localhost", 9100, None, "/")),
         ("http://[::1]:9100/stats", ("::1", 9100, None, "/stats")),
-        ("unix:/run/forkserve/stats.sock", (None, None, "/run/forkserve/stats.sock", "/")),
+        ("unix:/run/forkserve/stats.sock", (None, None, "/run/forkserve/stats.sock", "/json")),
     ],
 )
 def test_stats_addresses_in_every_accepted_form(address, expected):
@@ -1300,5 +1325,5 @@ def test_worker_connection_counts_are_in_the_json_and_a_prometheus_gauge():
     assert reporter.from_json(data) == report
     text = reporter.to_prometheus(report)
     assert check_exposition(text)["forkserve_process_connections"] == "gauge"
-    assert 'forkserve_process_connections{pid="101",role="worker",worker="1"} 3\n' in text
-    assert 'connections{pid="102"' not in text
+    assert 'forkserve_process_connections{role="worker",worker="1",generation="1"} 3\n' in text
+    assert 'connections{role="worker",worker="2"' not in text

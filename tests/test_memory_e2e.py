@@ -85,7 +85,7 @@ def test_stats_endpoint_serves_json_and_prometheus_text(run_server):
     for _ in range(6):
         server.get("/")
     port = _stats_port(server)
-    status, content_type, body = _fetch(port, "/")
+    status, content_type, body = _fetch(port, "/json")
     assert status == 200 and content_type == "application/json"
     report = json.loads(body)
     rows = {row["pid"]: row for row in report["processes"]}
@@ -97,7 +97,8 @@ def test_stats_endpoint_serves_json_and_prometheus_text(run_server):
     status, content_type, text = _fetch(port, "/metrics")
     assert status == 200 and content_type.startswith("text/plain; version=0.0.4")
     _check_prometheus(text)
-    assert f'forkserve_process_uss_bytes{{pid="{server.pid}",role="master"}}' in text
+    assert 'forkserve_process_uss_bytes{role="master",generation="1"}' in text
+    assert f'forkserve_process_info{{role="master",generation="1",pid="{server.pid}",' in text
 
     out = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--stats",
                           f"127.0.0.1:{port}", "--json"], capture_output=True, text=True,
@@ -123,6 +124,38 @@ def _check_prometheus(text):
     assert seen
 
 
+def _process_series(metrics):
+    """The per-process series (name and labels) but the info metric's."""
+    return {line.rsplit(" ", 1)[0] for line in metrics.splitlines()
+            if line.startswith("forkserve_process_")
+            and not line.startswith("forkserve_process_info{")}
+
+
+def test_prometheus_series_are_the_same_after_a_worker_is_recycled(run_server):
+    server = run_server("-w", "2", "--max-requests", "60", "--stats", "127.0.0.1:0",
+                        app="basic:app")
+    old = set(server.wait_workers(2))
+    port = _stats_port(server)
+    before = _process_series(_fetch(port, "/metrics")[2])
+    assert 'worker="1"' in str(before) and 'worker="2"' in str(before)
+
+    def recycled():
+        children = set(server.children())
+        if len(children) == 2 and children != old:
+            return children
+        server.get("/")
+        return None
+    new = poll(recycled, timeout=60, message="a worker recycled by --max-requests")
+
+    def settled():  # the replaced worker drained and reaped: no draining series
+        text = _fetch(port, "/metrics")[2]
+        return 'state="draining"' not in text and all(f'pid="{pid}"' in text for pid in new) \
+            and text
+    metrics = poll(settled, message="the recycle to finish")
+    _check_prometheus(metrics)
+    assert _process_series(metrics) == before
+
+
 def test_stats_are_outside_the_application_url_space(run_server):
     server = run_server("-w", "1", "--stats", "127.0.0.1:0", app="basic:app")
     server.wait_workers(1)
@@ -139,7 +172,7 @@ def test_memory_log_interval_logs_every_process(run_server):
 
 def test_single_process_stats_endpoint(run_server):
     server = run_server("-w", "0", "--stats", "127.0.0.1:0", app="hog:app")
-    report = json.loads(_fetch(_stats_port(server), "/")[2])
+    report = json.loads(_fetch(_stats_port(server), "/json")[2])
     assert [row["role"] for row in report["processes"]] == ["single"]
 
 
@@ -342,8 +375,8 @@ def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
                            capture_output=True, text=True, timeout=30).stdout
     assert "master (g3) anonymous" in table and "worker 2 g3" in table
     metrics = _fetch(_stats_port(server), "/metrics")[2]
-    assert re.search(rf'pid="{g3_workers[0]}",role="worker",worker="\d",generation="3",'
-                     r'state="serving"', metrics)
+    assert re.search(rf'forkserve_process_info{{role="worker",worker="\d",generation="3",'
+                     rf'pid="{g3_workers[0]}",state="serving"}} 1', metrics)
     # --why asks the worker's own master: generation 3's, under the supervisor.
     why = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--why",
                           str(g3_workers[0]), "--json"], capture_output=True, text=True,
@@ -362,13 +395,13 @@ def test_worker_gc_policy_collects_and_reports_collections_and_pauses(
     for _ in range(1000):  # 2 dicts left each: over gen 0's threshold of 700 several times
         assert server.get("/cycle")[0] == 200
     port = _stats_port(server)
-    [row] = [row for row in json.loads(_fetch(port, "/")[2])["processes"]
+    [row] = [row for row in json.loads(_fetch(port, "/json")[2])["processes"]
              if row["pid"] == worker]
     if collects:
         assert row["gc_collections"] > 0 and row["gc_pause"] > 0
         metrics = _fetch(port, "/metrics")[2]
-        assert re.search(rf'forkserve_process_gc_collections_total\{{pid="{worker}",'
-                         r'role="worker",worker="1"\} [1-9]', metrics)
+        assert re.search(r'forkserve_process_gc_collections_total\{role="worker",worker="1",'
+                         r'generation="1"\} [1-9]', metrics)
     else:
         assert (row["gc_collections"], row["gc_pause"]) == (0, 0.0)
 

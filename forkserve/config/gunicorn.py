@@ -133,8 +133,8 @@ ROWS = (
     _refused("preload_app", "forkserve always loads the application once, in the master, "
              "before forking: that is how workers share its data. Remove "
              "preload_app = False.", flags=("--preload",), switch=True, harmless=(True,)),
-    _refused("sendfile", "forkserve never uses sendfile(); file responses are sent with "
-             "send().", flags=("--no-sendfile",), switch=True, harmless=(None, False)),
+    _honoured("sendfile", "Same meaning: wsgi.file_wrapper's regular files go out with "
+              "os.sendfile() unless sendfile = False (--no-sendfile)."),
     _refused("reuse_port", "Workers share the master's listening sockets; SO_REUSEPORT "
              "sockets per worker are not supported.", flags=("--reuse-port",), switch=True,
              harmless=(False,)),
@@ -227,8 +227,8 @@ ROWS = (
     _refused("casefold_http_method", _STRICT, flags=("--casefold-http-method",), switch=True,
              harmless=(False,)),
     _refused("forwarder_headers", "Headers with underscores are always dropped (no trusted "
-             "forwarder may set SCRIPT_NAME or PATH_INFO through them); set SCRIPT_NAME with "
-             "a WSGI middleware instead.", flags=("--forwarder-headers",),
+             "forwarder may set SCRIPT_NAME or PATH_INFO through them); set SCRIPT_NAME in the "
+             "environment instead (--env SCRIPT_NAME=/prefix).", flags=("--forwarder-headers",),
              harmless=("SCRIPT_NAME,PATH_INFO",)),
     _refused("header_map", "Headers with underscores are always dropped (as header_map = "
              "'drop').", flags=("--header-map",), harmless=("drop",)),
@@ -238,7 +238,8 @@ ROWS = (
     _refused("websocket_max_message_size", _ASGI, flags=("--websocket-max-message-size",)),
     _refused("http_parser", "forkserve has one HTTP parser (forkserve.http.h1).",
              flags=("--http-parser",), harmless=("auto", "python")),
-    _refused("root_path", "Set SCRIPT_NAME with a WSGI middleware.", flags=("--root-path",),
+    _refused("root_path", "Set SCRIPT_NAME in the environment (--env SCRIPT_NAME=/prefix): "
+             "as in Gunicorn, the application is mounted there.", flags=("--root-path",),
              harmless=("",)),
     _refused("dirty_apps", _DIRTY, flags=("--dirty-app",), harmless=([],)),
     _refused("dirty_workers", _DIRTY, flags=("--dirty-workers",), harmless=(0,)),

@@ -37,7 +37,8 @@ class Setting:
     default: Any
     help: str
     metavar: str | None = None
-    # "value" takes an argument; "flag" is a switch; "append" repeats;
+    # "value" takes an argument; "flag" is a switch; "off" a switch that
+    # turns an on-by-default setting off (--no-...); "append" repeats;
     # "optional" takes an argument or, alone, means "auto".
     kind: str = "value"
     section: str = "server"
@@ -124,8 +125,9 @@ SETTINGS = (
             "Change to this directory before loading the application.", metavar="DIR"),
     Setting("stats", ("--stats",), values.text, None,
             "Serve memory figures from the master at this address (HOST:PORT or unix:PATH): "
-            "JSON at / and Prometheus text at /metrics; /health says whether the workers "
-            "serve (200) or not (503).", metavar="ADDRESS", section="memory"),
+            "a live dashboard at /, JSON at /json (and /history), Prometheus text at "
+            "/metrics; /health says whether the workers serve (200) or not (503).",
+            metavar="ADDRESS", section="memory"),
     Setting("memory_log_interval", ("--memory-log-interval",), values.seconds, 0.0,
             "Log every process's shared and private memory every this many seconds. 0 disables.",
             metavar="SECONDS", section="memory"),
@@ -139,6 +141,16 @@ SETTINGS = (
             "Python's thresholds), normal (Python's defaults) or idle (young generations "
             "between requests). The master's frozen heap is never collected.",
             metavar="POLICY", section="memory"),
+    # --share-heap: forkserve.memory.heap holds what it marks and what it costs.
+    Setting("share_heap", ("--share-heap",), values.flag, False,
+            "Python 3.12+: once the application is loaded, make the master's whole heap "
+            "immortal so that workers' reads copy none of it. Objects that exist then are "
+            "never freed: their finalisers and weakref callbacks never run. Refused on 3.11.",
+            kind="flag", section="memory"),
+    Setting("warmup", ("--warmup",), values.url_path_list, lambda: [],
+            "Before forking, the master GETs this path (e.g. /, /products?page=2) in-process, "
+            "three times, so lazily built caches and specialised bytecode are built once and "
+            "shared. Repeat for several.", metavar="PATH", kind="append", section="memory"),
     Setting("limit_request_line", ("--limit-request-line",), values.whole(0), 4094,
             "Longest request line in bytes, CRLF not counted (as Gunicorn); longer gets 414. "
             "At most 8190; 0 means no limit (a 1 MiB ceiling remains).",
@@ -165,6 +177,10 @@ SETTINGS = (
             "Seconds one send of the response may wait for a client that does not read; "
             "the connection is closed after. 0 disables.",
             metavar="SECONDS", section="http"),
+    Setting("sendfile", ("--no-sendfile",), values.flag_on_by_default, True,
+            "Send wsgi.file_wrapper's regular files with os.sendfile() (zero copy); "
+            "--no-sendfile (sendfile = False) reads them in blocks and sends those.",
+            kind="off", section="http"),
     Setting("user", ("-u", "--user"), values.name_or_id, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",
             metavar="USER", section="security"),
@@ -280,9 +296,9 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
                         version="forkserve " + __import__("forkserve").__version__)
     for setting in SETTINGS:
         dest = setting.name
-        if setting.kind == "flag":
-            parser.add_argument(*setting.flags, dest=dest, action="store_const", const=True,
-                                default=None, help=setting.help)
+        if setting.kind in ("flag", "off"):
+            parser.add_argument(*setting.flags, dest=dest, action="store_const",
+                                const=setting.kind == "flag", default=None, help=setting.help)
         elif setting.kind == "optional":  # the flag alone means "auto"
             parser.add_argument(*setting.flags, dest=dest, nargs="?", const="auto",
                                 default=None, metavar=setting.metavar, help=setting.help)

@@ -1,6 +1,11 @@
 """The stats endpoint: memory figures over HTTP, outside the application.
 
-  GET /         the memory report as JSON (forkserve.memory.reporter.to_json)
+  GET /         the live dashboard, an HTML page (forkserve.http.dashboard)
+                that draws /history; the JSON report instead for a client
+                that asks for JSON only (Accept: application/json)
+  GET /json     the memory report as JSON (forkserve.memory.reporter.to_json)
+  GET /history  memory and request rate over time as JSON
+                (forkserve.memory.history); ?since=EPOCH for newer points only
   GET /metrics  the same figures in the Prometheus text format
   GET /health   200 once the application is loaded and its workers serve,
                 503 while they start or once the server stops: a readiness
@@ -11,17 +16,22 @@
 
 In the master it is served from the master's own select() loop by
 `StatsEndpoint`, with non-blocking sockets and a small per-connection
-buffer, so a slow or silent client can never stall worker supervision. In
-single-process mode (-w 0) the same `respond()` is served by a gevent server.
+buffer, so a slow or silent client can never stall worker supervision; the
+same loop turn takes the history's samples when they are due. In
+single-process mode (-w 0) the same `respond()` is served by a gevent server
+and `sample_forever` samples.
 """
 
 import json
 import socket
 import time
+import urllib.parse
 
+from forkserve.http import dashboard
 from forkserve.memory import reporter
+from forkserve.memory.history import History
 
-__all__ = ["respond", "StatsEndpoint", "wsgi_app"]
+__all__ = ["respond", "sample", "sample_forever", "StatsEndpoint", "wsgi_app"]
 
 #: a stats request larger than this is refused (the endpoint reads only GETs)
 MAX_REQUEST = 8192
@@ -37,11 +47,12 @@ def _always():
     return True
 
 
-def respond(method: str, path: str, make_report, ready=_always):
+def respond(method: str, path: str, make_report, ready=_always, *, accept="", history=None):
     """Decide the answer to a stats request: (status line, content type, body bytes).
 
-    `ready()` says whether the server serves now (GET /health)."""
-    path = path.split("?", 1)[0]
+    `ready()` says whether the server serves now (GET /health); `accept` is
+    the request's Accept header; `history` the History behind /history."""
+    path, _, query = path.partition("?")
     if method not in ("GET", "HEAD"):
         return "405 Method Not Allowed", "text/plain", b"only GET is served here\n"
     if path == "/livez":
@@ -50,20 +61,59 @@ def respond(method: str, path: str, make_report, ready=_always):
         if ready():
             return "200 OK", "text/plain", b"ready\n"
         return "503 Service Unavailable", "text/plain", b"not serving (starting or stopping)\n"
-    if path in ("/", "/json"):
+    if path == "/json" or path == "/" and _wants_json_only(accept):
         body = json.dumps(reporter.to_json(make_report()), indent=1).encode() + b"\n"
         return "200 OK", "application/json", body
+    if path == "/":
+        return "200 OK", "text/html; charset=utf-8", dashboard.page()
+    if path == "/history":
+        return _history(query, history or History())
     if path == "/metrics":
         return "200 OK", _PROMETHEUS_TYPE, reporter.to_prometheus(make_report()).encode()
     return ("404 Not Found", "text/plain",
-            b"forkserve stats: try / (JSON), /metrics (Prometheus) or /health\n")
+            b"forkserve stats: try / (the dashboard), /json (the report), /history, "
+            b"/metrics (Prometheus) or /health\n")
 
 
-def _http_response(method, path, make_report, ready) -> bytes:
-    status, content_type, body = respond(method, path, make_report, ready)
+def _wants_json_only(accept):
+    types = {part.split(";", 1)[0].strip().lower() for part in accept.split(",")}
+    return "application/json" in types and "text/html" not in types
+
+
+def _history(query, history):
+    since = urllib.parse.parse_qs(query).get("since")
+    try:
+        since = float(since[0]) if since else None
+    except ValueError:
+        return ("400 Bad Request", "text/plain",
+                b"since= takes epoch seconds, as in /history?since=1764100000.5\n")
+    body = json.dumps(history.to_json(since), separators=(",", ":")).encode()
+    return "200 OK", "application/json", body
+
+
+def sample(history, make_report, clock=time.monotonic):
+    """Add a report to the history if one is due (cheap when not)."""
+    started = clock()
+    if history.due(started):
+        history.add(make_report())
+        history.sampled(started, clock())
+
+
+def _http_response(method, path, make_report, ready, accept, history) -> bytes:
+    status, content_type, body = respond(method, path, make_report, ready, accept=accept,
+                                         history=history)
     head = (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
     return head if method == "HEAD" else head + body
+
+
+def _accept_header(head: bytes) -> str:
+    """The Accept header of a request head ("" if none)."""
+    for line in head.split(b"\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon and name.strip().lower() == b"accept":
+            return value.strip().decode("latin-1")
+    return ""
 
 
 class _Client:
@@ -79,10 +129,11 @@ class _Client:
 class StatsEndpoint:
     """Serves stats from a select() loop. The loop calls `service()` every turn."""
 
-    def __init__(self, listener: socket.socket):
+    def __init__(self, listener: socket.socket, history=None):
         self.listener = listener
         self.listener.setblocking(False)
         self.clients = {}
+        self.history = History() if history is None else history
 
     def filenos(self):
         return [self.listener.fileno()] + [fd for fd, c in self.clients.items() if not c.outbuf]
@@ -94,6 +145,7 @@ class StatsEndpoint:
         return [self.listener.fileno()] + list(self.clients)
 
     def service(self, readable, writable, make_report, ready=_always):
+        sample(self.history, make_report)
         if self.listener.fileno() in readable:
             self._accept()
         for fd in list(self.clients):
@@ -141,7 +193,8 @@ class StatsEndpoint:
             client.outbuf = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n"
         else:
             method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
-            client.outbuf = _http_response(method, path, make_report, ready)
+            client.outbuf = _http_response(method, path, make_report, ready,
+                                           _accept_header(client.inbuf), self.history)
         self._write(client)
 
     def _write(self, client):
@@ -161,12 +214,25 @@ class StatsEndpoint:
         client.sock.close()
 
 
-def wsgi_app(make_report, ready=_always):
+def wsgi_app(make_report, ready=_always, history=None):
     """The same endpoint as a WSGI application (for single-process mode)."""
     def application(environ, start_response):
-        status, content_type, body = respond(environ["REQUEST_METHOD"],
-                                             environ.get("PATH_INFO", "/"), make_report, ready)
+        path = environ.get("PATH_INFO", "/")
+        if environ.get("QUERY_STRING"):
+            path = f"{path}?{environ['QUERY_STRING']}"
+        status, content_type, body = respond(environ["REQUEST_METHOD"], path, make_report,
+                                             ready, accept=environ.get("HTTP_ACCEPT", ""),
+                                             history=history)
         start_response(status, [("Content-Type", content_type),
                                 ("Content-Length", str(len(body)))])
         return [] if environ["REQUEST_METHOD"] == "HEAD" else [body]
     return application
+
+
+def sample_forever(history, make_report):
+    """Sample the history on a gevent loop (single-process mode); a greenlet."""
+    import gevent
+
+    while True:
+        sample(history, make_report)
+        gevent.sleep(max(0.05, history.next_due - time.monotonic()))

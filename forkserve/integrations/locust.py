@@ -146,7 +146,7 @@ class MemorySampler:
 
     def __init__(self, environment, stats_address, interval, csv_path):
         self.environment = environment
-        self.url = f"http://{stats_address}/"
+        self.url = f"http://{stats_address}/json"
         self.interval = interval
         self.csv_path = csv_path
         self.first = None

@@ -212,7 +212,7 @@ def parse_stats_address(address):
         socket_path = address[len("unix:") :]
         if not socket_path:
             raise ValueError("unix: needs a socket path, as in unix:/run/forkserve/stats.sock")
-        return None, None, socket_path, "/"
+        return None, None, socket_path, "/json"
     url = urllib.parse.urlsplit(address if "://" in address else f"http://{address}")
     if url.scheme != "http":
         raise ValueError(f"--stats {address}: only http:// (or unix:PATH) is served")
@@ -227,7 +227,7 @@ def parse_stats_address(address):
             f"--stats {address}: the stats endpoint is served on loopback only; "
             "use 127.0.0.1, ::1 or localhost (from the server's machine)"
         )
-    return url.hostname, port, None, url.path or "/"
+    return url.hostname, port, None, url.path or "/json"
 
 
 def _is_loopback(host):

@@ -186,21 +186,31 @@ _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 def to_prometheus(report, prefix="forkserve"):
     """The report in Prometheus text exposition format 0.0.4.
 
-    Per-process series are labelled pid and role, plus worker, generation
-    and state when known; unknown values (requests, the ratio without a
-    master) are left out rather than reported as 0.
+    Per-process series are keyed by what survives churn: role, worker
+    number and generation (forkserve.process.workers: a recycled worker's
+    replacement takes its number), so recycles do not start new series; a
+    new generation (a reload) does. The pid and state are only in
+    ``<prefix>_process_info``. Unknown values (requests, the ratio without
+    a master) are left out rather than reported as 0.
     """
     if not _METRIC_NAME.match(prefix):
         raise ValueError(f"prefix {prefix!r} is not a valid Prometheus metric name")
-    out = []
+    keys = series_labels([row.info for row in report.processes])
+    name = f"{prefix}_process_info"
+    out = [f"# HELP {name} One series per process, always 1: its pid and state (serving, "
+           "starting, draining), to join with the other series on role, worker and generation.",
+           f"# TYPE {name} gauge"]
+    for row, key in zip(report.processes, keys):
+        extra = [("pid", str(row.info.pid)), ("state", row.info.state or "serving")]
+        out.append(f"{name}{{{_format_labels(key + extra)}}} 1")
     for suffix, kind, attribute, help_text in _PROCESS_METRICS:
         name = f"{prefix}_process_{suffix}"
         out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         value_of = operator.attrgetter(attribute)
-        for row in report.processes:
+        for row, key in zip(report.processes, keys):
             value = value_of(row)
             if value is not None:
-                out.append(f"{name}{{{_labels(row.info)}}} {_number(value)}")
+                out.append(f"{name}{{{_format_labels(key)}}} {_number(value)}")
     for suffix, kind, attribute, help_text in _SERVER_METRICS:
         name = f"{prefix}_{suffix}"
         out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
@@ -210,12 +220,39 @@ def to_prometheus(report, prefix="forkserve"):
     return "\n".join(out) + "\n"
 
 
-def _labels(info):
-    labels = [("pid", str(info.pid)), ("role", info.role)]
+def series_labels(infos):
+    """Each process's series key, [(label, value)], unique within the report.
+
+    role, worker and generation when known. A draining worker shares its
+    number with its replacement for as long as it drains: it is told apart
+    by state="draining" (the replacement keeps the plain key), and by its
+    pid only if that does not tell it apart (two draining workers of one
+    number, or workers found by their titles, which do not say who drains).
+    """
+    keys = [_base_labels(info) for info in infos]
+    order = sorted(range(len(infos)), key=lambda i: infos[i].state == "draining")
+    seen = set()
+    for i in order:
+        key = keys[i]
+        if tuple(key) in seen and infos[i].state == "draining":
+            key = key + [("state", "draining")]
+        if tuple(key) in seen:  # titles alone cannot tell which one drains
+            key = key + [("pid", str(infos[i].pid))]
+        seen.add(tuple(key))
+        keys[i] = key
+    return keys
+
+
+def _base_labels(info):
+    labels = [("role", info.role)]
     if info.worker_id is not None:
         labels.append(("worker", str(info.worker_id)))
-    if info.state is not None:  # under a supervisor, where generations differ
-        labels += [("generation", str(info.generation)), ("state", info.state)]
+    if info.generation is not None:
+        labels.append(("generation", str(info.generation)))
+    return labels
+
+
+def _format_labels(labels):
     return ",".join(f'{key}="{_escape_label(value)}"' for key, value in labels)
 
 

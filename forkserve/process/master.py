@@ -37,7 +37,7 @@ from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.master_memory import WorkerMemory
 from forkserve.process.master_reload import MasterReload
-from forkserve.process.workers import WorkerRecord
+from forkserve.process.workers import WorkerRecord, free_number
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
@@ -309,7 +309,7 @@ class Master(Driver, MasterReload, WorkerMemory):
                 break
             missing -= 1
         if missing < 0:
-            for record in sorted(serving, key=lambda r: r.index, reverse=True)[:-missing]:
+            for record in sorted(serving, key=lambda r: r.number, reverse=True)[:-missing]:
                 self.stop_worker(record)
         ready = sum(1 for r in serving if r.ready)
         # A retiring worker (--max-requests) was ready and no longer accepts:
@@ -336,9 +336,10 @@ class Master(Driver, MasterReload, WorkerMemory):
         max_requests = self.cfg.max_requests
         if max_requests and self.cfg.max_requests_jitter:
             max_requests += random.randint(0, self.cfg.max_requests_jitter)
+        number = free_number(self.workers.values())
         worker = Worker(index, self.app, self.listeners, self.cfg, self.scoreboard,
                         self.app_name, generation=self.generation, max_requests=max_requests,
-                        close_fds=self.master_fds())
+                        close_fds=self.master_fds(), number=number)
         hooks.pre_fork(worker)
         # Until the worker has its own handlers, a signal sent to it (a TERM
         # right after the fork) must wait, not run the master's handler in it
@@ -350,7 +351,7 @@ class Master(Driver, MasterReload, WorkerMemory):
                 worker.start()  # never returns
         finally:
             signals.release()
-        self.workers[pid] = WorkerRecord(index, pid, self.generation)
+        self.workers[pid] = WorkerRecord(index, pid, self.generation, number)
         return pid
 
     def free_slot(self):

@@ -39,12 +39,14 @@ class WorkerMemory:
     def process_infos(self):
         infos = [reporter.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
                                     requests=None, generation=self.generation)]
-        for record in sorted(self.workers.values(), key=lambda r: r.index):
+        for record in sorted(self.workers.values(), key=lambda r: (r.number, r.index)):
             slot = self.scoreboard.read(record.index)
+            # A retiring worker has handed its number to its replacement.
+            leaving = "draining" if record.state in ("retiring", "stopping") else None
             infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
                                             worker_id=record.worker_id,
                                             requests=slot.requests,
-                                            generation=record.generation,
+                                            generation=record.generation, state=leaving,
                                             gc_collections=slot.gc_collections,
                                             gc_pause=slot.gc_pause_ns / 1e9,
                                             connections=slot.connections,

@@ -62,7 +62,7 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, admission=Non
                    error_log=logs.error_log, multiprocess=multiprocess,
                    on_request=on_request, pool=pool, access_format=access_format,
                    access_sink=logs.access_sink(access_format), proxy=proxy,
-                   admission=admission)
+                   admission=admission, sendfile=cfg.sendfile)
             for listener in listeners]
 
 

@@ -31,6 +31,9 @@ class Signal:
     single: str | None
     #: what the supervisor does, once a reload happened
     supervisor: str
+    #: False for a signal only workers handle: the master installs no handler
+    #: for it (so it needs no handle_<name>() method)
+    master: bool = True
 
     @property
     def name(self):
@@ -70,13 +73,19 @@ SIGNALS = (
            single="reopen log files", supervisor="reopen log files, in every generation too"),
     Signal(signal.SIGCHLD, workers="a worker exited: reap it, replace it if needed", single=None,
            supervisor="a generation exited: reap it; if it was serving, start a new one"),
+    Signal(signal.SIGABRT,
+           workers="not for the master: it sends ABRT to a worker stuck past `--timeout` when "
+                   "a `worker_abort` hook is installed; the worker runs the hook and exits "
+                   "(KILL follows a second later). Without the hook the master sends KILL",
+           single=None, supervisor="not handled", master=False),
 )
 
 #: signals the master and the supervisor install handlers for
-MASTER_SIGNALS = tuple(spec.signum for spec in SIGNALS)
+MASTER_SIGNALS = tuple(spec.signum for spec in SIGNALS if spec.master)
 #: signals the single-process server installs handlers for (a new
 #: generation's exit is found by its loop, not by SIGCHLD)
-SINGLE_SIGNALS = tuple(spec.signum for spec in SIGNALS if spec.single is not None)
+SINGLE_SIGNALS = tuple(spec.signum for spec in SIGNALS
+                       if spec.master and spec.single is not None)
 
 
 def signals_table() -> str:

@@ -170,12 +170,18 @@ class SingleServer(Driver):
     def _start_stats(self):
         if self.stats_listener is None:
             return None
+        import gevent
+
         from forkserve.http import stats
         from forkserve.http.server import Server
+        from forkserve.memory.history import History
 
-        server = Server(gevent_socket(self.stats_listener), stats.wsgi_app(self.report, self.serving),
+        history = History()
+        server = Server(gevent_socket(self.stats_listener),
+                        stats.wsgi_app(self.report, self.serving, history),
                         error_log=logs.error_log, multiprocess=False, worker_connections=16)
         server.start()
+        gevent.spawn(stats.sample_forever, history, self.report)
         return server
 
     # --- signals (forkserve.process.signals), run on the event loop ---
