@@ -1,1 +1,2 @@
-"""The forkserve benchmark harness; run it with python benchmarks/run.py."""
+"""forkserve's benchmark scenarios, one script each, written on benchmarks.harness;
+benchmarks/README.md lists them with the command that runs each."""

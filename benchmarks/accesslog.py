@@ -25,16 +25,20 @@ or captured and rendered when written, in a loop in this process.
 
 import argparse
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.harness import wrk as load  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.procs import group_cpu_seconds  # noqa: E402
+from benchmarks.harness.start import start as start_server  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
 
 
 def app(environ, start_response):
@@ -44,84 +48,37 @@ def app(environ, start_response):
     return [body]
 
 
-def answers(port):
-    import urllib.request
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def steal_jiffies():
-    with open("/proc/stat") as handle:
-        fields = handle.readline().split()
-    return int(fields[8])
-
-
 def start(extra, log_path):
-    log = open(log_path, "w+b")
-    proc = subprocess.Popen(
-        ["taskset", "-c", "0", sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0",
-         "-w", str(ARGS.workers), *extra, "benchmarks.accesslog:app"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        log.seek(0)
-        match = LISTENING.search(log.read())
-        if match and len(children(proc.pid)) == ARGS.workers and answers(int(match.group(1))):
-            return proc, int(match.group(1))
-        time.sleep(0.05)
-    raise SystemExit(f"forkserve did not start; see {log_path}")
+    return start_server([sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0",
+                         "-w", str(ARGS.workers), *extra, "benchmarks.accesslog:app"],
+                        log_path=log_path, cwd=ROOT, cpus="0", processes=1 + ARGS.workers,
+                        probe_path="/", timeout=30)
 
 
-def cpu_seconds(pid):
-    """User + system CPU seconds of `pid` and its children (the workers)."""
-    total = 0
-    for process in [pid, *children(pid)]:
-        with open(f"/proc/{process}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+def _result(text, used):
+    """(requests/s, server CPU us per request) of one wrk run."""
+    summary = load.parse_summary(text)
+    return summary.rate, used / summary.requests * 1e6
 
 
-def children(pid):
-    with open(f"/proc/{pid}/task/{pid}/children") as handle:
-        return [int(child) for child in handle.read().split()]
-
-
-def _wrk_command(port):
-    return ["taskset", "-c", "1", "wrk", "-t1", "-c50", f"-d{ARGS.seconds}s",
-            f"http://127.0.0.1:{port}/"]
-
-
-def _wrk_result(stdout, used):
-    requests = int(re.search(r"(\d+) requests in", stdout).group(1))
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", stdout).group(1)), used / requests * 1e6
-
-
-def wrk(port, server_pid):
+def wrk(server, workdir):
     """One wrk run against one server: (requests/s, server CPU us per request)."""
-    before = cpu_seconds(server_pid)
-    done = subprocess.run(_wrk_command(port), capture_output=True, text=True, check=True)
-    return _wrk_result(done.stdout, cpu_seconds(server_pid) - before)
+    before = group_cpu_seconds(server.pid)
+    text = load.run(server.url + "/", ARGS.seconds, 50, "1", workdir, script=None)
+    return _result(text, group_cpu_seconds(server.pid) - before)
 
 
-def wrk_together(servers):
+def wrk_together(servers, workdir):
     """wrk against every server at once: {mode: (requests/s, CPU us per request)}."""
-    before = {mode: cpu_seconds(proc.pid) for mode, (proc, _) in servers.items()}
-    running = {mode: subprocess.Popen(_wrk_command(port), stdout=subprocess.PIPE, text=True)
-               for mode, (_, port) in servers.items()}
-    outputs = {mode: run.communicate()[0] for mode, run in running.items()}
-    if any(run.returncode for run in running.values()):
-        raise SystemExit(f"wrk failed: {outputs}")
-    return {mode: _wrk_result(outputs[mode], cpu_seconds(servers[mode][0].pid) - before[mode])
-            for mode in servers}
+    before = {mode: group_cpu_seconds(server.pid) for mode, server in servers.items()}
+    outputs = load.together([server.url + "/" for server in servers.values()], ARGS.seconds,
+                            50, "1", workdir, script=None)
+    return {mode: _result(outputs[server.url + "/"], group_cpu_seconds(server.pid) - before[mode])
+            for mode, server in servers.items()}
 
 
 def micro():
     """CPU time per request to log it in the default format, both ways."""
-    sys.path.insert(0, ROOT)
     from forkserve import logs
     from forkserve.http.accesslog import AccessFormat, capture
     environ = {"REMOTE_ADDR": "127.0.0.1", "REQUEST_METHOD": "GET", "PATH_INFO": "/",
@@ -152,7 +109,7 @@ def main():
     if ARGS.micro:
         return micro()
     ratios, cpu_ratios = [], []
-    steal_before, started = steal_jiffies(), time.monotonic()
+    conditions, started = Conditions(), time.monotonic()
     with tempfile.TemporaryDirectory() as directory:
         access = os.path.join(directory, "access.log")
         servers = {mode: start(extra, os.path.join(directory, f"{mode}.server.log"))
@@ -160,12 +117,12 @@ def main():
         try:
             for round_number in range(ARGS.rounds):
                 if ARGS.method == "together":
-                    measured = wrk_together(servers)
+                    measured = wrk_together(servers, directory)
                 else:
                     measured = {}
                     # Alternate which goes first, so a drift favours neither.
                     for mode in ("off", "on") if round_number % 2 == 0 else ("on", "off"):
-                        measured[mode] = wrk(servers[mode][1], servers[mode][0].pid)
+                        measured[mode] = wrk(servers[mode], directory)
                 (off, cpu_off), (on, cpu_on) = measured["off"], measured["on"]
                 ratios.append(on / off)
                 cpu_ratios.append(cpu_on / cpu_off)
@@ -173,16 +130,14 @@ def main():
                       f" on {on:.0f} req/s ({cpu_on:.1f} us CPU/req): {on / off:.3f}x",
                       flush=True)
         finally:
-            for proc, _ in servers.values():
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(30)
+            for server in servers.values():
+                server.stop(grace=30)
         lines = sum(1 for _ in open(access))
-    steal = (steal_jiffies() - steal_before) / os.sysconf("SC_CLK_TCK")
     ratio, cpu_ratio = statistics.median(ratios), statistics.median(cpu_ratios)
     print(f"median of {ARGS.rounds} rounds: with access log {ratio:.3f}x requests/s "
           f"(rounds {min(ratios):.3f}-{max(ratios):.3f}); server CPU per request {cpu_ratio:.3f}x "
-          f"({(cpu_ratio - 1) * 100:+.1f}%); {lines} lines logged; CPU steal {steal:.1f} s over "
-          f"{time.monotonic() - started:.0f} s")
+          f"({(cpu_ratio - 1) * 100:+.1f}%); {lines} lines logged in "
+          f"{time.monotonic() - started:.0f} s; {conditions.describe()}")
 
 
 if __name__ == "__main__":

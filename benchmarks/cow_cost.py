@@ -35,10 +35,11 @@ import tempfile
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load  # noqa: E402
-from benchmarks.procs import Group, sample_group  # noqa: E402
-from benchmarks.run import prepare_dataset, wait_until_ready  # noqa: E402
-from benchmarks.servers import APP, REPO, all_servers  # noqa: E402
+from benchmarks.harness import wrk  # noqa: E402
+from benchmarks.harness.datasets import prepare_dataset  # noqa: E402
+from benchmarks.harness.procs import Group, sample_group  # noqa: E402
+from benchmarks.harness.servers import APP, REPO  # noqa: E402
+from benchmarks.harness.start import start as start_server  # noqa: E402
 
 WORKER_COMM = "forkserve: work"  # the workers' title, as the kernel's 15-byte comm keeps it
 FAULT, COW = "asm_exc_page_fault", "do_wp_page"
@@ -48,18 +49,11 @@ PAGE_COPIES = ("copy_mc_enhanced_fast_string", "copy_page", "copy_mc_fragile")
 def start(args, mode, csv_path, log_path, tree=REPO, processes=5):
     """`forkserve -w 4` from `tree` on PersonDB in `mode`, once /health
     answers and `processes` of its processes exist (5: the master and every
-    worker): (Group, port)."""
+    worker): a harness Server."""
     env = dict(os.environ, PERSONDB_CSV=csv_path, PERSONDB_MODE=mode, PYTHONPATH=tree)
-    if os.path.exists(log_path):
-        os.unlink(log_path)  # Group appends; a port from an earlier run must not be read
-    server = Group(["taskset", "-c", args.server_cpus, args.python, "-m", "forkserve",
-                    "-w", "4", "-b", "127.0.0.1:0", APP], cwd=tree, env=env, log_path=log_path)
-    spec = next(s for s in all_servers() if s.name == f"forkserve-{mode}")
-    try:
-        return server, wait_until_ready(server, spec, None, log_path, processes, 300)
-    except BaseException:
-        server.stop()
-        raise
+    return start_server([args.python, "-m", "forkserve", "-w", "4", "-b", "127.0.0.1:0", APP],
+                        log_path=log_path, env=env, cwd=tree, cpus=args.server_cpus,
+                        processes=processes, timeout=300)
 
 
 def comm_samples(lines, comm):
@@ -94,15 +88,15 @@ def shares(data, comm):
 
 def measure(args, mode, csv_path, emails_path, out):
     log_path = os.path.join(out, f"forkserve-{mode}.log")
-    server, port = start(args, mode, csv_path, log_path)
+    server = start(args, mode, csv_path, log_path)
     data = os.path.join(out, f"perf-{mode}.data")
     try:
         before = sample_group(server.pid, False)
         perf = Group(["perf", "record", "-a", "-C", args.server_cpus, "-g", "-o", data],
                      log_path=os.path.join(out, f"perf-{mode}.log"))
         try:
-            spec = load.LoadSpec(emails_path=emails_path, cpus=args.client_cpus)
-            result = load.run_phase(f"http://127.0.0.1:{port}/", spec, args.requests, 300, out)
+            spec = wrk.LoadSpec(emails_path=emails_path, cpus=args.client_cpus)
+            result = wrk.run_phase(server.url + "/", spec, args.requests, 300, out)
             after = sample_group(server.pid, False)
         finally:
             perf.stop(sig=signal.SIGINT, grace=120)  # SIGINT: perf writes its data, then exits

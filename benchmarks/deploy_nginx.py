@@ -34,17 +34,12 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from benchmarks.load import LoadSpec, run_phase  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.wrk import LoadSpec, run_phase  # noqa: E402
 from deploy_cluster import (  # noqa: E402
     Instance, Load, Nginx, emails_by_shard, rolling_reload, start_instances,
 )
 from forkserve_testing import poll  # noqa: E402
-
-
-def cpu_steal():
-    with open("/proc/stat") as handle:
-        fields = [int(v) for v in handle.readline().split()[1:]]
-    return fields[7], sum(fields)
 
 
 def write_emails(path, emails):
@@ -184,7 +179,7 @@ def main():
                                 [e for g in groups.values() for e in g])
         instances = start_instances(people, workdir)
         nginx = Nginx.for_shards(workdir, [i.port for i in instances], tcp=True).start()
-        steal_before = cpu_steal()
+        conditions = Conditions()
         try:
             latency = reload = None
             if not args.only_kill:
@@ -195,8 +190,7 @@ def main():
             nginx.stop()
             for instance in instances:
                 instance.kill_group()
-        steal_after = cpu_steal()
-    steal = (steal_after[0] - steal_before[0]) / max(1, steal_after[1] - steal_before[1])
+        steal = conditions.end().steal
     if args.only_kill:
         return
     text = report(args, latency, reload, kill, steal)

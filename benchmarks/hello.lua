@@ -1,7 +1,7 @@
 -- wrk script for benchmarks/hello.py: GET / on keep-alive connections, and
 -- one line "BENCH_RESULT {json}" at the end with the counters and latency
 -- percentiles (microseconds), in lookup.lua's format
--- (benchmarks/load.py's parse_result reads both). wrk keeps
+-- (benchmarks/harness/wrk.py's parse_result reads both). wrk keeps
 -- every latency sample at microsecond resolution, so p99.9 is exact for
 -- the run (not sampled).
 

@@ -38,9 +38,10 @@ Figures (per server; "the server" is every process of its process group):
   environ, start_response, framing and sending, its event loop, bookkeeping.
 
 Ratios are to `gunicorn` (Gunicorn -k gevent -w 4) and to `gevent-pywsgi`
-(gevent's WSGIServer alone). The servers are in hello_servers.py, the
-figures and the page in hello_report.py. Results: --out/results.md, summary.csv (one row
-per server) and rounds.csv (one row per round), and each server's log.
+(gevent's WSGIServer alone). The servers are in harness/servers.py
+(hello_servers), the figures and the page in hello_report.py. Results:
+--out/results.md, summary.csv (one row per server) and rounds.csv (one row
+per round), and each server's log.
 """
 
 import argparse
@@ -50,26 +51,24 @@ import dataclasses
 import datetime
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
-import time
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load, procs  # noqa: E402
+from benchmarks.harness import procs, wrk  # noqa: E402
+from benchmarks.harness.machine import (  # noqa: E402
+    Conditions, cpu_list, machine, say, stop_on_signals, versions,
+)
+from benchmarks.harness.results import Result, command_line  # noqa: E402
+from benchmarks.harness.servers import (  # noqa: E402
+    HELLO_APP as APP, HERE, REPO, hello_servers, keepalive_problem, python_version,
+    uwsgi_fallback,
+)
+from benchmarks.harness.start import ServerFailed, all_cpus, start_spec  # noqa: E402
 from benchmarks.hello_report import parse_wrk, render_markdown, summary  # noqa: E402
-from benchmarks.hello_servers import (  # noqa: E402
-    APP, hello_servers, keepalive_problem, uwsgi_fallback,
-)
-from benchmarks.run import (  # noqa: E402
-    _cpu_list, http_status, log_tail, machine, say, stop_on_signals, versions,
-)
-from benchmarks.servers import HERE, REPO, bind_listener, python_version  # noqa: E402
-
-LUA_SCRIPT = os.path.join(HERE, "hello.lua")
 
 DEFAULTS = {"duration": 10, "rounds": 3, "warmup": 2}
 QUICK = {"duration": 3, "rounds": 1, "warmup": 1}
@@ -130,77 +129,13 @@ def app_cost_us(python, cpus, calls=200_000):
     return json.loads(proc.stdout)["app_us"]
 
 
-def group_cpu_seconds(pgid):
-    """CPU seconds so far of the live processes of group ``pgid``."""
-    return sum(filter(None, (procs.cpu_seconds(pid) for pid in procs.group_members(pgid))))
-
-
-def wrk(url, seconds, connections, cpus, workdir):
-    """Run wrk with hello.lua; its stdout."""
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout=10s",
-            "-s", LUA_SCRIPT, url]
-    if cpus:
-        argv = ["taskset", "-c", cpus] + argv
-    out_path = os.path.join(workdir, "wrk.out")
-    with open(out_path, "w+b") as out:
-        with procs.Group(argv, stdout=out, stderr=subprocess.STDOUT) as proc:
-            try:
-                proc.popen.wait(timeout=seconds + 30)
-            except subprocess.TimeoutExpired:
-                pass  # Group.__exit__ kills it
-        out.seek(0)
-        return out.read().decode("utf-8", "replace")
-
-
-def wait_ready(group, spec, port, log_path, expected, probe_path="/"):
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if not group.alive():
-            raise RuntimeError(f"exited with status {group.popen.returncode} while starting: "
-                               + log_tail(log_path, 3).replace("\n", " / "))
-        if port is None:
-            with open(log_path, "rb") as f:
-                port = spec.port_from_log(f.read())
-        if port is not None and len(group.members()) >= expected and \
-                http_status(port, probe_path) == 200:
-            return port
-        time.sleep(0.1)
-    raise RuntimeError(f"not ready within {START_TIMEOUT:.0f}s: "
-                       + log_tail(log_path, 3).replace("\n", " / "))
-
-
 def start(spec, args, log_dir, env, probe_path="/"):
-    """Start one server; (Group, port) once GET probe_path answers 200 and all
-    its processes exist. Raises RuntimeError if it does not come up."""
-    log_path = os.path.join(log_dir, f"{spec.name}.log")
-    open(log_path, "wb").close()
-    listener = bind_listener() if spec.needs_fd else None
-    fd = listener.fileno() if listener else None
-    port = listener.getsockname()[1] if listener else None
-    argv = ["taskset", "-c", args.server_cpus or f"0-{os.cpu_count() - 1}"]
-    argv += spec.command(args.python, args.workers, fd)
-    with open(log_path, "ab") as log:
-        log.write(f"$ {shlex.join(argv)}\n".encode())
-    try:
-        group = procs.Group(argv, log_path=log_path, env=env, cwd=REPO,
-                            pass_fds=(fd,) if fd is not None else ())
-    finally:
-        if listener:
-            listener.close()
-    try:
-        port = wait_ready(group, spec, port, log_path, 1 if spec.single else 1 + args.workers,
-                          probe_path)
-    except BaseException:
-        group.stop(grace=5)
-        raise
-    return group, port
-
-
-def cpu_times():
-    """(steal, total) jiffies of all CPUs, from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return fields[7], sum(fields[:8])
+    """Start one server; a harness Server once GET probe_path answers 200 and
+    all its processes exist. Raises ServerFailed if it does not come up."""
+    return start_spec(spec, python=args.python, workers=args.workers,
+                      log_path=os.path.join(log_dir, f"{spec.name}.log"), env=env,
+                      cpus=args.server_cpus or all_cpus(), probe_path=probe_path,
+                      timeout=START_TIMEOUT)
 
 
 def parse_args(argv):
@@ -243,10 +178,13 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     if args.client_cpus:
-        os.sched_setaffinity(0, _cpu_list(args.client_cpus))
+        os.sched_setaffinity(0, cpu_list(args.client_cpus))
     with stop_on_signals():
         results, skipped, notes, app_us, meta = run_all(args, argv)
     rows = summary(results, app_us)
+    result = meta.pop("result")
+    result.rows = rows
+    result.write(args.out)
     with open(os.path.join(args.out, "summary.csv"), "w", newline="") as f:
         fields = [k for k in rows[0] if k != "rounds_rps"] if rows else ["server"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore",
@@ -255,7 +193,7 @@ def main(argv=None):
         writer.writerows(rows)
     with open(os.path.join(args.out, "rounds.csv"), "w", newline="") as f:
         fields = ["server", "round", "cpu_s"]
-        fields += [field.name for field in dataclasses.fields(load.PhaseResult)]
+        fields += [field.name for field in dataclasses.fields(wrk.PhaseResult)]
         writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for _, rounds in results.values():
@@ -273,8 +211,7 @@ def run_all(args, argv):
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     py_version = python_version(args.python)
     started_at = datetime.datetime.now(datetime.timezone.utc)
-    load_before = os.getloadavg()
-    steal_before = cpu_times()
+    conditions = Conditions()
     skipped, notes, running = [], [], {}
     results = {}
     app_us = app_cost_us(args.python, args.server_cpus)
@@ -288,35 +225,35 @@ def run_all(args, argv):
                 skipped.append((spec.name, f"{spec.note or 'not importable here'}: {reason}"))
                 continue
             try:
-                group, port = start(spec, args, log_dir, env)
-                problem = keepalive_problem(port) if spec.name == "uwsgi" else None
+                server = start(spec, args, log_dir, env)
+                problem = keepalive_problem(server.port) if spec.name == "uwsgi" else None
                 if problem:
-                    group.stop(grace=5)
+                    server.stop(grace=5)
                     spec = uwsgi_fallback(problem)
-                    group, port = start(spec, args, log_dir, env)
-            except RuntimeError as exc:
+                    server = start(spec, args, log_dir, env)
+            except ServerFailed as exc:
                 say(f"{spec.name}: FAILED: {exc}")
                 skipped.append((spec.name, f"failed to start: {exc}"))
                 continue
             if spec.note and spec.name != "bjoern":
                 notes.append((spec.name, spec.note))
-            running[spec.name] = (spec, group, port)
+            running[spec.name] = server
             results[spec.name] = (spec.description, [])
-            say(f"{spec.name}: ready on port {port} ({len(group.members())} processes)")
+            say(f"{spec.name}: ready on port {server.port} ({len(server.members())} processes)")
         with tempfile.TemporaryDirectory(prefix="forkserve-hello-") as workdir, \
                 contention(args.contend, args.server_cpus, log_dir):
-            for name, (spec, group, port) in running.items():
-                wrk(f"http://127.0.0.1:{port}/", args.warmup, args.connections,
-                    args.client_cpus, workdir)
+            for server in running.values():
+                wrk.run(server.url + "/", args.warmup, args.connections, args.client_cpus,
+                        workdir)
             for round_no in range(1, args.rounds + 1):
-                for name, (spec, group, port) in running.items():
-                    if not group.alive():
+                for name, server in running.items():
+                    if not server.alive():
                         say(f"{name}: died; no more rounds")
                         continue
-                    before = group_cpu_seconds(group.pid)
-                    text = wrk(f"http://127.0.0.1:{port}/", args.duration, args.connections,
-                               args.client_cpus, workdir)
-                    cpu = group_cpu_seconds(group.pid) - before
+                    before = procs.group_cpu_seconds(server.pid)
+                    text = wrk.run(server.url + "/", args.duration, args.connections,
+                                   args.client_cpus, workdir)
+                    cpu = procs.group_cpu_seconds(server.pid) - before
                     r = parse_wrk(text, name, round_no, cpu)
                     results[name][1].append(r)
                     per_req = cpu / max(r.wrk.responses, 1) * 1e6
@@ -324,22 +261,17 @@ def run_all(args, argv):
                         f"{r.wrk.p99_us / 1000:.2f} ms, CPU {per_req:.1f} µs/req, "
                         f"{r.wrk.errors} errors, {r.wrk.read_errors} closed")
     finally:
-        for spec, group, port in running.values():
-            group.stop(grace=10)
-    steal_after = cpu_times()
-    steal = (steal_after[0] - steal_before[0]) / max(steal_after[1] - steal_before[1], 1)
-    v = versions(args.python)
-    extra = ("waitress", "cheroot", "bjoern")
-    command = "python benchmarks/hello.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+        for server in running.values():
+            server.stop(grace=10)
+    conditions.end()
+    found = versions(args.python, extra=("waitress", "cheroot", "bjoern"))
+    command = command_line("hello.py", argv)
     meta = {
         "title": "hello world" + (" (--quick)" if args.quick else ""),
         "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"`{command.strip()}`",
-        "machine": machine() + f"; load average {load_before[0]:.2f} before / "
-                   f"{os.getloadavg()[0]:.2f} after; CPU steal during the run {steal:.1%} "
-                   "(all CPUs, /proc/stat)",
-        "versions": ", ".join(f"{k} {val}" for k, val in v.items()) + ", "
-                    + ", ".join(f"{name} {_version(args.python, name)}" for name in extra),
+        "command": f"`{command}`",
+        "machine": machine() + "; " + conditions.describe(),
+        "versions": ", ".join(f"{k} {val}" for k, val in found.items()),
         "load": f"wrk 1 thread, {args.connections} keep-alive connections, GET / on "
                 f"{APP}; {args.rounds} round(s) x {args.duration} s per server after "
                 f"{args.warmup} s of warm-up",
@@ -349,6 +281,8 @@ def run_all(args, argv):
                    + (f"; {args.contend} busy-looping process(es) on the server CPU "
                       "through the rounds (--contend)" if args.contend else ""),
     }
+    meta["result"] = Result.measured("hello.py", command, [], conditions, title=meta["title"],
+                                     date=meta["date"], versions=found)
     return results, skipped, notes, app_us, meta
 
 
@@ -365,13 +299,6 @@ def contention(count, cpus, log_dir):
     finally:
         for hog in hogs:
             hog.stop(grace=5)
-
-
-def _version(python, dist):
-    proc = subprocess.run([python, "-c", "import importlib.metadata as m, sys; "
-                           "print(m.version(sys.argv[1]))", dist],
-                          capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else "not installed"
 
 
 if __name__ == "__main__":

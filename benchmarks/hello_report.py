@@ -7,7 +7,8 @@ import dataclasses
 import io
 import statistics
 
-from benchmarks import load, report
+from benchmarks.harness import wrk as load
+from benchmarks.harness.results import render_meta
 
 __all__ = ["BASELINES", "Round", "figures", "parse_wrk", "render_markdown", "summary"]
 
@@ -76,7 +77,7 @@ def _fmt(value, spec, suffix=""):
 def render_markdown(rows, skipped, notes, meta):
     out = io.StringIO()
     w = out.write
-    report.render_meta(w, meta, "hello world")
+    render_meta(w, meta, "hello world")
     w("Ratios: req/s and server overhead relative to `gunicorn` and to `gevent-pywsgi` "
       "(— when that server did not run). Definitions: benchmarks/hello.py's docstring.\n\n")
     w("| server | req/s | ×gunicorn | ×gevent | p50 | p99 | p99.9 | CPU/req | app/req | "

@@ -44,14 +44,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import hello, load, procs  # noqa: E402
-from benchmarks.run import _cpu_list, machine, say, stop_on_signals  # noqa: E402
-from benchmarks.servers import ServerSpec  # noqa: E402
+from benchmarks.harness import procs, wrk  # noqa: E402
+from benchmarks.harness.machine import (  # noqa: E402
+    Conditions, cpu_list, machine, say, stop_on_signals,
+)
+from benchmarks.harness.servers import HELLO_APP, REPO  # noqa: E402
+from benchmarks.harness.start import all_cpus, start  # noqa: E402
 
 #: (category, pattern matched against one py-spy frame "function (file:line)").
 #: A sample goes to the first category, innermost frame first, with a match;
@@ -159,14 +161,11 @@ def parse_perf_stat_syscalls(text):
 
 
 def start_server(args, log_dir, env):
-    spec = ServerSpec("forkserve", f"forkserve -w {args.workers}", "",
-                      lambda python, workers, fd: [python, "-m", "forkserve", "-w",
-                                                   str(args.workers), "-b", "127.0.0.1:0",
-                                                   *shlex.split(args.extra), args.app],
-                      requires=(), single=args.workers == 0, needs_fd=False)
-    hello_args = types.SimpleNamespace(server_cpus=args.server_cpus, python=args.python,
-                                       workers=args.workers)
-    return hello.start(spec, hello_args, log_dir, env, probe_path=args.path)
+    return start([args.python, "-m", "forkserve", "-w", str(args.workers), "-b", "127.0.0.1:0",
+                  *shlex.split(args.extra), args.app],
+                 log_path=os.path.join(log_dir, "forkserve.log"), env=env,
+                 cpus=args.server_cpus or all_cpus(), processes=1 + args.workers,
+                 probe_path=args.path)
 
 
 def context_switches(pgid):
@@ -194,9 +193,9 @@ def load_window(url, args, workdir, during=None):
         # which the server is idle, so that the window's first requests count.
         time.sleep(TOOL_ATTACH_S)
     try:
-        before = hello.group_cpu_seconds(args.pgid)
-        text = hello.wrk(url, args.duration, args.connections, args.client_cpus, workdir)
-        cpu = hello.group_cpu_seconds(args.pgid) - before
+        before = procs.group_cpu_seconds(args.pgid)
+        text = wrk.run(url, args.duration, args.connections, args.client_cpus, workdir)
+        cpu = procs.group_cpu_seconds(args.pgid) - before
     finally:
         if tool is not None:
             tool.send_signal(signal.SIGINT)
@@ -205,7 +204,7 @@ def load_window(url, args, workdir, during=None):
             except subprocess.TimeoutExpired:
                 pass  # Group.__exit__ kills it
             tool.stop(grace=5)
-    return load.parse_result(text), cpu
+    return wrk.parse_result(text), cpu
 
 
 def pinned(argv, cpus):
@@ -218,7 +217,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="4 s windows instead of 10 s")
     p.add_argument("--duration", type=int, help="seconds per window (10, --quick 4)")
     p.add_argument("--workers", type=int, default=0, help="forkserve -w (default 0)")
-    p.add_argument("--app", default=hello.APP, help=f"WSGI app (default {hello.APP})")
+    p.add_argument("--app", default=HELLO_APP, help=f"WSGI app (default {HELLO_APP})")
     p.add_argument("--path", default="/", help="the URL path wrk requests (default /)")
     p.add_argument("--extra", default="", help="more forkserve arguments, e.g. "
                                                "--extra='--access-logfile /dev/null'")
@@ -241,7 +240,7 @@ def main(argv=None):
                 "pip install py-spy)")
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     if args.client_cpus:
-        os.sched_setaffinity(0, _cpu_list(args.client_cpus))
+        os.sched_setaffinity(0, cpu_list(args.client_cpus))
     with stop_on_signals():
         page = profile(args)
     with open(os.path.join(args.out, "hotpath.md"), "w") as f:
@@ -264,21 +263,20 @@ def _pyspy(python):
 
 
 def profile(args):
-    env = dict(os.environ, PYTHONPATH=hello.REPO, PYTHONUNBUFFERED="1")
-    load_before = os.getloadavg()
-    steal_before = hello.cpu_times()
-    group, port = start_server(args, os.path.join(args.out, "logs"), env)
-    args.pgid = group.pid
-    url = f"http://127.0.0.1:{port}{args.path}"
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    measured = Conditions()
+    server = start_server(args, os.path.join(args.out, "logs"), env)
+    args.pgid = server.pid
+    url = server.url + args.path
     out = args.out
-    with group, tempfile.TemporaryDirectory(prefix="forkserve-hotpath-") as workdir:
-        members = group.members()
-        target = members[-1] if args.workers else group.pid  # a worker, or the one process
-        hello.wrk(url, 2, args.connections, args.client_cpus, workdir)  # warm up
-        switches_before = context_switches(group.pid)
+    with server, tempfile.TemporaryDirectory(prefix="forkserve-hotpath-") as workdir:
+        members = server.members()
+        target = members[-1] if args.workers else server.pid  # a worker, or the one process
+        wrk.run(url, 2, args.connections, args.client_cpus, workdir)  # warm up
+        switches_before = context_switches(server.pid)
         plain, plain_cpu = load_window(url, args, workdir)
         switches = [after - before for after, before
-                    in zip(context_switches(group.pid), switches_before)]
+                    in zip(context_switches(server.pid), switches_before)]
         cpu_per_req_us = plain_cpu / plain.responses * 1e6
         say(f"plain: {plain.rate:,.0f} req/s, {cpu_per_req_us:.1f} µs CPU per response")
 
@@ -297,10 +295,7 @@ def profile(args):
         say(f"py-spy: {sum(n for _, n in samples):,} samples; {spy_summary}")
 
         perf_text = perf_window(url, args, workdir, target, out)
-    steal_after = hello.cpu_times()
-    steal = (steal_after[0] - steal_before[0]) / max(steal_after[1] - steal_before[1], 1)
-    conditions = (f"{machine()}; load average {load_before[0]:.2f} before / "
-                  f"{os.getloadavg()[0]:.2f} after; CPU steal {steal:.1%}")
+    conditions = f"{machine()}; {measured.describe()}"
     conditions += (f"; in the plain window the server's processes were switched out "
                    f"{switches[0] / plain.responses:.3f} times per response voluntarily "
                    f"(waiting) and {switches[1] / plain.responses:.3f} involuntarily "

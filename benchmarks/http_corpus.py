@@ -20,7 +20,7 @@ sys.path[:0] = [str(TESTS), str(ROOT)]
 
 from rfc_corpus import CASES, CORPUS_LIMITS, Serve, exchange, verdict  # noqa: E402
 
-from benchmarks.http_throughput import start_logged, stop  # noqa: E402
+from benchmarks.harness.start import start as start_server  # noqa: E402
 
 SERVERS = {
     "forkserve": [sys.executable, "-m", "forkserve", "-w", "1", "-b", "127.0.0.1:0"],
@@ -30,19 +30,17 @@ SERVERS = {
 
 def start(name, log_path):
     limits = [arg for key, value in CORPUS_LIMITS.items() for arg in (f"--{key}", str(value))]
-    return start_logged(SERVERS[name] + limits + ["echo_environ:app"], TESTS / "apps",
-                        dict(os.environ, PYTHONPATH=str(ROOT)), log_path)
+    return start_server(SERVERS[name] + limits + ["echo_environ:app"], log_path=log_path,
+                        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=TESTS / "apps",
+                        processes=2, probe_path="/")
 
 
 def main():
     outcomes = {}
     for name in SERVERS:
-        proc, port = start(name, f"/tmp/http-corpus-{name}.log")
-        try:
-            outcomes[name] = [verdict(case, *exchange(port, case.raw), exact=False)
+        with start(name, f"/tmp/http-corpus-{name}.log") as server:
+            outcomes[name] = [verdict(case, *exchange(server.port, case.raw), exact=False)
                               for case in CASES]
-        finally:
-            stop(proc)
     valid = [isinstance(case.expect, Serve) for case in CASES]
     print(f"{len(CASES)} cases: {sum(valid)} valid, {len(CASES) - sum(valid)} invalid\n")
     for name, results in outcomes.items():

@@ -38,19 +38,23 @@ means the ratios are not worth trusting.
 
 import argparse
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import urllib.request
 from pathlib import Path
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.harness import wrk  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.procs import group_cpu_seconds  # noqa: E402
+from benchmarks.harness.start import start as start_server  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
 
 HELLO = textwrap.dedent('''
     def app(environ, start_response):
@@ -71,31 +75,7 @@ LUA = textwrap.dedent('''
 ''')
 
 
-def cpu_times():
-    with open("/proc/stat") as handle:
-        fields = [int(x) for x in handle.readline().split()[1:]]
-    return sum(fields), fields[7]  # total, steal
-
-
-def start_logged(command, cwd, env, log_path):
-    """Start `command` in its own process group, logging to `log_path`; wait
-    for its "Listening at" line and return (process, port)."""
-    log = open(log_path, "w+b")
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    log.close()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        match = LISTENING.search(Path(log_path).read_text(errors="replace"))
-        if match:
-            return proc, int(match.group(1))
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise SystemExit(f"{command} did not start:\n{Path(log_path).read_text()}")
-
-
-def start(tree, app, env, log_path, workers=0):
+def start(tree, app, env, log_path, workers=0, probe_path="/"):
     """forkserve from `tree`; with tree None, Gunicorn (--preload -k gevent)
     on this checkout's app, which logs "Listening at" as forkserve does."""
     server = (["forkserve"] if tree is not None
@@ -104,76 +84,41 @@ def start(tree, app, env, log_path, workers=0):
     tree = tree if tree is not None else ROOT
     environment = dict(os.environ, PYTHONPATH=f"{tree}:{env.pop('EXTRA_PATH')}",
                        PYTHONUNBUFFERED="1", **env)
-    return start_logged(["taskset", "-c", "0", sys.executable, "-m", *server, "-w",
-                         str(workers), "-b", "127.0.0.1:0", app], tree, environment, log_path)
+    return start_server([sys.executable, "-m", *server, "-w", str(workers), "-b", "127.0.0.1:0",
+                         app], log_path=log_path, env=environment, cwd=tree, cpus="0",
+                        processes=1 + workers, probe_path=probe_path)
 
 
-def stop(proc):
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def cpu_seconds(pid):
-    """User + system CPU seconds the process has used (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wrk(port, path, duration, connections, script=None, env=None):
-    """Start wrk against one server; wrk_result() reads what it printed."""
-    command = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{duration}s"]
-    if script:
-        command += ["-s", script]
-    return subprocess.Popen(command + [f"http://127.0.0.1:{port}{path}"], text=True,
-                            stdout=subprocess.PIPE, env=dict(os.environ, **(env or {})))
-
-
-def wrk_result(run):
-    """(req/s, requests) from a finished wrk started by wrk()."""
-    out = run.communicate()[0]
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out)
-    if run.returncode or errors:
-        raise SystemExit(f"wrk saw errors:\n{out}")
-    return (float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            int(re.search(r"(\d+) requests in", out).group(1)))
+def wrk_result(text):
+    """(req/s, requests) from what a plain wrk run printed; exits if wrk saw errors."""
+    summary = wrk.parse_summary(text)
+    if summary.failed:
+        raise SystemExit(f"wrk saw errors:\n{text}")
+    return summary.rate, summary.requests
 
 
 def measure(servers, app, path, args, work, emails):
     """{tree name: (req/s, CPU us per request)}, loading `servers` (name:
-    (process, port)) at once; give one to measure it alone."""
+    harness Server) at once; give one to measure it alone."""
     cpu = {}
-    runs = {}
-    for name, (proc, port) in servers.items():
-        urllib.request.urlopen(f"http://127.0.0.1:{port}{path}").read()
-        cpu[name] = _tree_cpu_seconds(proc.pid)
-    for name, (proc, port) in servers.items():
-        if app == "persondb":
-            runs[name] = wrk(port, "/", args.duration, args.connections,
-                             str(work / "lookup.lua"),
-                             {"BENCH_EMAILS": str(emails), "BENCH_RANDOM": str(int(args.random))})
-        else:
-            runs[name] = wrk(port, path, args.duration, args.connections)
+    for name, server in servers.items():
+        urllib.request.urlopen(server.url + path).read()
+        cpu[name] = group_cpu_seconds(server.pid)
+    if app == "persondb":
+        script, env = str(work / "lookup.lua"), {"BENCH_EMAILS": str(emails),
+                                                 "BENCH_RANDOM": str(int(args.random))}
+        urls = {name: server.url + "/" for name, server in servers.items()}
+    else:
+        script, env = None, None
+        urls = {name: server.url + path for name, server in servers.items()}
+    outputs = wrk.together(list(urls.values()), args.duration, args.connections, "1",
+                           str(work), script=script, env=env)
     measured = {}
-    for name, run in runs.items():
-        rate, count = wrk_result(run)
-        used = _tree_cpu_seconds(servers[name][0].pid) - cpu[name]
+    for name, server in servers.items():
+        rate, count = wrk_result(outputs[urls[name]])
+        used = group_cpu_seconds(server.pid) - cpu[name]
         measured[name] = (rate, used * 1e6 / count)
     return measured
-
-
-def _tree_cpu_seconds(pid):
-    """CPU seconds of `pid` and its children (the workers, with -w N)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            children = [int(child) for child in handle.read().split()]
-    except FileNotFoundError:
-        children = []
-    return sum(cpu_seconds(process) for process in [pid, *children])
 
 
 def main():
@@ -218,7 +163,7 @@ def main():
                         "--rows", str(args.rows), "-o", str(path), *extra], cwd=ROOT, check=True)
     apps = {name: apps[name] for name in args.apps.split(",")}
     results = {(name, app): [] for name in trees for app in apps}
-    total0, steal0 = cpu_times()
+    conditions = Conditions()
     ratios = {app: [] for app in apps}
     names = list(trees)
     for round_ in range(args.rounds):
@@ -231,19 +176,18 @@ def main():
                         tree = trees[name] and Path(trees[name]).resolve()
                         servers[name] = start(tree, spec,
                                               dict(env, EXTRA_PATH=f"{work}:{ROOT}"),
-                                              work / f"{name}.log", workers[name])
+                                              work / f"{name}.log", workers[name], path)
                     measured = measure(servers, app, path, args, work, emails)
                 finally:
-                    for proc, _ in servers.values():
-                        stop(proc)
+                    for server in servers.values():
+                        server.stop()
                 for name, (rate, micros) in measured.items():
                     results[name, app].append((rate, micros))
                     print(f"round {round_ + 1} {app:9} {name:8} {rate:10.0f} req/s "
                           f"{micros:7.1f} CPU us/request", flush=True)
             if args.together:
                 ratios[app].append(results[names[-1], app][-1][0] / results[names[0], app][-1][0])
-    total1, steal1 = cpu_times()
-    print(f"\nCPU steal during the run: {100 * (steal1 - steal0) / max(1, total1 - total0):.1f}%")
+    print(f"\n{conditions.describe()}")
     for app in apps:
         for i, unit in ((0, "req/s"), (1, "CPU us/request")):
             medians = {name: statistics.median(r[i] for r in results[name, app]) for name in names}

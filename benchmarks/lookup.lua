@@ -16,7 +16,7 @@
 --   BENCH_SEED        random seed (thread N uses seed + N)
 --
 -- done() prints one line "BENCH_RESULT {json}" with the counters and
--- latency percentiles (microseconds) that benchmarks/load.py reads.
+-- latency percentiles (microseconds) that benchmarks/harness/wrk.py reads.
 
 local thread_list = {}
 local next_id = 1

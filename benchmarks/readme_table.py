@@ -1,12 +1,12 @@
-"""The README's benchmark table, made from a run's summary.csv.
+"""docs/benchmarks.md's benchmark table, made from a run's summary.csv.
 
-    python -m benchmarks.readme_table                        # print it
-    python -m benchmarks.readme_table --write README.md      # replace it there
+    python -m benchmarks.readme_table                                # print it
+    python -m benchmarks.readme_table --write docs/benchmarks.md     # replace it there
 
 Reads benchmarks/results/summary.csv (what `python benchmarks/run.py`
 writes; copy a run's results there to publish it) and renders one row per
 server that ran: memory after the lookups, throughput and latency, each
-with its ratio to Gunicorn. In the README the table sits between the
+with its ratio to Gunicorn. In docs/benchmarks.md the table sits between the
 markers below; tests/test_benchmarks_readme.py fails when it differs from
 what this renders from the committed summary.csv.
 """
@@ -15,12 +15,15 @@ import argparse
 import csv
 import os
 
+from benchmarks.harness.results import replace_between, show_or_write
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY = os.path.join(ROOT, "benchmarks", "results", "summary.csv")
-BEGIN = "<!-- benchmark table: python -m benchmarks.readme_table --write README.md -->"
+PAGE = os.path.join(ROOT, "docs", "benchmarks.md")
+BEGIN = "<!-- benchmark table: python -m benchmarks.readme_table --write docs/benchmarks.md -->"
 END = "<!-- end of benchmark table -->"
 
-#: the servers' names in the README, in the order of the run
+#: the servers' names in the table, in the order of the run
 NAMES = {
     "gunicorn": "Gunicorn `--preload -k gevent`",
     "gunicorn-gc": "Gunicorn + gc recipe in hooks",
@@ -74,24 +77,17 @@ def read_summary(path=SUMMARY):
 
 
 def replace_in(text, lines):
-    """`text` with the lines between BEGIN and END replaced by `lines`."""
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[:start] + "\n" + "\n".join(lines) + "\n" + text[end:]
+    """`text` with the table between BEGIN and END replaced by `lines`."""
+    return replace_between(text, BEGIN, END, lines)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--summary", default=SUMMARY)
-    parser.add_argument("--write", metavar="README", help="replace the table in this file")
+    parser.add_argument("--write", metavar="PAGE", help="replace the table in this file "
+                        "(docs/benchmarks.md)")
     args = parser.parse_args(argv)
-    lines = render(read_summary(args.summary))
-    if not args.write:
-        print("\n".join(lines))
-        return
-    with open(args.write, encoding="utf-8") as handle:
-        text = handle.read()
-    with open(args.write, "w", encoding="utf-8") as handle:
-        handle.write(replace_in(text, lines))
+    show_or_write(render(read_summary(args.summary)), args.write, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ import io
 import statistics
 import textwrap
 
+from benchmarks.harness.results import render_meta
+
 __all__ = [
     "BASELINE",
     "SAMPLE_FIELDS",
@@ -309,15 +311,6 @@ def render_markdown(runs, meta):
             w(f"- `{run.name}`: {run.note}\n")
         w("\n")
     return out.getvalue()
-
-
-def render_meta(w, meta, default_title):
-    """The page title and the run's context (date, command, machine...) as a list."""
-    w(f"# forkserve benchmark: {meta.get('title', default_title)}\n\n")
-    for key, value in meta.items():
-        if key != "title":
-            w(f"- **{key}**: {value}\n")
-    w("\n")
 
 
 def _render_phases(w, runs):

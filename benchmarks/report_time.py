@@ -13,18 +13,20 @@ walks of several processes at once, one per CPU).
 
 import argparse
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from forkserve.memory import model, procfs
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.start import start  # noqa: E402
+from forkserve.memory import model, procfs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APPS = os.path.join(REPO, "tests", "apps")
-_LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
 
 
 def _time(function, repeat):
@@ -48,34 +50,18 @@ def main(argv=None):
             handle.write("v1")
         log_path = os.path.join(scratch, "server.log")
         env = dict(os.environ, VERSION_FILE=version, BALLAST_MB=str(args.ballast_mb))
-        with open(log_path, "w") as log:
-            server = subprocess.Popen(
-                [sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", "-w",
-                 str(args.workers), "versioned:app"],
-                cwd=APPS, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        try:
-            deadline = time.monotonic() + 300
-            while len(procfs.child_pids(server.pid)) < args.workers:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit(f"server did not start; see {log_path}")
-                time.sleep(0.2)
+        conditions = Conditions()
+        with start([sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", "-w",
+                    str(args.workers), "versioned:app"], log_path=log_path, env=env, cwd=APPS,
+                   processes=args.workers + 1, probe_path="/", timeout=300) as server:
             report = model.collect(model.discover(server.pid))
             assert report.process_count == args.workers + 1, report.process_count
             pids = [info.pid for info in model.discover(server.pid)]
             full = _time(lambda: model.collect(model.discover(server.pid)), args.repeat)
             serial = _time(lambda: model.read_processes(pids, threads=1), args.repeat)
             one = _time(lambda: procfs.read_process(server.pid), args.repeat)
-        finally:
-            os.killpg(server.pid, 9)
-            server.wait()
-    with open("/proc/loadavg") as handle:
-        load = handle.read().split()[0]
-    print(f"{args.workers} workers x {args.ballast_mb} MiB shared, {os.cpu_count()} CPUs, "
-          f"load average {load}:")
-    with open("/proc/stat") as handle:
-        steal = handle.readline().split()[8]
-    print(f"  (cumulative CPU steal in /proc/stat: {steal} ticks)")
+    print(f"{args.workers} workers x {args.ballast_mb} MiB shared, {os.cpu_count()} CPUs; "
+          f"{conditions.describe()}:")
     print(f"  the same reads one process at a time: median {statistics.median(serial) * 1000:.0f} ms "
           f"(min {min(serial) * 1000:.0f}, max {max(serial) * 1000:.0f})")
     print(f"  full report: median {statistics.median(full) * 1000:.0f} ms "

@@ -22,10 +22,6 @@ import datetime
 import http.client
 import json
 import os
-import platform
-import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,10 +32,16 @@ if __package__ in (None, ""):
     # importable, as `python -m benchmarks.run` from the root would.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load, report  # noqa: E402
-from benchmarks.procs import Group, sample_group  # noqa: E402
-from benchmarks.servers import REPO, all_servers, bind_listener, python_version  # noqa: E402
-from examples.persondb import generate  # noqa: E402
+from benchmarks import report  # noqa: E402
+from benchmarks.harness import wrk as load  # noqa: E402
+from benchmarks.harness.datasets import build_store, prepare_dataset  # noqa: E402
+from benchmarks.harness.machine import (  # noqa: E402
+    Conditions, cpu_list, machine, say, stop_on_signals, versions,
+)
+from benchmarks.harness.procs import sample_group  # noqa: E402
+from benchmarks.harness.results import Result, command_line  # noqa: E402
+from benchmarks.harness.servers import REPO, persondb_servers, python_version  # noqa: E402
+from benchmarks.harness.start import ServerFailed, all_cpus, log_tail, start_spec  # noqa: E402
 
 #: Settings of the default run and of --quick (each overridable by its flag).
 DEFAULTS = {
@@ -64,10 +66,6 @@ START_TIMEOUT = 180.0
 SETTLE_S = 1.0
 
 
-class ServerFailed(Exception):
-    """A server did not start, or died while under test. The message says how."""
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="python benchmarks/run.py",
@@ -77,7 +75,7 @@ def parse_args(argv):
                    help="small dataset and short phases: a smoke test in under 2 minutes")
     p.add_argument("--servers", default="all",
                    help="comma-separated names (default: all): "
-                        + ", ".join(s.name for s in all_servers()))
+                        + ", ".join(s.name for s in persondb_servers()))
     p.add_argument("--rows", type=int, help=f"dataset rows (default {DEFAULTS['rows']:,})")
     p.add_argument("--workers", type=int, help=f"workers per server (default {DEFAULTS['workers']})")
     p.add_argument("--phases", type=int, help=f"load phases (default {DEFAULTS['phases']})")
@@ -115,7 +113,7 @@ def parse_args(argv):
     if args.out is None:
         args.out = (os.path.join(tempfile.gettempdir(), "forkserve-bench-quick") if args.quick
                     else os.path.join(REPO, "benchmarks", "results"))
-    known = {s.name for s in all_servers()}
+    known = {s.name for s in persondb_servers()}
     if args.servers != "all":
         wanted = [name.strip() for name in args.servers.split(",") if name.strip()]
         unknown = sorted(set(wanted) - known)
@@ -123,81 +121,13 @@ def parse_args(argv):
             p.error(f"unknown server(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
         args.servers = wanted
     else:
-        args.servers = [s.name for s in all_servers()]
+        args.servers = [s.name for s in persondb_servers()]
     if args.workers < 1:
         p.error("--workers must be >= 1 (the single-process servers are in the list already)")
     return args
 
 
-# -- the dataset ------------------------------------------------------------------
-
-
-def prepare_dataset(rows, seed, data_dir):
-    """The cached CSV and the emails file for wrk, generated when missing."""
-    os.makedirs(data_dir, exist_ok=True)
-    stem = os.path.join(data_dir, f"persondb-{rows}rows-seed{seed}")
-    csv_path, emails_path = stem + ".csv", stem + ".emails"
-    if not os.path.exists(csv_path):
-        say(f"generating {rows:,} rows into {csv_path} (cached for later runs)")
-        generate.generate_file(csv_path, rows, seed,
-                               progress=lambda n: say(f"  {n:,} rows"))
-    if not os.path.exists(emails_path):
-        generate.generate_file(emails_path, rows, seed, only_emails=True)
-    return csv_path, emails_path
-
-
-def build_store(python, csv_path, env):
-    """Build the Store cache once, outside any timed server start."""
-    started = time.monotonic()
-    proc = subprocess.run(
-        [python, "-c", "import examples.persondb.app"], cwd=REPO, capture_output=True,
-        text=True, env=dict(env, PERSONDB_MODE="store", PERSONDB_CSV=csv_path), timeout=600,
-    )
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        return None, lines[-1] if lines else f"exit status {proc.returncode}"
-    return time.monotonic() - started, None
-
-
 # -- one server ---------------------------------------------------------------------
-
-
-def http_status(port, path="/health", timeout=2.0):
-    """GET path on 127.0.0.1:port; the status, or None if it did not answer."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        return conn.getresponse().status
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-
-
-def log_tail(path, lines=12):
-    try:
-        with open(path, "rb") as f:
-            text = f.read()[-8000:].decode("utf-8", "replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def wait_until_ready(server, spec, port, log_path, expected, timeout):
-    """Poll until the server answers /health with all its processes; its port."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not server.alive():
-            raise ServerFailed(f"exited with status {server.popen.returncode} while starting:\n"
-                               + log_tail(log_path))
-        if port is None:
-            with open(log_path, "rb") as f:
-                port = spec.port_from_log(f.read())
-        if (port is not None and len(server.members()) >= expected
-                and http_status(port) == 200):
-            return port
-        time.sleep(0.1)
-    raise ServerFailed(f"not ready within {timeout:.0f}s:\n" + log_tail(log_path))
 
 
 class Sampler:
@@ -268,29 +198,15 @@ def run_server(spec, args, csv_path, load_spec, env, workdir, budget):
     """Start, load and stop one server; a report.ServerRun."""
     run = report.ServerRun(spec.name, spec.description, note=spec.note)
     log_path = os.path.join(args.out, "logs", f"{spec.name}.log")
-    open(log_path, "wb").close()
-    listener = bind_listener() if spec.needs_fd else None
-    fd = listener.fileno() if listener else None
-    # Sockets we bound: we know the port. forkserve binds its own: read its log.
-    port = listener.getsockname()[1] if listener else None
-    argv = spec.command(args.python, args.workers, fd)
-    # Always set the server's CPUs: unpinned means all of them, not the
-    # client CPUs this harness pinned itself to (children inherit affinity).
-    argv = ["taskset", "-c", args.server_cpus or f"0-{os.cpu_count() - 1}"] + argv
     server_env = dict(env, PERSONDB_CSV=csv_path, PERSONDB_MODE=spec.mode,
                       PERSONDB_STORE=csv_path + ".store")
-    with open(log_path, "ab") as log:
-        log.write(f"$ {shlex.join(argv)}\n".encode())
     started = time.monotonic()
-    try:
-        server = Group(argv, log_path=log_path, env=server_env, cwd=workdir,
-                       pass_fds=(fd,) if fd is not None else ())
-    finally:
-        if listener:
-            listener.close()  # the server holds its own copy now
-    with server:
-        expected = 1 if spec.single else 1 + args.workers
-        port = wait_until_ready(server, spec, port, log_path, expected, START_TIMEOUT)
+    # Always set the server's CPUs: unpinned means all of them, not the
+    # client CPUs this harness pinned itself to (children inherit affinity).
+    with start_spec(spec, python=args.python, workers=args.workers, log_path=log_path,
+                    env=server_env, cwd=workdir, cpus=args.server_cpus or all_cpus(),
+                    timeout=START_TIMEOUT) as server:
+        port = server.port
         run.startup_s = time.monotonic() - started
         say(f"  ready on port {port} in {run.startup_s:.1f}s "
             f"({len(server.members())} processes)")
@@ -319,8 +235,7 @@ def run_server(spec, args, csv_path, load_spec, env, workdir, budget):
                 f"{result.errors} errors), total PSS {pss / report.MIB:,.0f} MiB"
                 + (" [hit the time cap]" if result.timed_out else ""))
         run.probes = probe.records
-        with open(log_path, "rb") as f:
-            stats_port = spec.stats_port_from_log(f.read())
+        stats_port = server.stats_port()
         if stats_port is not None:
             run.worker_requests = worker_requests(stats_port)
         run.stop_s = server.stop()
@@ -345,55 +260,6 @@ def worker_requests(stats_port):
 # -- the whole run ----------------------------------------------------------------
 
 
-def say(message):
-    print(message, file=sys.stderr, flush=True)
-
-
-def versions(python):
-    """Versions of everything measured, read in the servers' interpreter."""
-    code = (
-        "import importlib.metadata as m, json, platform, forkserve\n"
-        "out = {'python': platform.python_version(), 'forkserve': forkserve.__version__}\n"
-        "for name in ('gevent', 'greenlet', 'gunicorn', 'pyuwsgi', 'bottle', 'orjson'):\n"
-        "    try: out[name] = m.version(name)\n"
-        "    except m.PackageNotFoundError: out[name] = 'not installed'\n"
-        "print(json.dumps(out))\n"
-    )
-    proc = subprocess.run([python, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
-    found = json.loads(proc.stdout) if proc.returncode == 0 else {"forkserve": "not importable"}
-    try:
-        wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout
-        found["wrk"] = wrk.split()[1] if wrk.split() else "?"
-    except FileNotFoundError:
-        found["wrk"] = "not installed"
-    return found
-
-
-def machine():
-    model = "?"
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    return f"{os.cpu_count()} × {model}, Linux {platform.release()}"
-
-
-@contextlib.contextmanager
-def stop_on_signals():
-    """Turn SIGTERM/SIGHUP into SystemExit so every `with Group` cleans up."""
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def main(argv=None):
     clock_start = time.monotonic()
     args = parse_args(argv)
@@ -406,17 +272,17 @@ def main(argv=None):
 def run_all(args, argv, clock_start):
     """Run every selected server in turn; (runs, meta) for the report."""
     if args.client_cpus:
-        os.sched_setaffinity(0, _cpu_list(args.client_cpus))
+        os.sched_setaffinity(0, cpu_list(args.client_cpus))
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     py_version = python_version(args.python)
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     started_at = datetime.datetime.now(datetime.timezone.utc)
-    load_before = os.getloadavg()
+    conditions = Conditions()
     csv_path, emails_path = prepare_dataset(args.rows, args.seed, args.data_dir)
     load_spec = load.LoadSpec(emails_path=emails_path, connections=args.connections,
                               cpus=args.client_cpus or None)
     runs = []
-    specs = [s for s in all_servers() if s.name in args.servers]
+    specs = [s for s in persondb_servers() if s.name in args.servers]
     budget = Budget(args.budget - (time.monotonic() - clock_start), args.phases, len(specs))
     with tempfile.TemporaryDirectory(prefix="forkserve-bench-") as workdir:
         for spec in specs:
@@ -425,7 +291,11 @@ def run_all(args, argv, clock_start):
                                     py_version))
             finally:
                 budget.server_done()
-    meta = run_meta(args, argv, py_version, csv_path, started_at, load_before)
+    found = versions(args.python)
+    meta = run_meta(args, argv, found, csv_path, started_at, conditions.end())
+    meta["result"] = Result.measured(
+        "run.py", command_line("run.py", argv), report.summary_rows(runs), conditions,
+        title=meta["title"], date=meta["date"], versions=found)
     return runs, meta
 
 
@@ -451,25 +321,14 @@ def run_one(spec, args, csv_path, load_spec, env, workdir, budget, py_version):
                                 reason=f"{first_line} (see logs/{spec.name}.log)")
 
 
-def _cpu_list(text):
-    cpus = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def run_meta(args, argv, py_version, csv_path, started_at, load_before):
+def run_meta(args, argv, found_versions, csv_path, started_at, conditions):
     size_mb = os.path.getsize(csv_path) / 1e6
-    v = versions(args.python)
-    command = "python benchmarks/run.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     return {
         "title": "PersonDB lookups" + (" (--quick)" if args.quick else ""),
         "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"`{command.strip()}`",
-        "machine": machine() + f", load average {load_before[0]:.2f} before / "
-                   f"{os.getloadavg()[0]:.2f} after the run",
-        "versions": ", ".join(f"{k} {val}" for k, val in v.items()),
+        "command": f"`{command_line('run.py', argv)}`",
+        "machine": machine() + "; " + conditions.describe(),
+        "versions": ", ".join(f"{k} {val}" for k, val in found_versions.items()),
         "dataset": f"{args.rows:,} people, CSV {size_mb:,.0f} MB (seed {args.seed})",
         "load": (f"{args.phases} phases × {args.requests:,} random lookups (5% unknown → 404), "
                  f"wrk {load_spec_text(args)}"),
@@ -485,6 +344,7 @@ def load_spec_text(args):
 
 
 def write_results(runs, meta, out):
+    meta.pop("result").write(out)
     with open(os.path.join(out, "samples.csv"), "w", newline="") as f:
         report.write_samples_csv(runs, f)
     with open(os.path.join(out, "summary.csv"), "w", newline="") as f:

@@ -33,8 +33,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.instances import start_persondb  # noqa: E402
-from benchmarks.load import LoadSpec, run_phase  # noqa: E402
-from benchmarks.procs import sample_group  # noqa: E402
+from benchmarks.harness.procs import sample_group  # noqa: E402
+from benchmarks.harness.wrk import LoadSpec, run_phase  # noqa: E402
 from examples.persondb import generate  # noqa: E402
 from forkserve.store import Store  # noqa: E402
 
@@ -55,7 +55,7 @@ def measure(setup, store_paths, work, args, spec):
             if result.errors:
                 raise SystemExit(f"{setup}, instance {number}: {result.errors} failed requests")
         samples = [sample for instance in instances
-                   for sample in sample_group(instance.group.pid, single=False)]
+                   for sample in sample_group(instance.pid, single=False)]
     finally:
         for instance in instances:
             instance.stop()

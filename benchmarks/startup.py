@@ -47,9 +47,11 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import procs  # noqa: E402
-from benchmarks.run import build_store, machine, prepare_dataset, say, stop_on_signals  # noqa: E402
-from benchmarks.servers import APP, REPO, python_version  # noqa: E402
+from benchmarks.harness import procs  # noqa: E402
+from benchmarks.harness.datasets import build_store, prepare_dataset  # noqa: E402
+from benchmarks.harness.machine import Conditions, machine, say, stop_on_signals  # noqa: E402
+from benchmarks.harness.results import Result, command_line  # noqa: E402
+from benchmarks.harness.servers import APP, REPO, python_version  # noqa: E402
 
 MODES = ("dict", "share", "store")
 LOG_POLL_S = 0.002
@@ -159,7 +161,7 @@ def measure(mode, args, csv_path, env, log_dir):
             wait_for(lambda: health_pid(watcher.port, 10) not in old | {None},
                      hup + TIMEOUT_S, "an answer from the new generation", group)
             row["hup_new_answer_s"] = time.monotonic() - hup
-            wait_for(lambda: not any(_alive(pid) for pid in old), hup + TIMEOUT_S,
+            wait_for(lambda: not any(procs.alive(pid) for pid in old), hup + TIMEOUT_S,
                      "the old workers to exit", group)
             row["hup_old_gone_s"] = time.monotonic() - hup
         except (TimeoutError, RuntimeError) as exc:
@@ -167,15 +169,6 @@ def measure(mode, args, csv_path, env, log_dir):
         finally:
             watcher.stop()
     return row
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except FileNotFoundError:
-        return False
-    return not text[text.rindex(")") + 2:].startswith(("Z", "X"))
 
 
 def _rss(pid):
@@ -235,7 +228,7 @@ def main(argv=None):
                        if args.quick else os.path.join(REPO, "benchmarks", "results", "startup"))
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
-    load_before = os.getloadavg()
+    conditions = Conditions()
     started_at = datetime.datetime.now(datetime.timezone.utc)
     version = python_version(args.python)
     rows = []
@@ -253,16 +246,17 @@ def main(argv=None):
             say(f"{mode}: starting {args.workers} workers on {args.rows:,} rows")
             rows.append(measure(mode, args, csv_path, env, os.path.join(out, "logs")))
             say(f"{mode}: {rows[-1]}")
-    command = "python benchmarks/startup.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = command_line("startup.py", argv)
     meta = {
         "title": f"{args.rows:,} people, -w {args.workers}" + (" (--quick)" if args.quick else ""),
         "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"`{command.strip()}`",
-        "machine": f"{machine()}; load average {load_before[0]:.2f} before / "
-                   f"{os.getloadavg()[0]:.2f} after",
+        "command": f"`{command}`",
+        "machine": f"{machine()}; {conditions.describe()}",
         "python": ".".join(map(str, version)),
         "server": f"pinned to CPU {args.server_cpus}",
     }
+    Result.measured("startup.py", command, rows, conditions, title=meta["title"],
+                    date=meta["date"], versions={"python": meta["python"]}).write(out)
     page = render(rows, meta)
     with open(os.path.join(out, "startup.md"), "w") as f:
         f.write(page)

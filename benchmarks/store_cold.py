@@ -26,10 +26,10 @@ import time
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load  # noqa: E402
 from benchmarks.cow_cost import start  # noqa: E402
-from benchmarks.run import build_store, prepare_dataset  # noqa: E402
-from benchmarks.servers import REPO  # noqa: E402
+from benchmarks.harness import wrk  # noqa: E402
+from benchmarks.harness.datasets import build_store, prepare_dataset  # noqa: E402
+from benchmarks.harness.servers import REPO  # noqa: E402
 
 
 def evict(path):
@@ -53,13 +53,13 @@ def cached_share(path):
 def measure(args, tree, csv_path, store_path, emails_path, log_path):
     evict(store_path)
     started = time.monotonic()
-    server, port = start(args, "store", csv_path, log_path, tree, processes=1)  # first answer
+    server = start(args, "store", csv_path, log_path, tree, processes=1)  # first answer
     try:
         answered = time.monotonic() - started
         share = cached_share(store_path)
-        spec = load.LoadSpec(emails_path=emails_path, cpus=args.client_cpus)
-        result = load.run_phase(f"http://127.0.0.1:{port}/", spec, args.requests, 120,
-                                os.path.dirname(log_path))
+        spec = wrk.LoadSpec(emails_path=emails_path, cpus=args.client_cpus)
+        result = wrk.run_phase(server.url + "/", spec, args.requests, 120,
+                               os.path.dirname(log_path))
     finally:
         server.stop()
     return share, answered, result

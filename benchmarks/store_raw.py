@@ -35,8 +35,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.instances import start_persondb  # noqa: E402
-from benchmarks.load import LoadSpec, run_phase  # noqa: E402
-from benchmarks.procs import cpu_seconds  # noqa: E402
+from benchmarks.harness.procs import group_cpu_seconds  # noqa: E402
+from benchmarks.harness.wrk import LoadSpec, run_phase  # noqa: E402
 from examples.persondb import generate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,19 +95,15 @@ def micro(tree, csv_path, store_path, emails_path):
     return float(per_call), float(per_request), int(nbytes)
 
 
-def group_cpu(instance):
-    return sum(cpu_seconds(pid) or 0.0 for pid in instance.group.members())
-
-
 def side_by_side(instances, spec, requests, work, round_number):
     """Load every instance at once; return {label: (PhaseResult, server CPU seconds)}."""
     found = {}
 
     def drive(number, label):
-        cpu = group_cpu(instances[label])
+        cpu = group_cpu_seconds(instances[label].pid)
         result = run_phase(instances[label].url, spec, requests, 600, str(work),
                            phase_id=10 * round_number + number)
-        found[label] = result, group_cpu(instances[label]) - cpu
+        found[label] = result, group_cpu_seconds(instances[label].pid) - cpu
 
     threads = [threading.Thread(target=drive, args=item) for item in enumerate(instances)]
     for thread in threads:

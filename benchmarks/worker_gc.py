@@ -19,28 +19,18 @@ import argparse
 import http.client
 import json
 import os
-import re
-import subprocess
 import sys
 import threading
 import time
 
-from forkserve.memory.workergc import POLICIES
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.harness.start import start  # noqa: E402
+from forkserve.memory.workergc import POLICIES  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1024 * 1024
-_STATS = re.compile(r"Stats at: http://127\.0\.0\.1:(\d+)")
-_LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
-
-
-def _wait_for(pattern, log_path, deadline):
-    while time.monotonic() < deadline:
-        with open(log_path) as handle:
-            match = pattern.search(handle.read())
-        if match:
-            return int(match.group(1))
-        time.sleep(0.1)
-    raise RuntimeError(f"server did not start; see {log_path}")
 
 
 def _stats(port):
@@ -80,17 +70,10 @@ def measure(app, policy, requests, log_dir):
     log_path = os.path.join(log_dir, f"{app}-{policy}.log")
     kind, path, status = APPS[app]
     env = dict(os.environ, GCAPP=kind)
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", "-w", "2",
-             "--stats", "127.0.0.1:0", "--worker-gc", policy, "benchmarks.gcapps:app"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        port = _wait_for(_LISTENING, log_path, deadline)
-        stats = _wait_for(_STATS, log_path, deadline)
-        while len(_stats(stats)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+    with start([sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", "-w", "2",
+                "--stats", "127.0.0.1:0", "--worker-gc", policy, "benchmarks.gcapps:app"],
+               log_path=log_path, env=env, processes=3, probe_path="/", timeout=120) as server:
+        port, stats = server.port, server.stats_port()
         _drive(port, 400, path, status)  # warm up: imports and caches of the first requests
         before = {row["pid"]: row for row in _stats(stats)}
         seconds = _drive(port, requests, path, status)
@@ -105,9 +88,6 @@ def measure(app, policy, requests, log_dir):
             "pause_ms": sum(row["gc_pause"] or 0 for row in after) * 1000,
             "req_s": requests / seconds,
         }
-    finally:
-        os.killpg(server.pid, 9)
-        server.wait()
 
 
 def main(argv=None):

@@ -8,6 +8,7 @@ stdout and stderr (descriptors 1 and 2) to the error log file.
 """
 
 import atexit
+import errno
 import json
 import logging
 import logging.config
@@ -22,6 +23,9 @@ __all__ = ["setup", "reopen", "error_log", "access_log", "access_enabled", "acce
 
 error_log = logging.getLogger("forkserve.error")
 access_log = logging.getLogger("forkserve.access")
+
+#: write errors after which the access log drops lines and tries again later
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 _FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"
 
@@ -56,7 +60,14 @@ class AccessFileHandler(logging.FileHandler):
     against 2.6 us measured in a worker; benchmarks/README.md). A block is
     whole lines written with one write() on a file opened for appending, so
     workers logging to the same file never split each other's lines. The
-    timer runs on the worker's gevent loop."""
+    timer runs on the worker's gevent loop.
+
+    A full disk (or quota) does not stop the server, and does not stop the
+    log for good: a block that cannot be written is dropped and counted
+    (`dropped`), one warning per `warn_interval` goes to the server log,
+    and lines are written again from the first write that succeeds. The
+    file is unbuffered, so nothing failed stays in a buffer to come back
+    later, out of time, once space is freed."""
 
     #: seconds an entry may wait; one write per interval under load
     flush_interval = 0.5
@@ -65,9 +76,17 @@ class AccessFileHandler(logging.FileHandler):
     #: turns the list of entries into their lines (AccessFormat.render_all)
     render = None
     _flush_timer = None
+    #: seconds between two warnings about dropped lines, however many fail
+    warn_interval = 10.0
 
     def __init__(self, *args, **kwargs):
         self._pending = []
+        #: lines dropped because the file could not take them, in all
+        self.dropped = 0
+        self._unreported = 0  # dropped since the last warning
+        self._failing = False
+        self._torn = False  # the file ends in part of a line a short write left
+        self._next_warning = 0.0
         super().__init__(*args, **kwargs)
         # Not only logging.shutdown: an application that calls dictConfig
         # (Django does, at setup) closes every handler and drops it from
@@ -102,12 +121,50 @@ class AccessFileHandler(logging.FileHandler):
         if pending:
             entries = pending[:]
             pending.clear()  # the same list: access_sink appends to it directly
-            if self.stream is None:  # closed by a logging (re)configuration: reopen
-                self.stream = self._open()
             lines = entries if self.render is None else self.render(entries)
             lines.append("")
-            self.stream.write("\n".join(lines))
+            self._write("\n".join(lines).encode("utf-8", "backslashreplace"))
         super().flush()
+
+    def _open(self):
+        # Unbuffered bytes: a write either reaches the file or fails now.
+        return open(self.baseFilename, "ab", buffering=0)
+
+    def _write(self, block):
+        if self._torn:  # end the piece of line a short write left
+            block = b"\n" + block
+        written = 0
+        try:
+            if self.stream is None:  # closed by a logging (re)configuration: reopen
+                self.stream = self._open()
+            while written < len(block):  # a short write: the rest, or the error that stopped it
+                written += self.stream.write(block[written:])
+        except OSError as exc:
+            if exc.errno not in _FULL_ERRNOS:
+                raise
+            self._torn = written > 0 and block[written - 1] != 0x0A
+            self._drop(block.count(b"\n", written), exc)
+            return
+        self._torn = False
+        if self._failing:
+            self._failing = False
+            error_log.warning("access log %s: writing again (%d lines dropped in all while "
+                              "it could not be written)", self.baseFilename, self.dropped)
+            self._unreported = 0
+
+    def _drop(self, lines, exc):
+        self.dropped += lines
+        self._unreported += lines
+        self._failing = True
+        now = time.monotonic()
+        if now < self._next_warning:
+            return
+        self._next_warning = now + self.warn_interval
+        error_log.warning("access log %s: %s; dropped %d lines (%d in all); lines are written "
+                          "again as soon as the file takes them: free space on its filesystem "
+                          "or move the log (--access-logfile)", self.baseFilename,
+                          exc.strerror, self._unreported, self.dropped)
+        self._unreported = 0
 
 
 def access_sink(access_format):

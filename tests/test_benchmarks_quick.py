@@ -1,6 +1,6 @@
 """The benchmark harness: its pure parts, and one tiny end-to-end run.
 
-The unit tests drive report.py, load.py's parser, procs.py's /proc parser,
+The unit tests drive report.py, harness/wrk.py's parser, harness/procs.py's /proc parser,
 the time budget and the server command lines with made-up data. The e2e
 tests run benchmarks/run.py on a 400-row dataset with two servers (a few
 seconds) and check it cleans up after itself, also when it is interrupted.
@@ -17,8 +17,11 @@ import time
 
 import pytest
 
-from benchmarks import load, report, run, servers
-from benchmarks.procs import parse_cpu_seconds
+from benchmarks import report, run
+from benchmarks.harness import servers
+from benchmarks.harness import wrk as load
+from benchmarks.harness.procs import parse_cpu_seconds
+from benchmarks.harness.results import Result
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -175,20 +178,20 @@ def test_budget_shares_time_among_remaining_phases(monkeypatch):
 
 
 def test_forkserve_port_comes_from_its_log():
-    spec = next(s for s in servers.all_servers() if s.name == "forkserve-dict")
+    spec = next(s for s in servers.persondb_servers() if s.name == "forkserve-dict")
     log = b"[INFO] Listening at: http://127.0.0.1:43121 (77)\n"
     assert spec.port_from_log(log) == 43121
     assert spec.port_from_log(b"[INFO] Booting\n") is None
 
 
 def test_share_is_skipped_before_312_with_the_reason():
-    spec = next(s for s in servers.all_servers() if s.name == "forkserve-share")
+    spec = next(s for s in servers.persondb_servers() if s.name == "forkserve-share")
     reason = spec.skip_reason(sys.executable, (3, 11))
     assert "3.12+" in reason and "immortal" in reason
 
 
 def test_servers_get_sockets_not_port_numbers():
-    by_name = {s.name: s for s in servers.all_servers()}
+    by_name = {s.name: s for s in servers.persondb_servers()}
     gunicorn = by_name["gunicorn"].command("python", 4, 7)
     assert "--preload" in gunicorn and "fd://7" in gunicorn
     uwsgi = by_name["uwsgi"].command("python", 4, 7)
@@ -254,7 +257,7 @@ def test_tiny_run_writes_every_result_and_leaves_no_process(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
-    expected = {"samples.csv", "summary.csv", "results.md"}
+    expected = {"samples.csv", "summary.csv", "results.md", "result.json"}
     try:
         import matplotlib  # noqa: F401
         expected.add("memory.png")
@@ -265,6 +268,10 @@ def test_tiny_run_writes_every_result_and_leaves_no_process(tmp_path):
     assert "| `gevent-single` |" in results and "| `forkserve-dict` |" in results
     samples = (out / "samples.csv").read_text()
     assert ",loaded," in samples and ",phase_end," in samples
+    result = Result.read(out / "result.json")
+    assert result.scenario == "run.py" and result.command.startswith("python benchmarks/run.py")
+    assert {row["server"] for row in result.rows} == {"gevent-single", "forkserve-dict"}
+    assert set(result.conditions) == {"load_before", "load_after", "steal"}
     assert _processes_using(str(tmp_path / "data")) == []
 
 

@@ -1,20 +1,16 @@
-"""The README's benchmark table is made from the committed run's summary.csv
-(benchmarks/readme_table.py), not typed in."""
-
-import os
+"""docs/benchmarks.md's benchmark table is made from the committed run's
+summary.csv (benchmarks/readme_table.py), not typed in."""
 
 from benchmarks import readme_table
 
-README = os.path.join(readme_table.ROOT, "README.md")
 
-
-def test_readme_benchmark_table_is_generated_from_the_committed_summary():
-    with open(README, encoding="utf-8") as handle:
+def test_docs_benchmark_table_is_generated_from_the_committed_summary():
+    with open(readme_table.PAGE, encoding="utf-8") as handle:
         text = handle.read()
     lines = readme_table.render(readme_table.read_summary())
     assert readme_table.replace_in(text, lines) == text, (
-        "README's benchmark table differs from benchmarks/results/summary.csv; run "
-        "python -m benchmarks.readme_table --write README.md")
+        "docs/benchmarks.md's table differs from benchmarks/results/summary.csv; run "
+        "python -m benchmarks.readme_table --write docs/benchmarks.md")
 
 
 def test_the_table_has_a_row_per_server_that_ran_with_ratios_to_gunicorn():

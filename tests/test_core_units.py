@@ -187,7 +187,14 @@ def test_usr2_reloads_as_hup_does():
     assert SingleServer.handle_usr2 is SingleServer.handle_hup
 
 
-def test_readme_signals_table_is_generated_from_the_declarations():
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert signals_table() in readme, (
-        "README's signals table is stale: regenerate it with python -m forkserve.process.signals")
+def test_signals_table_has_abrt_which_workers_handle_and_the_master_does_not_install():
+    row = next(line for line in signals_table().splitlines() if line.startswith("| ABRT |"))
+    assert "worker_abort" in row and "--timeout" in row
+    assert signal.SIGABRT not in MASTER_SIGNALS and signal.SIGABRT not in SINGLE_SIGNALS
+
+
+def test_docs_signals_table_is_generated_from_the_declarations():
+    page = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "signals.md").read_text()
+    assert signals_table() in page, (
+        "docs/signals.md's table is stale: paste in the output of "
+        "python -m forkserve.process.signals")

@@ -32,10 +32,11 @@ def test_gunicorn_hooks_take_gunicorns_number_of_arguments():
         assert len(inspect.signature(known[name].default).parameters) == arity, name
 
 
-def test_readme_gunicorn_table_is_generated_from_the_rows():
-    readme = (ROOT / "README.md").read_text()
-    assert gunicorn.table() in readme, (
-        "README's Gunicorn table is stale: regenerate it with python -m forkserve.config.gunicorn")
+def test_docs_gunicorn_table_is_generated_from_the_rows():
+    page = (ROOT / "docs" / "gunicorn.md").read_text()
+    assert gunicorn.table() in page, (
+        "docs/gunicorn.md's table is stale: paste in the output of "
+        "python -m forkserve.config.gunicorn")
 
 
 def test_a_typical_gunicorn_config_file_is_read_under_gunicorns_names(tmp_path):

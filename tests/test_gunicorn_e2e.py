@@ -499,3 +499,38 @@ def test_check_config_runs_no_hook_and_fails_on_hooks_that_would_never_run(tmp_p
     assert single.returncode == 2
     assert "the pre_fork hook never runs with -w 0" in single.stderr
     assert os.listdir(tmp_path) == []  # not even on_starting: no server was started
+
+
+# --- SCRIPT_NAME: the application mounted under a prefix, as Gunicorn mounts it ---
+
+def _mounted(port, path):
+    """(status, whether a refusal closed the connection, 'SCRIPT_NAME PATH_INFO' seen
+    by the app); Gunicorn's sync worker closes every connection, so a 200's is not
+    compared."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            if body and b"Content-Length: %d" % len(body) in head:
+                break
+        status = int(data.split(b" ", 2)[1])
+    if status == 200:
+        return status, None, json.loads(body)["mounted"]
+    return status, b"connection: close" in data.lower(), None
+
+
+@pytest.mark.parametrize("how", ["--env", "environment"])
+def test_script_name_mounts_the_application_as_gunicorn_does(servers, how):
+    args, env = (("--env", "SCRIPT_NAME=/prefix"), None) if how == "--env" \
+        else ((), {"SCRIPT_NAME": "/prefix"})
+    paths = ["/prefix", "/prefix/", "/prefix/mounted/a%20b?q=1", "/prefixed", "/other", "/",
+             "/pre%66ix/x"]
+    seen = {}
+    for kind in ("gunicorn", "forkserve"):
+        server = servers(kind, *args, app="flask_site:mounted", env=env)
+        seen[kind] = [_mounted(server.port, path) for path in paths]
+    assert seen["forkserve"] == seen["gunicorn"], seen
+    assert seen["forkserve"][2] == (200, None, "/prefix /mounted/a b")
+    assert seen["forkserve"][4][:2] == (500, True)  # outside the prefix: Gunicorn's 500

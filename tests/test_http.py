@@ -180,6 +180,22 @@ def test_body_reads_chunked_with_extensions_and_trailers():
     assert b.done and rfile.read() == b"NEXT"
 
 
+def test_chunked_trailer_carrying_content_type_is_read_and_dropped():
+    # Gunicorn's corpus, valid/012: RFC 9110 6.5.1 lets a recipient discard it
+    b, rfile = body(b"5\r\nhello\r\n6\r\n world\r\n0\r\nVary: *\r\n"
+                    b"Content-Type: text/plain\r\n\r\nNEXT", chunked_=True)
+    assert b.read() == b"hello world" and b.done
+    assert rfile.read() == b"NEXT"
+
+
+def test_chunked_trailer_that_would_change_framing_is_refused():
+    for field in (b"Content-Length: 3", b"Transfer-Encoding: chunked", b"Trailer: X"):
+        b, _ = body(b"3\r\nabc\r\n0\r\n" + field + b"\r\n\r\n", chunked_=True)
+        with pytest.raises(RequestError) as caught:
+            b.read()
+        assert caught.value.status == 400, field
+
+
 def test_chunked_body_over_limit_raises_413_and_stays_failed():
     b, _ = body(b"400\r\n" + b"x" * 1024 + b"\r\n400\r\n", chunked_=True, limit_request_body=1500)
     assert len(b.read(1024)) == 1024

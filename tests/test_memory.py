@@ -613,7 +613,7 @@ def test_json_keys_are_the_documented_ones():
     assert list(data) == ["schema", "time", "processes", "totals"]
     assert list(data["processes"][0]) == [
         "pid", "role", "worker_id", "generation", "state", "requests", "gc_collections",
-        "gc_pause", "start_time", "uptime",
+        "gc_pause", "connections", "accepted", "start_time", "uptime",
         "rss", "pss", "shared_clean", "shared_dirty", "private_clean", "private_dirty", "swap",
         "anonymous", "pss_anon", "pss_file", "private", "file", "uss", "shared",
         "shared_fraction", "minor_faults", "major_faults",
@@ -1311,3 +1311,19 @@ def test_stats_health_answers_from_the_servers_readiness_not_from_the_report():
     assert status == "503 Service Unavailable" and b"not serving" in body
     assert stats.respond("GET", "/health?x=1", no_report, ready=lambda: True)[0] == "200 OK"
     assert stats.respond("GET", "/livez", no_report, ready=lambda: False)[0] == "200 OK"
+
+
+def test_worker_connection_counts_are_in_the_json_and_a_prometheus_gauge():
+    report = make_report()
+    worker = report.processes[1]
+    counted = dataclasses.replace(worker, info=dataclasses.replace(worker.info, connections=3,
+                                                                   accepted=41))
+    report = Report((report.processes[0], counted) + report.processes[2:], report.time)
+    data = json.loads(json.dumps(reporter.to_json(report)))
+    assert (data["processes"][1]["connections"], data["processes"][1]["accepted"]) == (3, 41)
+    assert data["processes"][2]["connections"] is None
+    assert reporter.from_json(data) == report
+    text = reporter.to_prometheus(report)
+    assert check_exposition(text)["forkserve_process_connections"] == "gauge"
+    assert 'forkserve_process_connections{pid="101",role="worker",worker="1"} 3\n' in text
+    assert 'connections{pid="102"' not in text

@@ -95,7 +95,8 @@ def test_every_setting_has_a_flag_an_env_var_and_help():
         names.add(setting.name)
 
 
-def test_readme_settings_table_is_generated_from_the_declarations():
-    readme = (ROOT / "README.md").read_text()
-    assert settings.settings_table() in readme, (
-        "README's settings table is stale: regenerate it with python -m forkserve.config.settings")
+def test_docs_settings_table_is_generated_from_the_declarations():
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert settings.settings_table() in page, (
+        "docs/settings.md's table is stale: paste in the output of "
+        "python -m forkserve.config.settings")

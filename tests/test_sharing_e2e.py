@@ -77,12 +77,15 @@ def measured(tmp_path_factory, dataset):
     csv_path, emails = dataset
     paths = [f"/person/{email}" for email in emails]
     figures = {}
-    modes = ["dict", "store"] + (["share"] if IMMORTAL else [])
+    # mode: (the app's PERSONDB_MODE, extra flags); "heap" is plain dicts + --share-heap
+    modes = {"dict": ("dict", []), "store": ("store", [])}
+    if IMMORTAL:
+        modes.update(share=("share", []), heap=("dict", ["--share-heap"]))
     log_dir = tmp_path_factory.mktemp("servers")
-    for mode in modes:
+    for mode, (app_mode, flags) in modes.items():
         server = forkserve_testing.ServerProcess(
-            ["-w", "2"], app="examples.persondb.app:app", cwd=ROOT,
-            env={"PERSONDB_CSV": str(csv_path), "PERSONDB_MODE": mode,
+            ["-w", "2", *flags], app="examples.persondb.app:app", cwd=ROOT,
+            env={"PERSONDB_CSV": str(csv_path), "PERSONDB_MODE": app_mode,
                  "PERSONDB_STORE": str(log_dir / "people.store")}, log_dir=log_dir)
         try:
             server.wait_listening(timeout=120)
@@ -102,7 +105,7 @@ def measured(tmp_path_factory, dataset):
                              "total_pss": sum(procfs.read_process(pid).pss
                                               for pid in [server.pid, *workers]),
                              "growth": [after[pid] - before[pid] for pid in workers],
-                             "why": _why(busiest) if mode in ("dict", "share") else None,
+                             "why": _why(busiest) if mode in ("dict", "share", "heap") else None,
                              "log": server.log()}
         finally:
             server.kill_group()
@@ -130,7 +133,7 @@ def _report(figures, mode):
 
 
 def test_every_lookup_was_answered(measured):
-    for mode in ("dict", "store", "share"):
+    for mode in ("dict", "store", "share", "heap"):
         if mode in measured:
             assert measured[mode]["statuses"] == {200: ROWS}, mode
             print(f"\n{_report(measured, mode)}; master RSS "
@@ -156,6 +159,13 @@ def test_shared_dicts_stay_shared_under_random_reads(measured):
         assert growth < 0.05 * measured["dataset"], _report(measured, "share")
 
 
+@pytest.mark.skipif(not IMMORTAL, reason="--share-heap needs Python 3.12+")
+def test_plain_dicts_under_share_heap_stay_shared_under_random_reads(measured):
+    """The app calls nothing: --share-heap alone keeps its dataset shared."""
+    for growth in measured["heap"]["growth"]:
+        assert growth < 0.05 * measured["dataset"], _report(measured, "heap")
+
+
 def test_the_compact_store_stays_shared_and_halves_the_master(measured):
     for growth in measured["store"]["growth"]:
         assert growth < 0.05 * measured["dataset"], _report(measured, "store")
@@ -179,4 +189,10 @@ def test_why_names_the_dataset_dict_as_what_the_workers_copied(measured):
 @pytest.mark.skipif(not IMMORTAL, reason="immortal objects need Python 3.12+")
 def test_why_finds_nearly_nothing_copied_from_a_shared_dataset(measured):
     answer = measured["share"]["why"]
+    assert answer["on_objects_bytes"] < 0.05 * measured["dataset"], answer["owners"][:3]
+
+
+@pytest.mark.skipif(not IMMORTAL, reason="--share-heap needs Python 3.12+")
+def test_why_finds_nearly_nothing_copied_from_plain_dicts_under_share_heap(measured):
+    answer = measured["heap"]["why"]
     assert answer["on_objects_bytes"] < 0.05 * measured["dataset"], answer["owners"][:3]

@@ -1,7 +1,7 @@
 """Configuration: what to serve and how.
 
 settings  every setting declared once (flag, env var, config key, default,
-          help); the command line, config files and the README table come
+          help); the command line, config files and the docs/settings.md table come
           from it
 files     config files (Python or TOML) read into raw values and hooks
 values    the converters: text in, a typed value out, or an error that says

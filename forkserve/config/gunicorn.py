@@ -15,7 +15,7 @@ settings (all of gunicorn.config.KNOWN_SETTINGS, 27.0) has one `Row` here:
 
 This module only decides: `settings_from_file` turns a config file's names
 into forkserve settings and hooks, `translate` checks one Gunicorn value,
-`table` renders the README. Config files are read by
+`table` renders docs/gunicorn.md's table. Config files are read by
 forkserve.config.settings.
 """
 
@@ -71,7 +71,7 @@ HOOKS = {
     "nworkers_changed": 3, "on_exit": 1,
 }
 
-#: forkserve's own hooks, for moments Gunicorn does not have (see README).
+#: forkserve's own hooks, for moments Gunicorn does not have (see docs/gunicorn.md).
 FORKSERVE_HOOKS = {
     "post_freeze": 1,   # (server): the dataset is loaded and frozen, before the first fork
     "pre_retire": 2,    # (server, generation): a reload's new generation serves; this one drains
@@ -133,8 +133,8 @@ ROWS = (
     _refused("preload_app", "forkserve always loads the application once, in the master, "
              "before forking: that is how workers share its data. Remove "
              "preload_app = False.", flags=("--preload",), switch=True, harmless=(True,)),
-    _refused("sendfile", "forkserve never uses sendfile(); file responses are sent with "
-             "send().", flags=("--no-sendfile",), switch=True, harmless=(None, False)),
+    _honoured("sendfile", "Same meaning: wsgi.file_wrapper's regular files go out with "
+              "os.sendfile() unless sendfile = False (--no-sendfile)."),
     _refused("reuse_port", "Workers share the master's listening sockets; SO_REUSEPORT "
              "sockets per worker are not supported.", flags=("--reuse-port",), switch=True,
              harmless=(False,)),
@@ -227,8 +227,8 @@ ROWS = (
     _refused("casefold_http_method", _STRICT, flags=("--casefold-http-method",), switch=True,
              harmless=(False,)),
     _refused("forwarder_headers", "Headers with underscores are always dropped (no trusted "
-             "forwarder may set SCRIPT_NAME or PATH_INFO through them); set SCRIPT_NAME with "
-             "a WSGI middleware instead.", flags=("--forwarder-headers",),
+             "forwarder may set SCRIPT_NAME or PATH_INFO through them); set SCRIPT_NAME in the "
+             "environment instead (--env SCRIPT_NAME=/prefix).", flags=("--forwarder-headers",),
              harmless=("SCRIPT_NAME,PATH_INFO",)),
     _refused("header_map", "Headers with underscores are always dropped (as header_map = "
              "'drop').", flags=("--header-map",), harmless=("drop",)),
@@ -238,7 +238,8 @@ ROWS = (
     _refused("websocket_max_message_size", _ASGI, flags=("--websocket-max-message-size",)),
     _refused("http_parser", "forkserve has one HTTP parser (forkserve.http.h1).",
              flags=("--http-parser",), harmless=("auto", "python")),
-    _refused("root_path", "Set SCRIPT_NAME with a WSGI middleware.", flags=("--root-path",),
+    _refused("root_path", "Set SCRIPT_NAME in the environment (--env SCRIPT_NAME=/prefix): "
+             "as in Gunicorn, the application is mounted there.", flags=("--root-path",),
              harmless=("",)),
     _refused("dirty_apps", _DIRTY, flags=("--dirty-app",), harmless=([],)),
     _refused("dirty_workers", _DIRTY, flags=("--dirty-workers",), harmless=(0,)),
@@ -342,7 +343,7 @@ def add_arguments(parser, taken):
     """Add Gunicorn's flags that forkserve's own settings do not already have."""
     group = parser.add_argument_group(
         "Gunicorn's flags", "Accepted so a Gunicorn command line works unchanged; each is "
-        "honoured or refused with the reason (see the README's Gunicorn table).")
+        "honoured or refused with the reason (see docs/gunicorn.md).")
     for row in ROWS:
         flags = [flag for flag in row.flags if flag not in taken]
         if not flags:
@@ -370,7 +371,7 @@ def _check_hook(name, value, arity, path):
 
 
 def table() -> str:
-    """The README's table of every Gunicorn setting and what forkserve does with it."""
+    """docs/gunicorn.md's table of every Gunicorn setting and what forkserve does with it."""
     lines = ["| Gunicorn setting | forkserve | Notes |", "|---|---|---|"]
     for row in ROWS:
         if row.kind == "honoured":
@@ -386,6 +387,6 @@ def table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m forkserve.config.gunicorn prints the README table
+if __name__ == "__main__":  # python -m forkserve.config.gunicorn prints docs/gunicorn.md's table
     import sys
     sys.stdout.write(table() + "\n")

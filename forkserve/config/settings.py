@@ -3,7 +3,7 @@
 Each `Setting` names its command-line flags, its environment variable
 (FORKSERVE_<NAME>), its config-file key (the name), its type, its default
 and one line of help. The argument parser, the environment and config-file
-readers and the README's settings table are all derived from `SETTINGS`;
+readers and docs/settings.md's tables are all derived from `SETTINGS`;
 nothing else in the package lists settings.
 
 Precedence, lowest first: defaults, config file, environment, command line.
@@ -37,7 +37,8 @@ class Setting:
     default: Any
     help: str
     metavar: str | None = None
-    # "value" takes an argument; "flag" is a switch; "append" repeats;
+    # "value" takes an argument; "flag" is a switch; "off" a switch that
+    # turns an on-by-default setting off (--no-...); "append" repeats;
     # "optional" takes an argument or, alone, means "auto".
     kind: str = "value"
     section: str = "server"
@@ -75,6 +76,9 @@ SETTINGS = (
     Setting("worker_connections", ("--worker-connections",), values.whole(1), 1000,
             "Most simultaneous connections one worker serves (one greenlet each).",
             metavar="N"),
+    Setting("no_balance", ("--no-balance",), values.flag, False,
+            "Let workers race for new connections instead of each pausing accept() while it "
+            "holds more than its share of the workers' open connections.", kind="flag"),
     Setting("backlog", ("--backlog",), values.whole(1), 2048,
             "Listen queue length: connections the kernel holds while workers are busy.",
             metavar="N"),
@@ -137,6 +141,16 @@ SETTINGS = (
             "Python's thresholds), normal (Python's defaults) or idle (young generations "
             "between requests). The master's frozen heap is never collected.",
             metavar="POLICY", section="memory"),
+    # --share-heap: forkserve.memory.heap holds what it marks and what it costs.
+    Setting("share_heap", ("--share-heap",), values.flag, False,
+            "Python 3.12+: once the application is loaded, make the master's whole heap "
+            "immortal so that workers' reads copy none of it. Objects that exist then are "
+            "never freed: their finalisers and weakref callbacks never run. Refused on 3.11.",
+            kind="flag", section="memory"),
+    Setting("warmup", ("--warmup",), values.url_path_list, lambda: [],
+            "Before forking, the master GETs this path (e.g. /, /products?page=2) in-process, "
+            "three times, so lazily built caches and specialised bytecode are built once and "
+            "shared. Repeat for several.", metavar="PATH", kind="append", section="memory"),
     Setting("limit_request_line", ("--limit-request-line",), values.whole(0), 4094,
             "Longest request line in bytes, CRLF not counted (as Gunicorn); longer gets 414. "
             "At most 8190; 0 means no limit (a 1 MiB ceiling remains).",
@@ -163,6 +177,10 @@ SETTINGS = (
             "Seconds one send of the response may wait for a client that does not read; "
             "the connection is closed after. 0 disables.",
             metavar="SECONDS", section="http"),
+    Setting("sendfile", ("--no-sendfile",), values.flag_on_by_default, True,
+            "Send wsgi.file_wrapper's regular files with os.sendfile() (zero copy); "
+            "--no-sendfile (sendfile = False) reads them in blocks and sends those.",
+            kind="off", section="http"),
     Setting("user", ("-u", "--user"), values.name_or_id, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",
             metavar="USER", section="security"),
@@ -278,9 +296,9 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
                         version="forkserve " + __import__("forkserve").__version__)
     for setting in SETTINGS:
         dest = setting.name
-        if setting.kind == "flag":
-            parser.add_argument(*setting.flags, dest=dest, action="store_const", const=True,
-                                default=None, help=setting.help)
+        if setting.kind in ("flag", "off"):
+            parser.add_argument(*setting.flags, dest=dest, action="store_const",
+                                const=setting.kind == "flag", default=None, help=setting.help)
         elif setting.kind == "optional":  # the flag alone means "auto"
             parser.add_argument(*setting.flags, dest=dest, nargs="?", const="auto",
                                 default=None, metavar=setting.metavar, help=setting.help)
@@ -352,7 +370,7 @@ def _command_line(parser, argv, where) -> dict:
 
 
 def settings_table() -> str:
-    """The README's settings tables, one per section, in Markdown."""
+    """docs/settings.md's settings tables, one per section, in Markdown."""
     sections = dict.fromkeys(setting.section for setting in SETTINGS)  # in declared order
     lines = []
     for section in sections:
@@ -368,5 +386,5 @@ def settings_table() -> str:
     return "\n".join(line for line in lines if line is not None)
 
 
-if __name__ == "__main__":  # python -m forkserve.config.settings prints the README table
+if __name__ == "__main__":  # python -m forkserve.config.settings prints docs/settings.md's table
     sys.stdout.write(settings_table() + "\n")

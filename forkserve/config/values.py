@@ -71,6 +71,15 @@ def flag(value) -> bool:
 flag.__name__ = "bool"
 
 
+def flag_on_by_default(value) -> bool:
+    """A switch that is on unless turned off; None (Gunicorn's "the
+    default") means on."""
+    return True if value is None else flag(value)
+
+
+flag_on_by_default.__name__ = "bool"
+
+
 def bind_list(value) -> list:
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     addresses = [str(item).strip() for item in items if str(item).strip()]
@@ -210,6 +219,19 @@ def path_list(value) -> list:
 
 
 path_list.__name__ = "list"
+
+
+def url_path_list(value) -> list:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    paths = [text(item) for item in items]
+    for path in paths:
+        if not path.startswith("/"):
+            raise ValueError(f"{path!r} is not a URL path; give one that starts with /, "
+                             "such as /health or /products?page=2")
+    return paths
+
+
+url_path_list.__name__ = "list"
 
 
 def reload_engine(value) -> str:

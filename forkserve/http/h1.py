@@ -22,7 +22,9 @@ Decisions where the RFCs leave a choice (also in README "HTTP"):
   2.2 SHOULD); a second one is refused with 400, as Gunicorn does.
 - Trailer fields of a chunked body are parsed with the header grammar and
   limits, then discarded (never in the environ); the framing, routing and
-  authentication fields RFC 9110 6.5.1 forbids there get 400.
+  authentication fields RFC 9110 6.5.1 forbids there get 400. Content-Type,
+  which describes the content and frames nothing, is discarded like any
+  other field, as Gunicorn does (its corpus, valid/012).
 - A method is any RFC 9110 token (`-bl`, lower case included): the server
   does not know the application's methods; the application answers 405/501.
 - Raw bytes outside visible ASCII in the request target get 400 (RFC 9112
@@ -156,8 +158,10 @@ _DIGITS = re.compile("[0-9]{1,18}")
 
 #: Fields a chunked body's trailer section may not carry (RFC 9110 6.5.1:
 #: framing, routing, request modifiers, authentication, payload processing).
+#: Content-Type is not among them: it changes no framing, and RFC 9110 6.5.1
+#: lets a recipient discard it, as every trailer field is discarded here.
 FORBIDDEN_TRAILERS = frozenset({
-    "content-length", "transfer-encoding", "host", "content-type", "content-encoding",
+    "content-length", "transfer-encoding", "host", "content-encoding",
     "content-range", "trailer", "te", "connection", "keep-alive", "upgrade", "expect",
     "range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since",
     "if-range", "max-forwards", "cache-control", "pragma", "authorization",

@@ -51,7 +51,7 @@ from forkserve.http.h1 import (  # the grammar; re-exported names are in __all__
 from forkserve.http.responder import Responder
 from forkserve.http.response import ApplicationError, FileWrapper
 
-__all__ = ["Limits", "Handler", "FileWrapper", "RequestError", "ClientDisconnected",
+__all__ = ["Limits", "Handler", "ErrorStream", "FileWrapper", "RequestError", "ClientDisconnected",
            "ApplicationError", "request_line", "header_field", "body_framing", "chunk_size",
            "escape"]
 
@@ -108,6 +108,38 @@ class _BodyInput:
         return self._handler.read_body(self, True, size)
 
 
+class ErrorStream:
+    """wsgi.errors: what the application writes becomes ERROR log records.
+
+    With a `connection`, a traceback written while its request body has
+    failed is dropped: it is the application reporting the refusal the
+    server logs once (and answers) itself, 30 lines per slow client.
+    """
+
+    TRACEBACK = "Traceback (most recent call last)"
+
+    def __init__(self, logger, connection=None):
+        self._logger = logger
+        self._connection = connection
+
+    def write(self, text):
+        text = text.rstrip("\n")
+        if not text:
+            return
+        connection = self._connection
+        if connection is not None and connection.body.error is not None \
+                and self.TRACEBACK in text:
+            return
+        self._logger.error("%s", text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        pass
+
+
 class Handler(Responder):
     """Serves one connection: a loop of read head -> run app -> respond.
 
@@ -129,6 +161,7 @@ class Handler(Responder):
         self._proxy_info = None   # what a PROXY protocol header said, if one came
         # The environ's part that is the same for every request on this connection.
         self._base_env = env = server.base_env.copy()
+        env["wsgi.errors"] = ErrorStream(server.logger, self)
         if isinstance(address, tuple):
             env["REMOTE_ADDR"] = address[0]
             env["REMOTE_PORT"] = str(address[1])
@@ -342,6 +375,13 @@ class Handler(Responder):
         env["REQUEST_METHOD"] = method
         env["SERVER_PROTOCOL"] = version
         env["RAW_URI"] = env["REQUEST_URI"] = target
+        script_name = env["SCRIPT_NAME"]
+        if script_name:  # mounted under a prefix: as Gunicorn, raw bytes compared, 500 outside
+            if not path.startswith(script_name):
+                raise RequestError(500, f"request path {escape(path[:60])} does not start with "
+                                        f"SCRIPT_NAME {escape(script_name)} (the proxy in front "
+                                        "must forward only paths under it)")
+            path = path[len(script_name):]
         env["PATH_INFO"] = unquote(path, "latin-1") if "%" in path else path
         env["QUERY_STRING"] = query
 

@@ -7,7 +7,9 @@ chunked), sends the head joined with the first body bytes when the
 application returns a list (one send per response), sends files with
 os.sendfile(), and decides once, when the head is built, whether the
 connection stays open, so every response before a close says
-`Connection: close`. The pure rules (start_response's checks, the head's
+`Connection: close`. Once reading the request body failed (timeout, bad
+chunk, too large), the response is the server's refusal (408, 400, 413),
+whatever the application answers after catching the error. The pure rules (start_response's checks, the head's
 lines) are in forkserve.http.response.
 """
 
@@ -103,6 +105,9 @@ class Responder(Connection):
         except ClientDisconnected:
             self.close_connection = True
         except (Exception, Timeout):  # a gevent.Timeout the application didn't catch
+            if self.body.error is not None:  # raised because reading the body failed:
+                self._answer_body_error()   # the refusal is logged, not this traceback
+                return
             self.server.logger.exception("error handling %s from %s",
                                          escape(self.requestline), self._peer())
             self._answer(500)
@@ -116,6 +121,8 @@ class Responder(Connection):
     def _send_head(self, data, total):
         """Send the response head, joined with the first body bytes `data`;
         `total` is the whole body's length if known."""
+        if self.body.error is not None:
+            raise self.body.error  # whatever the application answers, the refusal goes out
         status = self.status
         if status is None:
             raise ApplicationError("the application did not call start_response() "
@@ -177,7 +184,10 @@ class Responder(Connection):
 
     def _send_file(self, wrapper):
         """Send a FileWrapper's regular file with os.sendfile(); False (nothing
-        sent) if it is not one, so the caller iterates it instead."""
+        sent) if it is not one or the sendfile setting is off, so the caller
+        iterates it instead."""
+        if not self.server.sendfile:
+            return False
         try:
             fileno = wrapper.filelike.fileno()
             info = os.fstat(fileno)
@@ -200,6 +210,15 @@ class Responder(Connection):
         if self._chunked and count:
             self._send(b"\r\n")
         return True
+
+    def _answer_body_error(self):
+        """Reading the body failed: answer the refusal's status (a client that
+        went away gets nothing) and close."""
+        error = self.body.error
+        if isinstance(error, RequestError):
+            self._answer(error.status)
+        else:
+            self.close_connection = True
 
     def _answer(self, status):
         """Send an error response if the status line hasn't gone out yet; close."""

@@ -15,6 +15,7 @@ close its connection, without waiting (--max-requests reached).
 
 import errno
 import logging
+import os
 import socket
 import sys
 import time
@@ -25,7 +26,7 @@ from gevent.pool import Pool
 
 import forkserve
 from forkserve.http.accesslog import AccessFormat
-from forkserve.http.handler import FileWrapper, Handler, Limits
+from forkserve.http.handler import ErrorStream, FileWrapper, Handler, Limits
 from forkserve.http.proxy import ProxyPolicy
 
 __all__ = ["Server", "needs_nodelay"]
@@ -60,25 +61,6 @@ def needs_nodelay(listener):
     return not listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
-class ErrorStream:
-    """wsgi.errors: what the application writes becomes ERROR log records."""
-
-    def __init__(self, logger):
-        self._logger = logger
-
-    def write(self, text):
-        text = text.rstrip("\n")
-        if text:
-            self._logger.error("%s", text)
-
-    def writelines(self, lines):
-        for line in lines:
-            self.write(line)
-
-    def flush(self):
-        pass
-
-
 class Server:
     """Serve `app` on an already bound and listening gevent socket.
 
@@ -94,7 +76,7 @@ class Server:
     def __init__(self, listener, app, *, worker_connections=1000, limits=None,
                  access_log=None, error_log=None, multiprocess=True,
                  on_request=None, server_name=None, pool=None, access_format=None,
-                 access_sink=None, proxy=None):
+                 access_sink=None, proxy=None, admission=None, sendfile=True):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.process.sockets first")
@@ -112,6 +94,8 @@ class Server:
             access_sink if access_sink is not None else self._log_access)
         #: what a proxy in front may say (forwarded_allow_ips, PROXY protocol)
         self.proxy = proxy if proxy is not None else ProxyPolicy()
+        #: send wsgi.file_wrapper's regular files with os.sendfile() (the sendfile setting)
+        self.sendfile = sendfile
         self.logger = error_log if error_log is not None else logging.getLogger("forkserve.error")
         self.on_request = on_request
         self.loop = get_hub().loop
@@ -121,6 +105,9 @@ class Server:
         # Servers of one worker share `pool`, so --worker-connections caps the
         # worker, not each listening address.
         self.pool = pool if pool is not None else Pool(worker_connections)
+        #: what decides when to accept, shared like the pool by one worker's
+        #: servers (forkserve.process.balance.Admission); None: always
+        self.admission = admission
         self._handlers = set()
         self._acceptor = None
         self._nodelay = False
@@ -135,7 +122,9 @@ class Server:
             "SERVER_SOFTWARE": f"forkserve/{forkserve.__version__}",
             "SERVER_NAME": name,
             "SERVER_PORT": port,
-            "SCRIPT_NAME": "",
+            # where the application is mounted, as Gunicorn reads it (--env
+            # SCRIPT_NAME=/prefix or the environment); see Handler.make_environ
+            "SCRIPT_NAME": os.environ.get("SCRIPT_NAME", ""),
             "wsgi.version": (1, 0),
             "wsgi.url_scheme": "http",
             "wsgi.errors": ErrorStream(self.logger),
@@ -161,8 +150,11 @@ class Server:
     def _accept_loop(self):
         pool = self.pool
         accept = self.socket.accept
+        admission = self.admission
         while True:
             pool.wait_available()
+            if admission is not None:
+                admission.wait_turn(self.socket)
             try:
                 sock, address = accept()
             except OSError as ex:
@@ -175,7 +167,10 @@ class Server:
                     gevent.sleep(SHORTAGE_PAUSE)
                     continue
                 raise
-            pool.spawn(self._serve, sock, address)
+            serving = pool.spawn(self._serve, sock, address)
+            if admission is not None:
+                admission.opened()
+                serving.rawlink(admission.closed)  # however the greenlet ends
             # Let the new connection's greenlet run before taking another:
             # accepting back to back would let one worker take a whole burst
             # of connections that the workers sharing the listener could split.

@@ -512,6 +512,144 @@ walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(nn)", w.objects, w.bytes);
 }
 
+/* ---- the whole heap (forkserve --share-heap) ------------------------------
+ *
+ * share_heap(roots, immortal, utf8) marks immortal every object reachable
+ * from the items of the list `roots` (the caller passes sys.modules and what
+ * gc.get_objects() returns), of every kind: code, functions, types, modules,
+ * instances of C types, and the untracked objects they hold (str, bytes,
+ * numbers, tuples). It looks inside an object with:
+ *   - PyDict_Next for dicts (tp_traverse skips the str keys of a dict),
+ *   - the constants, names and tables of code objects (not GC-tracked, so
+ *     tp_traverse knows nothing of them),
+ *   - tp_traverse for everything else the collector would look inside
+ *     (PyObject_IS_GC: type_traverse must never see a static type).
+ * What it never marks, and why:
+ *   - the list `roots` itself (marking would leak it);
+ *   - frame objects: a running frame's object is reused as the function
+ *     returns; the objects its locals hold are reached through the
+ *     collector's lists, or not at all if they are untracked leaves;
+ *   - interned str, for the reason walk() gives above.
+ * The invariants of walk() hold: no Python code runs, nothing is allocated
+ * that the collector tracks, the immortal mark is the visited mark. On
+ * failure (MemoryError) the containers queued so far get their counts back.
+ */
+
+#include <frameobject.h>
+
+#if IMMORTAL_OBJECTS
+static Py_ssize_t
+generic_size(PyObject *op)
+{
+    PyTypeObject *tp = Py_TYPE(op);
+    Py_ssize_t size = tp->tp_basicsize;
+    if (tp->tp_itemsize != 0) {
+        Py_ssize_t items = Py_SIZE(op);
+        size += (items < 0 ? -items : items) * tp->tp_itemsize;
+    }
+    if (PyType_IS_GC(tp)) size += GC_HEADER_SIZE;
+    if (tp->tp_flags & (Py_TPFLAGS_MANAGED_DICT | Py_TPFLAGS_MANAGED_WEAKREF)) {
+        size += MANAGED_PREHEADER_SIZE;
+    }
+    return size;
+}
+
+static int
+heap_visit(PyObject *op, void *arg)
+{
+    walk_state *w = (walk_state *)arg;
+    if (op == NULL || is_immortal(op)) return 0;
+    if (PyFrame_Check(op)) return 0;
+    enum kind k = classify(op);
+    if (k == K_STR && PyUnicode_CHECK_INTERNED(op)) return 0;
+
+    if (prepare_leaf(w, op, k) < 0) return -1;
+    Py_ssize_t size = (k == K_SKIP || k == K_INSTANCE) ? generic_size(op) : size_of(op, k);
+    if (size < 0) return -1;
+    w->bytes += size;
+    if (PyCode_Check(op) || PyDict_Check(op) || PyObject_IS_GC(op)) {
+        if (queue_push(&w->queue, op) < 0) return -1;
+    }
+#if IMMORTAL_OBJECTS
+    op->ob_refcnt = w->immortal;
+#endif
+    w->objects++;
+    return 0;
+}
+
+static int
+heap_expand(walk_state *w, PyObject *op)
+{
+    if (PyCode_Check(op)) {
+        PyCodeObject *code = (PyCodeObject *)op;
+        PyObject *parts[] = {
+            code->co_consts, code->co_names, code->co_exceptiontable,
+            code->co_localsplusnames, code->co_localspluskinds, code->co_filename,
+            code->co_name, code->co_qualname, code->co_linetable,
+        };
+        for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+            if (heap_visit(parts[i], w) < 0) return -1;
+        }
+        return 0;
+    }
+    if (PyDict_Check(op)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(op, &pos, &key, &value)) {
+            if (heap_visit(key, w) < 0 || heap_visit(value, w) < 0) return -1;
+        }
+    }
+    traverseproc traverse = Py_TYPE(op)->tp_traverse;
+    if (traverse != NULL && PyObject_IS_GC(op)) {
+        if (traverse(op, heap_visit, w) != 0) return -1;
+    }
+    return 0;
+}
+#endif
+
+PyDoc_STRVAR(share_heap_doc,
+"share_heap(roots, immortal, utf8, /) -> (objects, bytes)\n\n"
+"Mark immortal everything reachable from the items of the list roots.\n"
+"immortal: the reference count to write (Py_REFCNT(None)). utf8: also cache\n"
+"the UTF-8 form of non-ASCII str. Use forkserve.memory.heap.share_heap().");
+
+static PyObject *
+share_heap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "share_heap() takes (list of roots, immortal, utf8)");
+        return NULL;
+    }
+#if IMMORTAL_OBJECTS
+    walk_state w = {0};
+    w.immortal_mode = 1;
+    w.immortal = PyLong_AsSsize_t(args[1]);
+    if (w.immortal == -1 && PyErr_Occurred()) return NULL;
+    w.utf8 = PyObject_IsTrue(args[2]);
+    if (w.utf8 < 0) return NULL;
+
+    PyObject *roots = args[0];
+    int status = 0;
+    for (Py_ssize_t i = 0; status == 0 && i < PyList_GET_SIZE(roots); i++) {
+        PyObject *root = PyList_GET_ITEM(roots, i);
+        if (root == roots) continue;
+        status = heap_visit(root, &w);
+    }
+    for (Py_ssize_t i = 0; status == 0 && i < w.queue.len; i++) {
+        status = heap_expand(&w, w.queue.items[i].op);
+    }
+    if (status < 0) undo_marks(&w);
+    PyMem_Free(w.queue.items);
+    if (status < 0) return NULL;
+    return Py_BuildValue("(nn)", w.objects, w.bytes);
+#else
+    PyErr_SetString(PyExc_RuntimeError, "this Python has no immortal objects (3.12 added them)");
+    return NULL;
+#endif
+}
+
+
 PyDoc_STRVAR(refcnt_doc,
 "refcnt(obj, /) -> int\n\n"
 "The raw reference count field of obj (counting this call's references).");
@@ -554,6 +692,7 @@ mark(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, walk_doc},
+    {"share_heap", (PyCFunction)(void (*)(void))share_heap, METH_FASTCALL, share_heap_doc},
     {"refcnt", refcnt, METH_O, refcnt_doc},
     {"is_immortal", is_immortal_py, METH_O, is_immortal_doc},
 #if IMMORTAL_OBJECTS

@@ -65,6 +65,8 @@ class ProcessInfo:
     state: str | None = None  # see STATES
     gc_collections: int | None = None  # the worker's own (forkserve.memory.workergc)
     gc_pause: float | None = None  # seconds, summed over those collections
+    connections: int | None = None  # a worker's open connections, now
+    accepted: int | None = None  # connections the worker has accepted
 
     def __post_init__(self):
         if self.role not in ROLES:

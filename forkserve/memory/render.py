@@ -154,6 +154,7 @@ _PROCESS_METRICS = (
     ("minor_faults_total", "counter", "memory.minor_faults", "Minor page faults."),
     ("major_faults_total", "counter", "memory.major_faults", "Major page faults (read from disk)."),
     ("requests_total", "counter", "info.requests", "Requests served."),
+    ("connections", "gauge", "info.connections", "Connections the worker holds open."),
     ("gc_collections_total", "counter", "info.gc_collections",
      "Garbage collections in the worker (--worker-gc)."),
     ("gc_pause_seconds_total", "counter", "info.gc_pause",

@@ -69,7 +69,7 @@ def to_json(report):
          "time": epoch seconds of the reading,
          "processes": [{"pid", "role", "worker_id", "generation", "state",
                         "requests", "gc_collections", "gc_pause",
-                        "start_time", "uptime",
+                        "connections", "accepted", "start_time", "uptime",
                         "rss", "pss", "shared_clean", "shared_dirty",
                         "private_clean", "private_dirty", "swap",
                         "anonymous", "pss_anon", "pss_file",
@@ -85,10 +85,12 @@ def to_json(report):
     and "file" resident file-backed memory; forkserve.memory.model defines
     both. state is "serving", "starting" or "draining" under a supervisor.
     gc_collections and gc_pause (seconds) are a worker's own garbage
-    collections (--worker-gc). cost_ratio = total_base / master_base, on
+    collections (--worker-gc). connections is a worker's open connections
+    and accepted the connections it has taken (forkserve.process.balance
+    spreads them). cost_ratio = total_base / master_base, on
     anonymous memory or, before Linux 5.13, on all (ratio_basis; see
     forkserve.memory.model). Unknown values are null: worker_id,
-    generation, state, requests, gc_* (when the caller does not know them);
+    generation, state, requests, gc_*, connections, accepted (when the caller does not know them);
     master_rss, master_base, workers_cost, cost_ratio (when there is no
     master). "private", "file", "uss", "shared",
     "shared_fraction" and "totals" are derived, for readers' convenience;
@@ -106,6 +108,8 @@ def to_json(report):
             "requests": info.requests,
             "gc_collections": info.gc_collections,
             "gc_pause": info.gc_pause,
+            "connections": info.connections,
+            "accepted": info.accepted,
             "start_time": memory.start_time,
             "uptime": row.uptime,
         }
@@ -174,6 +178,8 @@ def _row_from_json(entry):
         state=entry.get("state"),
         gc_collections=_optional_int(entry.get("gc_collections")),
         gc_pause=None if entry.get("gc_pause") is None else float(entry["gc_pause"]),
+        connections=_optional_int(entry.get("connections")),
+        accepted=_optional_int(entry.get("accepted")),
     )
     sizes = {name: int(entry.get(name, 0)) for name in _SIZES}
     sizes["anonymous"] = int(entry.get("anonymous", sizes["rss"]))  # as procfs does

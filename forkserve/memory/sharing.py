@@ -135,7 +135,22 @@ def share(obj):
 
 def immortal_supported():
     """Whether share() makes objects immortal here (the probe's verdict)."""
-    return _support(_accelerator() is not None).value is not None
+    return immortal_support().value is not None
+
+
+def immortal_support():
+    """The probe's verdict: .value, the count to write, or None and .reason."""
+    return _support(_accelerator() is not None)
+
+
+def accelerator():
+    """The C extension forkserve.memory._immortal, or None if unbuilt or disabled."""
+    return _accelerator()
+
+
+def gc_paused():
+    """A context manager: no collection inside it (the walks allocate)."""
+    return _gc_paused()
 
 
 # ---- choosing how ---------------------------------------------------------

@@ -4,7 +4,9 @@
 2. Bind every address (a port in use fails now, not after a long load).
 3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports.
 4. Import the application: its dataset loads here, once, in the master.
-5. gc.freeze() + gc.set_threshold(0) (cow.harden), then the post_freeze hook.
+5. --warmup requests (forkserve.process.warmup), then with --share-heap the
+   whole heap is made immortal (forkserve.memory.heap);
+   then gc.freeze() + gc.set_threshold(0) (cow.harden), then the post_freeze hook.
 6. listen(), log the real addresses, write the pid file; then fork workers
    (forkserve.process.master) or serve from this process (forkserve.process.single).
 
@@ -22,7 +24,7 @@ from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import ignored, loader
 from forkserve.process import (autoreload, environment, hooks, privileges, progress, reload,
-                               serving, signals, sockets)
+                               serving, signals, sockets, warmup)
 
 __all__ = ["run"]
 
@@ -40,6 +42,12 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     status = _prepare(cfg)
     if status is not None:
         return status
+    if cfg.share_heap:
+        from forkserve.memory import heap
+        refused = heap.refusal()
+        if refused:
+            _complain(refused)
+            return exits.CONFIG_ERROR
     app_name = app_name or cfg.app or "app"
     for message in moot:
         log.warning("%s", message)
@@ -64,6 +72,10 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
                 return exits.APP_LOAD_ERROR
         serving.preload()
         autoreload.install(cfg, role)
+        if cfg.warmup:
+            warmup.run(app, cfg.warmup)
+        if cfg.share_heap:
+            _share_heap(cfg)
         cow.harden()
         hooks.post_freeze()  # before the hold: what it starts must not inherit blocked signals
         signals.hold()  # until the master or single server has its handlers
@@ -144,6 +156,15 @@ def _load(cfg):
     except loader.AppLoadError as exc:
         _log_load_error(exc)
         return None
+
+
+def _share_heap(cfg):
+    if cfg.workers == 0:
+        log.info("--share-heap: skipped, pointless with -w 0 (no worker is forked to share "
+                 "the heap with)")
+        return
+    from forkserve.memory import heap
+    log.info("--share-heap: %s", heap.share_heap())
 
 
 def _listen(cfg, listeners, stats_listener):

@@ -48,7 +48,9 @@ class WorkerMemory:
                                             requests=slot.requests,
                                             generation=record.generation, state=leaving,
                                             gc_collections=slot.gc_collections,
-                                            gc_pause=slot.gc_pause_ns / 1e9))
+                                            gc_pause=slot.gc_pause_ns / 1e9,
+                                            connections=slot.connections,
+                                            accepted=slot.accepted))
         return infos
 
     def report(self):

@@ -12,6 +12,9 @@ Invariants:
   field; a reader may see fields from two different moments, which is fine
   for heartbeats and counters.
 - `beat` is CLOCK_MONOTONIC seconds, which every process on the host shares.
+- `span` (one word after the last slot) is one more than the highest slot
+  the master ever prepared: workers reading their peers' loads
+  (forkserve.process.balance) stop there instead of at `capacity`.
 """
 
 import mmap
@@ -23,12 +26,12 @@ __all__ = ["Scoreboard", "Slot", "BOOTING", "READY", "RETIRE", "STOPPING",
 
 FREE, BOOTING, READY, RETIRE, STOPPING = 0, 1, 2, 3, 4
 
-#: state, beat (monotonic), requests, gc collections, gc pause (ns); the
-#: rest of the 64-byte slot is padding so that two workers never write to
-#: the same cache line
-_LAYOUT = struct.Struct("=qdQQQ")
+#: state, beat (monotonic), requests, gc collections, gc pause (ns), open
+#: connections, connections accepted; the rest of the 64-byte slot is
+#: padding so that two workers never write to the same cache line
+_LAYOUT = struct.Struct("=qdQQQQQ")
 _SLOT_SIZE = 64
-_STATE, _BEAT, _REQUESTS, _GC = 0, 8, 16, 24
+_STATE, _BEAT, _REQUESTS, _GC, _CONNECTIONS = 0, 8, 16, 24, 40
 
 
 def heartbeat_interval(timeout: float) -> float:
@@ -39,15 +42,19 @@ def heartbeat_interval(timeout: float) -> float:
 
 
 class Slot:
-    __slots__ = ("index", "state", "beat", "requests", "gc_collections", "gc_pause_ns")
+    __slots__ = ("index", "state", "beat", "requests", "gc_collections", "gc_pause_ns",
+                 "connections", "accepted")
 
-    def __init__(self, index, state, beat, requests, gc_collections=0, gc_pause_ns=0):
+    def __init__(self, index, state, beat, requests, gc_collections=0, gc_pause_ns=0,
+                 connections=0, accepted=0):
         self.index = index
         self.state = state
         self.beat = beat
         self.requests = requests
         self.gc_collections = gc_collections
         self.gc_pause_ns = gc_pause_ns
+        self.connections = connections  # open now
+        self.accepted = accepted        # since the worker started
 
 
 class Scoreboard:
@@ -57,7 +64,7 @@ class Scoreboard:
     def __init__(self, capacity=None):
         if capacity is not None:
             self.capacity = capacity
-        self._mem = mmap.mmap(-1, self.capacity * _SLOT_SIZE)
+        self._mem = mmap.mmap(-1, self.capacity * _SLOT_SIZE + 8)  # + span
         #: the same memory as native 8-byte words: count_request() runs per request
         self._words = memoryview(self._mem).cast("Q")
 
@@ -65,10 +72,12 @@ class Scoreboard:
 
     def prepare(self, index):
         """Reset a slot for a worker about to be forked."""
-        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, BOOTING, time.monotonic(), 0, 0, 0)
+        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, BOOTING, time.monotonic(), 0, 0, 0, 0, 0)
+        span = self.capacity * _SLOT_SIZE >> 3
+        self._words[span] = max(self._words[span], index + 1)
 
     def release(self, index):
-        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, FREE, 0.0, 0, 0, 0)
+        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, FREE, 0.0, 0, 0, 0, 0, 0)
 
     def read(self, index) -> Slot:
         return Slot(index, *_LAYOUT.unpack_from(self._mem, index * _SLOT_SIZE))
@@ -83,6 +92,18 @@ class Scoreboard:
 
     def count_request(self, index):
         self._words[(index * _SLOT_SIZE + _REQUESTS) >> 3] += 1
+
+    def set_connections(self, index, open_now, accepted):
+        words, at = self._words, (index * _SLOT_SIZE + _CONNECTIONS) >> 3
+        words[at] = open_now
+        words[at + 1] = accepted
+
+    def loads(self, exclude):
+        """Open connections of every READY worker but slot `exclude`."""
+        words, step = self._words, _SLOT_SIZE >> 3
+        return [words[i * step + (_CONNECTIONS >> 3)]
+                for i in range(words[self.capacity * step]) if i != exclude
+                and words[i * step] == READY]
 
     def set_gc(self, index, collections, pause_ns):
         struct.pack_into("=QQ", self._mem, index * _SLOT_SIZE + _GC, collections, pause_ns)

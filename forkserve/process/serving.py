@@ -32,10 +32,12 @@ def preload():
     import forkserve.http.proxy  # noqa: F401
     import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
+    import forkserve.process.balance  # noqa: F401
 
 
-def make_servers(cfg, app, listeners, *, multiprocess, on_request):
-    """One gevent WSGI server per listening socket, configured from settings."""
+def make_servers(cfg, app, listeners, *, multiprocess, on_request, admission=None):
+    """One gevent WSGI server per listening socket, configured from settings;
+    `admission` (forkserve.process.balance) decides when they accept."""
     from gevent.pool import Pool
 
     from forkserve.http.accesslog import AccessFormat
@@ -59,7 +61,8 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request):
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
                    error_log=logs.error_log, multiprocess=multiprocess,
                    on_request=on_request, pool=pool, access_format=access_format,
-                   access_sink=logs.access_sink(access_format), proxy=proxy)
+                   access_sink=logs.access_sink(access_format), proxy=proxy,
+                   admission=admission, sendfile=cfg.sendfile)
             for listener in listeners]
 
 

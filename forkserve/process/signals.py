@@ -2,7 +2,7 @@
 
 `SIGNALS` says what each signal does with -w N (the master), with -w 0 (the
 single-process server) and after a reload (the master or single server has
-become the supervisor of generations); the README's Signals table is
+become the supervisor of generations); docs/signals.md's table is
 generated from it (`python -m forkserve.process.signals`), and a test fails
 when they drift. Every process that handles signals has one
 `handle_<name>()` method per signal it installs (`handler_name`).
@@ -31,6 +31,9 @@ class Signal:
     single: str | None
     #: what the supervisor does, once a reload happened
     supervisor: str
+    #: False for a signal only workers handle: the master installs no handler
+    #: for it (so it needs no handle_<name>() method)
+    master: bool = True
 
     @property
     def name(self):
@@ -70,17 +73,23 @@ SIGNALS = (
            single="reopen log files", supervisor="reopen log files, in every generation too"),
     Signal(signal.SIGCHLD, workers="a worker exited: reap it, replace it if needed", single=None,
            supervisor="a generation exited: reap it; if it was serving, start a new one"),
+    Signal(signal.SIGABRT,
+           workers="not for the master: it sends ABRT to a worker stuck past `--timeout` when "
+                   "a `worker_abort` hook is installed; the worker runs the hook and exits "
+                   "(KILL follows a second later). Without the hook the master sends KILL",
+           single=None, supervisor="not handled", master=False),
 )
 
 #: signals the master and the supervisor install handlers for
-MASTER_SIGNALS = tuple(spec.signum for spec in SIGNALS)
+MASTER_SIGNALS = tuple(spec.signum for spec in SIGNALS if spec.master)
 #: signals the single-process server installs handlers for (a new
 #: generation's exit is found by its loop, not by SIGCHLD)
-SINGLE_SIGNALS = tuple(spec.signum for spec in SIGNALS if spec.single is not None)
+SINGLE_SIGNALS = tuple(spec.signum for spec in SIGNALS
+                       if spec.master and spec.single is not None)
 
 
 def signals_table() -> str:
-    """The README's Signals table, in Markdown."""
+    """docs/signals.md's Signals table, in Markdown."""
     lines = ["| Signal | Master (`-w N`) | Single process (`-w 0`) | After a reload (supervisor) |",
              "|---|---|---|---|"]
     for spec in SIGNALS:
@@ -151,5 +160,5 @@ class SignalQueue:
         os.close(self.wake_w)
 
 
-if __name__ == "__main__":  # python -m forkserve.process.signals prints the README table
+if __name__ == "__main__":  # python -m forkserve.process.signals prints docs/signals.md's table
     sys.stdout.write(signals_table() + "\n")

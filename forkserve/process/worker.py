@@ -15,15 +15,18 @@ import functools
 import logging
 import os
 import random
+import resource
 import signal
 import time
 import traceback
 
-from forkserve.memory import cow, reporter, procfs, workergc
+from forkserve.memory import cow, limit, reporter, procfs, workergc
 from forkserve import exits, logs
 from forkserve.process import hooks, privileges, procname, signals
+from forkserve.process.balance import Admission
 from forkserve.process.serving import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
+from forkserve.process.unpatched import original
 
 __all__ = ["Worker"]
 
@@ -35,6 +38,18 @@ _INHERITED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, sign
 
 
 class Worker:
+    #: seconds between private-memory readings for the process title;
+    #: reading smaps_rollup makes the kernel walk the process's pages,
+    #: which stalls this worker's event loop ~12.5 ms per GB mapped
+    #: (measured), so not too often. The request count in the title is
+    #: refreshed on every turn of the loop (at most once a heartbeat).
+    title_interval = 30.0
+    #: least seconds between two --max-worker-memory checks after responses:
+    #: a response within the gap arms one check at its end instead. Each
+    #: check costs ~3 us (benchmarks/memory_check.py), a hello-world response
+    #: ~15 us of CPU; a leak has at most this gap to grow past the limit unseen.
+    memory_check_gap = 0.005
+
     def __init__(self, index, app, listeners, cfg, scoreboard, app_name, *, generation=0,
                  max_requests=0, close_fds=(), number=None):
         self.index = index  # the scoreboard slot
@@ -54,13 +69,13 @@ class Worker:
         self.requests = 0
         self.servers = []
         self.stop_mode = None   # None, "graceful" or "fast"
-        #: seconds between private-memory readings for the process title;
-        #: reading smaps_rollup makes the kernel walk the process's pages,
-        #: which stalls this worker's event loop ~12.5 ms per GB mapped
-        #: (measured), so not too often. The request count in the title is
-        #: refreshed on every turn of the loop (at most once a heartbeat).
-        self.title_interval = 30.0
         self.private = ""       # ", 12.3 MiB private", as last read
+        #: --max-worker-memory checked after responses (memory.limit)
+        self.memory_limit = None
+        self._next_memory_check = 0.0
+        self._memory_timer = None
+        self.retiring = False
+        self._next_shortage_log = 0.0
         self.titled = None      # the request count the title shows
         self.wakeup = None
 
@@ -79,7 +94,14 @@ class Worker:
             hooks.post_fork(self)
             hooks.post_worker_init(self)
             self.boot_servers()
-        except BaseException:
+        except BaseException as exc:
+            if _out_of_descriptors(exc):
+                log.error("worker %d (pid %d) could not start: out of file descriptors (%s; "
+                          "the open-files limit is %d): raise it (`ulimit -n`, or LimitNOFILE= "
+                          "in a systemd unit) or lower --worker-connections", self.worker_id,
+                          os.getpid(), exc, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+                hooks.worker_exit(self)
+                cow.exit_process(exits.WORKER_RESOURCE_ERROR)
             log.error("worker %d failed to boot:\n%s", self.worker_id, traceback.format_exc())
             hooks.worker_exit(self)
             cow.exit_process(exits.WORKER_BOOT_ERROR)
@@ -106,6 +128,10 @@ class Worker:
         self.wakeup = gevent.event.Event()
         self.scoreboard.beat(self.index)
         random.seed()
+        if self.cfg.max_worker_memory:  # opened before privileges drop: /proc/PID is ours now
+            read_anonymous, _ = limit.statm_reader(os.getpid())
+            self.memory_limit = limit.MemoryLimit(self.cfg.max_worker_memory * 2**20,
+                                                  read_anonymous, self._read_private_bytes)
         procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name)
         privileges.drop(self.cfg.user, self.cfg.group)
         cow.check()
@@ -116,10 +142,33 @@ class Worker:
         gevent.signal_handler(signal.SIGQUIT, self._request_stop, "fast")
         gevent.signal_handler(signal.SIGUSR1, logs.reopen)
         signals.release()  # blocked by the master across the fork; pending ones arrive now
+        self._make_loop_pipe()
+
+    def _make_loop_pipe(self):
+        """Have libev make its wakeup pipe now, while the worker boots.
+
+        libev makes it the first time a watcher needs it, which can be amid
+        serving with every descriptor taken: then the hub raises SystemError
+        and the worker dies (or libev aborts the process). An async watcher
+        started here makes it (unreferenced: it keeps the loop from nothing),
+        after os.pipe() proved two descriptors free: that raises
+        OSError(EMFILE), which start() reports as a resource error, where
+        libev would abort. gevent.idle() runs the loop once through (a
+        sleep(0) returns before libev's after-fork step): what libev remakes
+        after fork, it remakes now.
+        """
+        import gevent
+        for fd in os.pipe():
+            os.close(fd)
+        self._loop_pipe = gevent.get_hub().loop.async_(ref=False)
+        self._loop_pipe.start(lambda: None)
+        gevent.idle()
 
     def boot_servers(self):
+        admission = None if self.cfg.no_balance else Admission(
+            self.scoreboard, self.index, original("select", "select"), time.monotonic)
         self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
-                                    on_request=self._count_request)
+                                    on_request=self._count_request, admission=admission)
         for server in self.servers:
             server.start()
         # Logged before the master can see READY: a log shows a replacement
@@ -159,9 +208,30 @@ class Worker:
         beating.kill()
 
     def read_private(self):
-        reading = procfs.read_process(os.getpid())
-        self.private = f", {reporter.format_size(reading.private)} private" if reading else ""
+        private = self._read_private_bytes()
+        self.private = "" if private is None else f", {reporter.format_size(private)} private"
         self.titled = None  # shown on the next update_title()
+
+    def _read_private_bytes(self):
+        """This worker's private memory, or None when it cannot be read now.
+
+        Bookkeeping never stops a worker: out of descriptors (or memory),
+        the reading is skipped and logged at most once per title interval.
+        """
+        try:
+            reading = procfs.read_process(os.getpid())
+        except OSError as exc:
+            if exc.errno not in procfs.SHORTAGE_ERRNOS:
+                raise
+            now = time.monotonic()
+            if now >= self._next_shortage_log:
+                self._next_shortage_log = now + self.title_interval
+                log.warning("worker %d (pid %d) cannot read its memory from /proc: %s; "
+                            "serving on (raise the open-files limit, `ulimit -n` or "
+                            "LimitNOFILE=, or lower --worker-connections)",
+                            self.worker_id, os.getpid(), exc.strerror)
+            return None
+        return reading.private if reading else None
 
     def update_title(self):
         """Show requests served and private memory in ps/top (if either changed)."""
@@ -183,15 +253,57 @@ class Worker:
     def _count_request(self):
         self.requests += 1
         self.scoreboard.count_request(self.index)
+        if self.retiring:
+            return
         if self.max_requests and self.requests == self.max_requests:
             log.info("worker %d served %d requests (--max-requests): asking to be recycled",
                      self.worker_id, self.requests)
-            self.scoreboard.set_state(self.index, RETIRE)
-            for server in self.servers:  # no new connections; each closes after its next response
-                server.retire()
+            self._retire()
+        elif self.memory_limit is not None:
+            now = time.monotonic()
+            if now >= self._next_memory_check:
+                self._check_memory(now)
+            elif self._memory_timer is None:
+                from gevent import get_hub
+                self._memory_timer = get_hub().loop.timer(self._next_memory_check - now)
+                self._memory_timer.start(self._check_memory_later)
+
+    def _check_memory_later(self):
+        self._memory_timer.close()
+        self._memory_timer = None
+        if not self.retiring:
+            self._check_memory(time.monotonic())
+
+    def _check_memory(self, now):
+        self._next_memory_check = now + self.memory_check_gap
+        private = self.memory_limit.over()
+        if private is not None:
+            log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
+                        "--max-worker-memory %d MiB; recycling it", self.worker_id,
+                        os.getpid(), private / 2**20, self.cfg.max_worker_memory)
+            self._retire()
+
+    def _retire(self):
+        """Ask the master for a replacement; it stops this worker once that one runs."""
+        self.retiring = True
+        self.scoreboard.set_state(self.index, RETIRE)
+        for server in self.servers:  # no new connections; each closes after its next response
+            server.retire()
 
     def _beat_forever(self, interval):
         import gevent
         while True:
             self.scoreboard.beat(self.index)
             gevent.sleep(interval)
+
+
+#: what libev's SystemError says when it could not make a descriptor: it
+#: reports errno only as text
+_SHORTAGE_TEXTS = tuple(os.strerror(code) for code in procfs.SHORTAGE_ERRNOS)
+
+
+def _out_of_descriptors(exc):
+    """True if `exc` says the process could not get a file descriptor (or memory)."""
+    if isinstance(exc, OSError):
+        return exc.errno in procfs.SHORTAGE_ERRNOS
+    return isinstance(exc, SystemError) and any(text in str(exc) for text in _SHORTAGE_TEXTS)

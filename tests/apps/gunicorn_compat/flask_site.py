@@ -43,3 +43,12 @@ def block():
     from gevent import monkey
     monkey.get_original("time", "sleep")(30)  # blocks the worker's event loop
     return "unblocked"
+
+
+def mounted(environ, start_response):
+    """Where the server mounted this application (SCRIPT_NAME) and the rest of the path."""
+    import json
+    body = json.dumps({"mounted": f"{environ['SCRIPT_NAME']} {environ['PATH_INFO']}"}).encode()
+    start_response("200 OK", [("Content-Type", "application/json"),
+                              ("Content-Length", str(len(body)))])
+    return [body]

@@ -1,0 +1,314 @@
+"""How evenly 4 workers share keep-alive connections: forkserve against Gunicorn.
+
+    python benchmarks/balance.py                       # 4, 8, 16, 64 connections x 8 s
+    python benchmarks/balance.py --quick               # 8, 64 connections x 3 s
+    python benchmarks/balance.py --also before=/tmp/main --rounds 3
+    python benchmarks/balance.py --also "reuseport=/tmp/rp --reuse-port" --also "race=. --no-balance"
+
+Every server runs benchmarks/balance_app.py (a small JSON lookup) with 4
+workers, unpinned on all CPUs. For each connection count, wrk (one thread,
+hello.lua: GET / on keep-alive connections) runs against each server in
+turn, opening its connections afresh; --rounds repeats that, and the
+summary gives each figure's median over the rounds. Per worker:
+
+- requests: forkserve's, from each worker's process title ("N req"), read
+  before and after the run once the titles have caught up (a worker
+  refreshes its title once a heartbeat, <= 1 s);
+- CPU: utime + stime from /proc/PID/stat (10 ms ticks), before and after,
+  for every server (Gunicorn shows no request count).
+
+`--locust SECONDS` also runs examples/locustfile.py (PersonDB, its demo
+dataset) with 10 users for that long, through the Locust plugin
+(forkserve.integrations.locust) that starts forkserve -w 4 from this tree,
+once as it is and once with --no-balance (workers racing on accept(), the
+accept loop before forkserve.process.balance); requests per worker are the
+plugin's last stats-endpoint sample.
+
+"busiest/mean" is the busiest worker's requests (CPU for Gunicorn) over the
+mean of the 4; 1.00 is perfectly even, 4.00 is one worker doing everything.
+`--also "NAME=TREE [ARGS]"` adds forkserve-NAME: forkserve imported from
+TREE (a checkout, e.g. `git archive main | tar -x -C TREE`; copy the built
+forkserve/memory/_immortal*.so into it) with ARGS added, so the code
+before a change, or another mechanism, is measured in the same run. Every
+server runs with `python -P` (no current directory on sys.path) and
+PYTHONPATH=TREE:benchmarks/. The machine's load average and CPU steal
+(from /proc/stat) over the run are printed with the table.
+"""
+
+import argparse
+import csv
+import datetime
+import os
+import re
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import load, procs  # noqa: E402
+from benchmarks.hello import cpu_times, start, wrk  # noqa: E402
+from benchmarks.run import say, stop_on_signals  # noqa: E402
+from benchmarks.servers import HERE, REPO, ServerSpec  # noqa: E402
+
+__all__ = ["busiest_ratio", "parse_variant", "requests_from_title", "summarize"]
+
+APP = "balance_app:app"  # benchmarks/ is on PYTHONPATH
+WORKERS = 4
+_TITLE_REQUESTS = re.compile(rb"worker \d+ .*?(\d+) req")
+
+
+def _forkserve(extra):
+    def command(python, workers, fd):
+        return [python, "-P", "-m", "forkserve", "-w", str(workers), "-b", "127.0.0.1:0",
+                *extra, APP]
+    return command
+
+
+def _gunicorn(python, workers, fd):
+    return [python, "-P", "-m", "gunicorn", "-k", "gevent", "-w", str(workers),
+            "-b", f"fd://{fd}", "-c", os.devnull, "--keep-alive", "5",
+            "--worker-connections", "1000", APP]
+
+
+def parse_variant(text):
+    """"NAME=TREE [ARGS...]" -> (name, tree, [args])."""
+    name, sep, rest = text.partition("=")
+    words = shlex.split(rest)
+    if not sep or not name or not words:
+        raise argparse.ArgumentTypeError(f"--also {text!r}: give NAME=TREE [ARGS], e.g. "
+                                         "'before=/tmp/main' or 'race=. --no-balance'")
+    return name, os.path.abspath(words[0]), words[1:]
+
+
+def servers(variants):
+    """[(ServerSpec, tree)]: forkserve from this tree, each variant, Gunicorn."""
+    fork = ("import forkserve.cli",)
+    specs = [(ServerSpec("forkserve", "forkserve -w 4 (this tree)", "", _forkserve([]),
+                         requires=fork, needs_fd=False), REPO)]
+    for name, tree, extra in variants:
+        specs.append((ServerSpec(f"forkserve-{name}", f"forkserve -w 4 {shlex.join(extra)} "
+                                 f"({tree})", "", _forkserve(extra), requires=fork,
+                                 needs_fd=False), tree))
+    specs.append((ServerSpec("gunicorn", "gunicorn -k gevent -w 4", "", _gunicorn,
+                             requires=("import gunicorn", "import gevent")), REPO))
+    return specs
+
+
+def requests_from_title(cmdline):
+    """The request count in a forkserve worker's title, or None if it is not one."""
+    found = _TITLE_REQUESTS.search(cmdline)
+    return int(found.group(1)) if found else None
+
+
+def busiest_ratio(values):
+    """The largest value over the mean (None if all are zero)."""
+    mean = sum(values) / len(values) if values else 0
+    return max(values) / mean if mean else None
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ")
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
+def workers(group):
+    """The worker pids of a server's group: those titled as forkserve workers,
+    or else every member but the master (Gunicorn's)."""
+    pids = [pid for pid in group.members() if pid != group.pid]
+    titled = [pid for pid in pids if requests_from_title(_cmdline(pid)) is not None]
+    return titled or pids
+
+
+def readings(pids):
+    """{pid: (requests or None, CPU seconds)} for each worker."""
+    return {pid: (requests_from_title(_cmdline(pid)), procs.cpu_seconds(pid) or 0.0)
+            for pid in pids}
+
+
+def settled_readings(pids, timeout=5.0):
+    """readings() once two of them 1.1 s apart agree (the titles lag a heartbeat)."""
+    last = readings(pids)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1.1)
+        now = readings(pids)
+        if [r for r, _ in now.values()] == [r for r, _ in last.values()]:
+            return now
+        last = now
+    return last
+
+
+def measure(name, group, port, connections, seconds, workdir):
+    pids = workers(group)
+    before = settled_readings(pids)
+    out = wrk(f"http://127.0.0.1:{port}/", seconds, connections, None, workdir)
+    after = settled_readings(pids)
+    result = load.parse_result(out)
+    requests = [after[p][0] - before[p][0] for p in pids
+                if after[p][0] is not None and before[p][0] is not None]
+    cpu = [after[p][1] - before[p][1] for p in pids]
+    return {"server": name, "connections": connections, "rps": result.rate,
+            "p99_ms": result.p99_us / 1000, "errors": result.errors,
+            "requests": requests if len(requests) == len(pids) else None, "cpu": cpu}
+
+
+def summarize(rows):
+    """Per (connections, server): the medians over the rounds of req/s, p99 and
+    the busiest/mean ratios, in first-seen order."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["connections"], r["server"]), []).append(r)
+    out = []
+    for (connections, server), group in groups.items():
+        def median(values):
+            values = [v for v in values if v is not None]
+            return statistics.median(values) if values else None
+        out.append({"connections": connections, "server": server, "rounds": len(group),
+                    "rps": median(r["rps"] for r in group),
+                    "p99_ms": median(r["p99_ms"] for r in group),
+                    "busiest_requests": median(busiest_ratio(r["requests"])
+                                               for r in group if r["requests"]),
+                    "busiest_cpu": median(busiest_ratio(r["cpu"]) for r in group),
+                    "idle_workers": max(sum(1 for c in r["cpu"] if c < 0.05) for r in group)})
+    return out
+
+
+def locust_requests(seconds, extra, workdir):
+    """Requests per worker after a Locust run of 10 users against forkserve -w 4."""
+    prefix = os.path.join(workdir, f"locust{'-'.join(extra)}")
+    argv = [sys.executable, "-m", "locust", "-f", "examples/locustfile.py", "--headless",
+            "-u", "10", "-r", "10", "-t", f"{seconds}s", "--csv", prefix,
+            "--forkserve-app", "examples.persondb.app:app", "--forkserve-workers", str(WORKERS),
+            "--forkserve-interval", "1", "--forkserve-args", shlex.join(extra)]
+    with procs.Group(argv, log_path=prefix + ".log", cwd=REPO) as group:
+        group.popen.wait(timeout=seconds + 120)
+    with open(prefix + "_memory.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    last = max(float(r["time"]) for r in rows)
+    return [int(r["server_requests"]) for r in rows
+            if r["role"] == "worker" and float(r["time"]) == last]
+
+
+def render_locust(results):
+    lines = ["Locust, 10 users, PersonDB, forkserve -w 4:", "",
+             "| forkserve | requests per worker | busiest/mean |", "|---|---|---:|"]
+    for label, requests in results:
+        lines.append(f"| {label} | {' / '.join(f'{n:,}' for n in requests)} | "
+                     f"{_f(busiest_ratio(requests), '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _f(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def render_summary(rows):
+    lines = ["| connections | server | rounds | req/s | p99 ms | busiest/mean (requests) | "
+             "busiest/mean (CPU) | most idle workers in a round |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in summarize(rows):
+        lines.append(f"| {r['connections']} | {r['server']} | {r['rounds']} | "
+                     f"{_f(r['rps'], ',.0f')} | {_f(r['p99_ms'], '.1f')} | "
+                     f"{_f(r['busiest_requests'], '.2f')} | {_f(r['busiest_cpu'], '.2f')} | "
+                     f"{r['idle_workers']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(rows, meta):
+    lines = [f"Run {meta['started']} UTC to {meta['ended']} UTC; load average "
+             f"{meta['load_before']} before, {meta['load_after']} after; CPU steal "
+             f"{meta['steal']:.1%} of all CPU time over the run; {os.cpu_count()} CPUs.", "",
+             "Medians over the rounds (a worker is idle with < 0.05 CPU s in a run):", "",
+             render_summary(rows), "Every run:", "",
+             "| round | connections | server | req/s | p99 ms | requests per worker | busiest/mean "
+             "(requests) | CPU s per worker | busiest/mean (CPU) |",
+             "|---:|---:|---|---:|---:|---|---:|---|---:|"]
+    for r in rows:
+        req = " / ".join(f"{n:,}" for n in r["requests"]) if r["requests"] else "-"
+        ratio_req = busiest_ratio(r["requests"]) if r["requests"] else None
+        ratio_cpu = busiest_ratio(r["cpu"])
+        lines.append(
+            f"| {r['round']} | {r['connections']} | {r['server']} | {r['rps']:,.0f} | {r['p99_ms']:.1f} | "
+            f"{req} | {'-' if ratio_req is None else f'{ratio_req:.2f}'} | "
+            f"{' / '.join(f'{c:.2f}' for c in r['cpu'])} | "
+            f"{'-' if ratio_cpu is None else f'{ratio_cpu:.2f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python benchmarks/balance.py",
+                                description="Requests per worker under keep-alive load: "
+                                            "forkserve -w 4 against Gunicorn -k gevent -w 4.")
+    p.add_argument("--connections", default="4,8,16,64",
+                   help="comma-separated connection counts (default: 4,8,16,64)")
+    p.add_argument("--duration", type=int, default=8, help="seconds per wrk run (default 8)")
+    p.add_argument("--quick", action="store_true", help="8 and 64 connections, 3 s each")
+    p.add_argument("--also", metavar="NAME=TREE [ARGS]", action="append", default=[],
+                   type=parse_variant,
+                   help="also run forkserve from checkout TREE with ARGS, as forkserve-NAME")
+    p.add_argument("--locust", type=int, metavar="SECONDS", default=0,
+                   help="also run Locust (10 users) this long, with and without balance")
+    p.add_argument("--rounds", type=int, default=1, help="times to repeat all (default 1)")
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--out", help="directory for results.md and the logs (default: a temp dir)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.connections, args.duration = "8,64", 3
+    args.levels = [int(c) for c in args.connections.split(",")]
+    args.workers, args.server_cpus = WORKERS, None
+    args.out = args.out or tempfile.mkdtemp(prefix="forkserve-balance-")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    meta = {"started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    steal_before = cpu_times()
+    rows, running = [], []
+    with stop_on_signals():
+        try:
+            for spec, tree in servers(args.also):
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE]),
+                           PYTHONUNBUFFERED="1")
+                group, port = start(spec, args, os.path.join(args.out, "logs"), env)
+                running.append((spec.name, group, port))
+                say(f"{spec.name}: up on port {port}")
+            for round_no in range(1, args.rounds + 1):
+                for connections in args.levels:
+                    for name, group, port in running:
+                        row = measure(name, group, port, connections, args.duration, args.out)
+                        row["round"] = round_no
+                        say(f"round {round_no}, {connections} connections, {name}: "
+                            f"{row['rps']:,.0f} req/s, {row['errors']} errors, p99 {row['p99_ms']:.1f} ms, requests "
+                            f"{row['requests']}, CPU {[round(c, 2) for c in row['cpu']]}")
+                        rows.append(row)
+        finally:
+            for _, group, _ in running:
+                group.stop(grace=10)
+        locust = [(label, locust_requests(args.locust, extra, args.out))
+                  for label, extra in (("balanced", []), ("--no-balance", ["--no-balance"]))
+                  if args.locust]
+    steal_after = cpu_times()
+    meta["ended"] = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
+    meta["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    total = steal_after[1] - steal_before[1]
+    meta["steal"] = (steal_after[0] - steal_before[0]) / total if total else 0.0
+    markdown = render(rows, meta) + ("\n" + render_locust(locust) if locust else "")
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(markdown)
+    print(markdown)
+    say(f"results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""One result schema for every scenario: what ran, how to run it again, on
+what machine and under which load, and its figures.
+
+A scenario writes `result.json` in its output directory:
+
+    {"scenario": "hello", "title": "hello world", "command": "python benchmarks/hello.py",
+     "date": "2026-11-25 21:30 UTC", "machine": "2 × ..., Linux ...",
+     "conditions": {"load_before": 1.02, "load_after": 2.3, "steal": 0.002},
+     "versions": {"python": "3.12.1", ...},
+     "rows": [{"server": "forkserve-w0", "rps": 19095.0, ...}, ...]}
+
+`rows` are the scenario's figures, one dict per server (or mode, or tree),
+the same columns as its CSV. Its Markdown page starts with the same
+context (`render_meta`), so a figure quoted anywhere keeps the command that
+reproduces it and the conditions it was measured in.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import shlex
+import sys
+
+from benchmarks.harness.machine import Conditions, machine
+
+__all__ = ["Result", "command_line", "render_meta", "replace_between", "show_or_write"]
+
+FILENAME = "result.json"
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+@dataclasses.dataclass
+class Result:
+    """One run of one scenario."""
+
+    scenario: str
+    command: str
+    rows: list
+    title: str = ""
+    date: str = dataclasses.field(default_factory=_now)
+    machine: str = dataclasses.field(default_factory=machine)
+    conditions: dict = dataclasses.field(default_factory=dict)
+    versions: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def measured(cls, scenario, command, rows, conditions: Conditions, **fields):
+        return cls(scenario, command, rows, conditions=conditions.as_dict(), **fields)
+
+    def write(self, out_dir):
+        """Write result.json in ``out_dir``; its path."""
+        path = os.path.join(out_dir, FILENAME)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(dataclasses.asdict(self), f, indent=1, default=str)
+            f.write("\n")
+        return path
+
+    @classmethod
+    def read(cls, path):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: not a result.json of this harness (unknown keys "
+                             f"{', '.join(unknown)}); run the scenario again to rewrite it")
+        return cls(**data)
+
+
+def command_line(script, argv=None):
+    """The command that ran this scenario, as a reader would type it."""
+    args = sys.argv[1:] if argv is None else argv
+    return f"python benchmarks/{script} {shlex.join(args)}".strip()
+
+
+def replace_between(text, begin, end, lines):
+    """`text` with the lines between the marker lines `begin` and `end`
+    replaced by `lines`: how a generated table is kept in a page."""
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    return text[:start] + "\n" + "\n".join(lines) + "\n" + text[stop:]
+
+
+def show_or_write(lines, path, begin, end):
+    """Print a generated table, or with a `path`, replace it there between its markers."""
+    if not path:
+        print("\n".join(lines))
+        return
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(replace_between(text, begin, end, lines))
+
+
+def render_meta(w, meta, default_title):
+    """The page title and the run's context (date, command, machine...) as a list."""
+    w(f"# forkserve benchmark: {meta.get('title', default_title)}\n\n")
+    for key, value in meta.items():
+        if key != "title":
+            w(f"- **{key}**: {value}\n")
+    w("\n")

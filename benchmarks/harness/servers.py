@@ -1,0 +1,291 @@
+"""The server registry: every server the scenarios compare, and how to start it.
+
+Two line-ups, one ServerSpec each: `persondb_servers()` runs
+examples.persondb.app:app (benchmarks/run.py, cow_cost.py), preloaded once
+in its master, with the same worker count, no access log, and its processes
+pinned to the same CPUs; `hello_servers()` runs benchmarks/hello_app.py on
+every WSGI server that installs here (benchmarks/hello.py). Each ServerSpec
+says how to build its command line, whether it can run here (and if not,
+why), and how the harness learns its port:
+
+- forkserve binds 127.0.0.1 port 0 itself and logs the port it got;
+- Gunicorn, uWSGI and the gevent baseline are handed a listening socket that
+  the harness bound to 127.0.0.1 port 0 (Gunicorn's ``fd://N``, uWSGI's
+  systemd socket activation, ``--fd`` for serve_fd.py's gevent, waitress,
+  cheroot and bjoern). No server is ever
+  given a port number found free beforehand: another process could take it
+  in between.
+
+Every listening socket the harness creates has TCP_NODELAY, as Gunicorn and
+forkserve set on theirs. gevent's pywsgi writes a response's headers and
+body in two send() calls; without TCP_NODELAY the body waits for the
+client's delayed ACK and every keep-alive request takes ~40 ms.
+"""
+
+import dataclasses
+import http.client
+import os
+import re
+import socket
+import subprocess
+import sys
+
+__all__ = ["APP", "HELLO_APP", "ServerSpec", "bind_listener", "hello_servers",
+           "keepalive_problem", "persondb_servers", "port_from_log", "python_version",
+           "uwsgi_fallback"]
+
+#: benchmarks/, where the scenarios, apps and Lua scripts are
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(HERE)
+APP = "examples.persondb.app:app"
+HELLO_APP = "benchmarks.hello_app:app"
+SERVE_FD = os.path.join(HERE, "harness", "serve_fd.py")
+
+_LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
+_STATS = re.compile(rb"Stats at: http://127\.0\.0\.1:(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+    """One server configuration in the comparison."""
+
+    name: str
+    description: str
+    #: PERSONDB_MODE for the app.
+    mode: str
+    #: Builds argv from (python, workers, listener fd or None).
+    command: object
+    #: Python statements (imports) that must succeed in the server's Python.
+    requires: tuple
+    #: True for servers that never fork (one process serves everything).
+    single: bool = False
+    #: True when the harness binds the socket and passes its fd.
+    needs_fd: bool = True
+    min_python: tuple = (3, 11)
+    #: Extra reason shown in the report (e.g. uWSGI's loop choice).
+    note: str = ""
+
+    def skip_reason(self, python, version):
+        """Why this server cannot run with ``python`` here, or None."""
+        if version < self.min_python:
+            return self._too_old(version)
+        for statement in self.requires:
+            problem = _import_problem(python, statement)
+            if problem:
+                return f"'{statement}' fails in {python}: {problem}"
+        return None
+
+    def _too_old(self, version):
+        have = ".".join(map(str, version))
+        need = ".".join(map(str, self.min_python))
+        if self.mode == "share":
+            return (f"Python {have}: forkserve.share() needs {need}+ to make objects immortal "
+                    "(PEP 683); on older Pythons it only gc.freeze()s, which keeps reference-count "
+                    "writes copying pages, so it would measure like forkserve-dict")
+        return f"needs Python {need}+, have {have}"
+
+    def port_from_log(self, log_bytes):
+        return port_from_log(log_bytes)
+
+    def stats_port_from_log(self, log_bytes):
+        return port_from_log(log_bytes, stats=True)
+
+
+def port_from_log(log_bytes, stats=False):
+    """The port forkserve logged it listens on (with ``stats``, its stats
+    endpoint's), or None if it has not yet."""
+    match = (_STATS if stats else _LISTENING).search(log_bytes)
+    return int(match.group(1)) if match else None
+
+
+def bind_listener(backlog=2048):
+    """A listening TCP socket on 127.0.0.1, port chosen by the kernel."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(backlog)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _import_problem(python, statement):
+    proc = subprocess.run(
+        [python, "-c", statement], cwd=REPO, capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=REPO), timeout=60,
+    )
+    if proc.returncode == 0:
+        return None
+    lines = proc.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {proc.returncode}"
+
+
+def _forkserve(workers_override=None, app=APP, stats=True):
+    def command(python, workers, fd):
+        w = workers if workers_override is None else workers_override
+        # The app writes nothing per request; no --access-logfile means none.
+        # --stats gives per-worker request counts (read once, after the load).
+        argv = [python, "-m", "forkserve", "-w", str(w), "-b", "127.0.0.1:0"]
+        return argv + (["--stats", "127.0.0.1:0"] if stats else []) + [app]
+    return command
+
+
+def _gunicorn(config=None, app=APP, preload=True):
+    def command(python, workers, fd):
+        argv = [python, "-m", "gunicorn"] + (["--preload"] if preload else [])
+        argv += ["-k", "gevent", "-w", str(workers), "-b", f"fd://{fd}",
+                 # Gunicorn reads ./gunicorn.conf.py by default; name the file
+                 # (or an empty one) so the cwd cannot change the config.
+                 "-c", config or os.devnull]
+        if preload:
+            # Same conditions as the others: no worker heartbeat kills
+            # while a worker copies a gigabyte of pages.
+            argv += ["--timeout", "120", "--graceful-timeout", "10"]
+        return argv + ["--keep-alive", "5", "--worker-connections", "1000", app]
+    return command
+
+
+def _uwsgi(app, protocol, extra=()):
+    def command(python, workers, fd):
+        # uWSGI takes the socket through systemd socket activation: LISTEN_FDS
+        # sockets start at fd 3, and LISTEN_PID must be uWSGI's own pid, which
+        # `sh -c 'LISTEN_PID=$$ exec ...'` provides (exec keeps the pid).
+        script = 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"' + ("" if fd == 3 else f" 3<&{fd}")
+        return ["sh", "-c", script, "sh", python, "-c", "import pyuwsgi; pyuwsgi.run()",
+                "--master", "--processes", str(workers), "--gevent", "1000",
+                "--protocol", protocol, "--module", app, "--need-app",
+                "--single-interpreter", "--die-on-term", "--disable-logging", *extra]
+    return command
+
+
+def _serve_fd(server, app):
+    def command(python, workers, fd):
+        return [python, SERVE_FD, server, "--fd", str(fd), app]
+    return command
+
+
+def persondb_servers():
+    """Every PersonDB configuration, in the order of the report. Ratios use 'gunicorn'."""
+    return [
+        ServerSpec(
+            "gunicorn", "Gunicorn --preload -k gevent", "dict", _gunicorn(),
+            requires=("import gunicorn", "import gevent"),
+        ),
+        ServerSpec(
+            "gunicorn-gc", "Gunicorn --preload -k gevent + gc recipe in hooks", "dict",
+            _gunicorn(os.path.join(HERE, "gunicorn.conf.py")),
+            requires=("import gunicorn", "import gevent"),
+        ),
+        ServerSpec(
+            "uwsgi", "uWSGI (pyuwsgi) master + processes, gevent loop", "dict",
+            _uwsgi(APP, "http", ("--buffer-size", "16384")),
+            requires=("import pyuwsgi", "import gevent"),
+            note=("gevent loop (--gevent 1000), app loaded in the master (no lazy-apps). "
+                  "One request per connection: with gevent 26, pyuwsgi 2.0.30's gevent loop "
+                  "fails every HTTP/1.1 keep-alive request (--protocol http11: AttributeError: "
+                  "'gevent.libev.corecext.io' object has no attribute 'stop'), so it runs "
+                  "--protocol http and wrk reconnects for each request."),
+        ),
+        ServerSpec(
+            "gevent-single", "gevent WSGIServer, one process", "dict", _serve_fd("gevent", APP),
+            requires=("import gevent",), single=True,
+        ),
+        ServerSpec(
+            "forkserve-dict", "forkserve, plain dicts", "dict", _forkserve(),
+            requires=("import forkserve.cli",), needs_fd=False,
+        ),
+        ServerSpec(
+            "forkserve-share", "forkserve, dicts + forkserve.share()", "share", _forkserve(),
+            # The public names, whichever module implements them.
+            requires=("import forkserve.cli", "from forkserve import share, SharingWarning"),
+            needs_fd=False, min_python=(3, 12),
+        ),
+        ServerSpec(
+            "forkserve-store", "forkserve, forkserve.store.Store", "store", _forkserve(),
+            requires=("import forkserve.cli", "from forkserve.store import Store"), needs_fd=False,
+        ),
+        ServerSpec(
+            "forkserve-single", "forkserve -w 0 (one process), plain dicts", "dict",
+            _forkserve(0), requires=("import forkserve.cli",), single=True, needs_fd=False,
+        ),
+    ]
+
+
+#: The name earlier scenarios know persondb_servers by.
+all_servers = persondb_servers
+
+
+UWSGI_CLOSE_NOTE = (
+    "uWSGI's keep-alive mode (--protocol http11 with its gevent loop) failed the probe here "
+    "({problem}), so it runs --protocol http: one request per connection, a new TCP "
+    "connection per request, which wrk counts as 'closed by server'.")
+
+
+def hello_servers():
+    """Every hello-world configuration, in the order of the report."""
+    gevent = ("import gevent",)
+    return [
+        ServerSpec("forkserve-w0", "forkserve -w 0 (one process)", "",
+                   _forkserve(0, HELLO_APP, stats=False),
+                   requires=("import forkserve.cli",), single=True, needs_fd=False),
+        ServerSpec("forkserve-w4", "forkserve -w 4", "", _forkserve(4, HELLO_APP, stats=False),
+                   requires=("import forkserve.cli",), needs_fd=False),
+        ServerSpec("gevent-pywsgi", "gevent.pywsgi.WSGIServer, one process, TCP_NODELAY",
+                   "", _serve_fd("gevent", HELLO_APP), requires=gevent, single=True),
+        ServerSpec("gunicorn", "gunicorn -k gevent -w 4", "",
+                   _gunicorn(app=HELLO_APP, preload=False),
+                   requires=("import gunicorn",) + gevent),
+        ServerSpec("uwsgi", "uWSGI (pyuwsgi) --master --processes 4 --gevent 1000, keep-alive "
+                   "(--protocol http11)", "", _uwsgi(HELLO_APP, "http11"),
+                   requires=("import pyuwsgi",) + gevent),
+        ServerSpec("waitress", "waitress, one process, 4 threads (its default)", "",
+                   _serve_fd("waitress", HELLO_APP), requires=("import waitress",),
+                   single=True),
+        ServerSpec("cheroot", "cheroot (CherryPy's server), one process, 10 threads", "",
+                   _serve_fd("cheroot", HELLO_APP), requires=("import cheroot",), single=True),
+        ServerSpec("bjoern", "bjoern (C, libev), one process", "",
+                   _serve_fd("bjoern", HELLO_APP), requires=("import bjoern",), single=True,
+                   note="`pip install bjoern` builds only with libev's headers "
+                        "(apt-get install libev-dev)"),
+        ServerSpec("meinheld", "meinheld (C, greenlet)", "", None,
+                   requires=("import meinheld",), single=True,
+                   note="`pip install meinheld` fails here: meinheld 1.0.2 (2020, its last "
+                        "release) pins greenlet<0.5, which does not build on Python 3.11+"),
+    ]
+
+
+def uwsgi_fallback(problem):
+    """uWSGI on the hello app without keep-alive, when keepalive_problem found one."""
+    return ServerSpec("uwsgi", "uWSGI (pyuwsgi) --master --processes 4 --gevent 1000, "
+                      "one request per connection (--protocol http)", "",
+                      _uwsgi(HELLO_APP, "http"), requires=("import pyuwsgi",),
+                      note=UWSGI_CLOSE_NOTE.format(problem=problem))
+
+
+def keepalive_problem(port, timeout=3.0):
+    """None if two requests on one connection both get a 200, else what went wrong."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        for n in (1, 2):
+            conn.request("GET", "/")
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200 or response.will_close:
+                return f"request {n} on one connection: status {response.status}, " \
+                       f"will close: {response.will_close}"
+        return None
+    except (OSError, http.client.HTTPException) as exc:
+        return f"request {n} on one connection: {exc!r}"
+    finally:
+        conn.close()
+
+
+def python_version(python):
+    if python == sys.executable:
+        return sys.version_info[:2]
+    out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    return tuple(int(part) for part in out.split())

@@ -1,0 +1,310 @@
+"""--share-heap measured side by side: Gunicorn --preload, forkserve, forkserve --share-heap.
+
+    python benchmarks/share_heap.py --python .venv312/bin/python            # PersonDB, 300,000 people
+    python benchmarks/share_heap.py --python .venv313/bin/python --apps persondb
+    python benchmarks/share_heap.py --apps flask,django --requests 20000   # the real apps
+    python benchmarks/share_heap.py --rows 20000 --requests 20000          # a quick look
+
+For one Python, each app is served in turn, 4 workers, by:
+
+- gunicorn: Gunicorn --preload -k gevent (on a socket this harness bound),
+  monkey-patched before the app loads (benchmarks/gunicorn_patched.conf.py);
+- forkserve: forkserve, no flag;
+- share-heap: forkserve --share-heap;
+- one process: forkserve -w 0 (PersonDB only: the "x one process" base).
+
+Each server gets the same requests after it is ready: random PersonDB
+lookups with wrk (benchmarks/load.py), or for the Flask and Django test apps
+(tests/apps/) a fixed mix of their pages from 8 keep-alive Python clients
+(Django's admin pages with a logged-in session). Then every process of the
+server is read from /proc: total PSS, and each worker's private memory
+(anonymous private pages: what it copied plus what it allocated). For
+forkserve, the master's log gives the application's load time and, with the
+flag, how long making the heap immortal took. With --why, `forkserve memory
+--why --json` runs on the share-heap server's busiest worker and the
+benchmark prints what is still copied, by type.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import load  # noqa: E402
+from benchmarks.procs import Group, sample_group  # noqa: E402
+from benchmarks.run import http_status, log_tail, prepare_dataset  # noqa: E402
+from benchmarks.servers import HERE, REPO, bind_listener  # noqa: E402
+
+APPS_DIR = os.path.join(REPO, "tests", "apps")
+sys.path.insert(0, APPS_DIR)  # the Flask and Django test apps' client modules
+
+MIB = 2 ** 20
+WORKERS = 4
+_LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
+_LOADED = re.compile(rb"loaded \S+ in ([\d.]+) s")
+_SHARED = re.compile(rb"--share-heap: shared ([\d,]+) objects \(([\d,.]+) MB\) in ([\d.]+) s")
+_WARMED = re.compile(rb"--warmup: (\d+) requests \(.*?\) in ([\d.]+) s")
+
+
+# -- the apps -----------------------------------------------------------------------
+
+
+def persondb(args):
+    csv_path, emails_path = prepare_dataset(args.rows, args.seed, args.data_dir)
+    spec = load.LoadSpec(emails_path=emails_path, cpus=None)
+
+    def drive(port):
+        result = load.run_phase(f"http://127.0.0.1:{port}/", spec, args.requests, 1800,
+                                args.out)
+        return result.responses, result.errors
+    return dict(app="examples.persondb.app:app", cwd=REPO, health="/health",
+                env={"PERSONDB_CSV": csv_path, "PERSONDB_MODE": "dict"}, drive=drive,
+                one_process=True)
+
+
+def flask(args):
+    from flask_shop.client import PAGES
+
+    def drive(port):
+        return fetch_pages(port, PAGES, args.app_requests or args.requests, {})
+    return dict(app="flask_shop:app", cwd=APPS_DIR, health="/", env={}, drive=drive,
+                one_process=False, warmup=sorted(set(PAGES)))
+
+
+def django(args):
+    from django_shop.client import PAGES, login
+
+    def drive(port):
+        return fetch_pages(port, PAGES, args.app_requests or args.requests, login(port))
+    db = os.path.join(args.out, "django.sqlite3")
+    return dict(app="django_shop.wsgi:application", cwd=APPS_DIR, health="/",
+                env={"DJANGO_SHOP_DB": db}, drive=drive, one_process=False,
+                warmup=sorted(set(PAGES) | {"/admin/login/"}))
+
+
+APPS = {"persondb": persondb, "flask": flask, "django": django}
+
+
+def fetch_pages(port, pages, requests, headers, clients=8):
+    """GET `pages` round robin, `requests` in all, over `clients` keep-alive
+    connections: (answered with 200, other answers)."""
+    counts = {"ok": 0, "other": 0}
+    lock = threading.Lock()
+
+    def client(number):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        ok = other = 0
+        try:
+            for index in range(number, requests, clients):
+                connection.request("GET", pages[index % len(pages)], headers=headers)
+                response = connection.getresponse()
+                response.read()
+                if response.status == 200:
+                    ok += 1
+                else:
+                    other += 1
+                if response.getheader("Connection", "").lower() == "close":
+                    connection.close()
+        finally:
+            connection.close()
+            with lock:
+                counts["ok"] += ok
+                counts["other"] += other
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return counts["ok"], counts["other"]
+
+
+# -- the servers --------------------------------------------------------------------
+
+
+def commands(python, setup):
+    fs = [python, "-m", "forkserve", "-b", "127.0.0.1:0"]
+    app = setup["app"]
+    yield "gunicorn", None
+    yield "forkserve", fs + ["-w", str(WORKERS), app]
+    yield "share-heap", fs + ["-w", str(WORKERS), "--share-heap", app]
+    if setup.get("warmup"):
+        warmup = [arg for path in setup["warmup"] for arg in ("--warmup", path)]
+        yield "share-heap + warmup", fs + ["-w", str(WORKERS), "--share-heap", *warmup, app]
+    if setup["one_process"]:
+        yield "one process", fs + ["-w", "0", app]
+
+
+def gunicorn_argv(python, fd, app):
+    return [python, "-m", "gunicorn", "--preload", "-k", "gevent", "-w", str(WORKERS),
+            "-b", f"fd://{fd}", "-c", os.path.join(HERE, "gunicorn_patched.conf.py"),
+            "--timeout", "300",
+            "--worker-connections", "1000", app]
+
+
+def measure(name, argv, python, setup, args):
+    log_path = os.path.join(args.out, f"{name.replace(' ', '-')}.log")
+    open(log_path, "wb").close()
+    listener = fd = port = None
+    if argv is None:
+        listener = bind_listener()
+        fd, port = listener.fileno(), listener.getsockname()[1]
+        argv = gunicorn_argv(python, fd, setup["app"])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([setup["cwd"], REPO]), **setup["env"])
+    started = time.monotonic()
+    try:
+        server = Group(argv, log_path=log_path, env=env, cwd=setup["cwd"],
+                       pass_fds=(fd,) if fd is not None else ())
+    finally:
+        if listener:
+            listener.close()
+    with server:
+        expected = 1 if name == "one process" else 1 + WORKERS
+        port = wait_ready(server, port, log_path, expected)
+        ready_s = time.monotonic() - started
+        answered, failed = setup["drive"](port)
+        samples = sample_group(server.pid, name == "one process")
+        with open(log_path, "rb") as handle:
+            text = handle.read()
+        workers = [s for s in samples if s.role == "worker"]
+        figures = dict(server=name, ready_s=ready_s, answered=answered, failed=failed,
+                       total_pss=sum(s.pss for s in samples),
+                       private=[s.private for s in workers] or [samples[0].private],
+                       loaded_s=_number(_LOADED, text, 1), shared_s=_number(_SHARED, text, 3),
+                       shared_objects=_number(_SHARED, text, 1),
+                       shared_mb=_number(_SHARED, text, 2),
+                       warmup_s=_number(_WARMED, text, 2))
+        if args.why and name.startswith("share-heap") and workers:
+            busiest = max(workers, key=lambda s: s.private)
+            figures["why"] = why(python, busiest.pid)
+    return figures
+
+
+def wait_ready(server, port, log_path, expected, timeout=600):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise SystemExit(f"server exited while starting:\n{log_tail(log_path)}")
+        if port is None:
+            with open(log_path, "rb") as handle:
+                match = _LISTENING.search(handle.read())
+            port = match and int(match.group(1))
+        if port and len(server.members()) >= expected and http_status(port, "/") is not None:
+            return port
+        time.sleep(0.2)
+    raise SystemExit(f"not ready within {timeout}s:\n{log_tail(log_path)}")
+
+
+def _number(pattern, text, group):
+    match = pattern.search(text)
+    return float(match.group(group).replace(b",", b"")) if match else None
+
+
+def why(python, pid):
+    out = subprocess.run([python, "-m", "forkserve", "memory", "--why", str(pid), "--json"],
+                         capture_output=True, text=True, timeout=900, cwd=REPO)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip()[-400:]}
+    return json.loads(out.stdout)
+
+
+# -- the report ----------------------------------------------------------------------
+
+
+def conditions(since=None):
+    """The load average, and the CPU steal share since `since` (cpu_times())."""
+    with open("/proc/loadavg") as handle:
+        loadavg = " ".join(handle.read().split()[:3])
+    if since is None:
+        return f"load average {loadavg}"
+    now = cpu_times()
+    spent = [b - a for a, b in zip(since, now)]
+    return f"load average {loadavg}, steal {100 * spent[7] / max(sum(spent), 1):.1f}%"
+
+
+def cpu_times():
+    with open("/proc/stat") as handle:
+        return [int(x) for x in handle.readline().split()[1:9]]
+
+
+def report(app, python_version, rows, base):
+    lines = [f"\n### {app}, Python {python_version}, {WORKERS} workers\n",
+             "| server | answered | total PSS MiB | x one process | worker private MiB (max) "
+             "| load s | share-heap s | warmup s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['total_pss'] / base:.2f}" if base else "-"
+        loaded = f"{r['loaded_s']:.1f}" if r["loaded_s"] is not None else "-"
+        shared = f"{r['shared_s']:.2f}" if r["shared_s"] is not None else "-"
+        warmed = f"{r['warmup_s']:.2f}" if r["warmup_s"] is not None else "-"
+        lines.append(f"| {r['server']} | {r['answered']:,} (+{r['failed']} other) | "
+                     f"{r['total_pss'] / MIB:,.1f} | {ratio} | {max(r['private']) / MIB:,.1f} | "
+                     f"{loaded} | {shared} | {warmed} |")
+    return "\n".join(lines)
+
+
+def why_summary(answer):
+    if "error" in answer:
+        return f"why failed: {answer['error']}"
+    lines = [f"copied on objects: {answer.get('on_objects_bytes', 0) / MIB:.1f} MiB"]
+    for entry in answer.get("types", [])[:10]:
+        lines.append(f"  {entry}")
+    for entry in answer.get("owners", [])[:10]:
+        lines.append(f"  owner {entry}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--python", default=sys.executable, help="the servers' interpreter")
+    p.add_argument("--apps", default="persondb", help="comma-separated: persondb,flask,django")
+    p.add_argument("--rows", type=int, default=300_000)
+    p.add_argument("--requests", type=int, default=600_000, help="PersonDB lookups (600,000)")
+    p.add_argument("--app-requests", type=int, default=20_000,
+                   help="requests to the Flask and Django apps (20,000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--why", action="store_true", help="run forkserve memory --why after")
+    p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"))
+    p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "forkserve-share-heap"))
+    args = p.parse_args(argv)
+    if os.sep in args.python:
+        args.python = os.path.abspath(args.python)  # the apps' servers run from tests/apps
+    if "persondb" in args.apps and not shutil.which("wrk"):
+        p.error("PersonDB's load needs wrk (apt-get install wrk)")
+    os.makedirs(args.out, exist_ok=True)
+    version = subprocess.run([args.python, "-c", "import sys; print(sys.version.split()[0])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    print(f"Python {version}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M:%S')}, "
+          f"{conditions()}", flush=True)
+    run_started = cpu_times()
+    results = {}
+    for app in args.apps.split(","):
+        setup = APPS[app](args)
+        rows = []
+        for name, argv in commands(args.python, setup):
+            started, times = time.monotonic(), cpu_times()
+            rows.append(measure(name, argv, args.python, setup, args))
+            print(f"  {app} / {name}: {time.monotonic() - started:.0f} s, {conditions(times)}",
+                  flush=True)
+        base = next((r["total_pss"] for r in rows if r["server"] == "one process"), None)
+        print(report(app, version, rows, base), flush=True)
+        for r in rows:
+            if "why" in r:
+                print(why_summary(r["why"]), flush=True)
+        results[app] = rows
+    print(f"whole run, {time.strftime('%H:%M:%S')}: {conditions(run_started)}", flush=True)
+    with open(os.path.join(args.out, f"share_heap-{version}.json"), "w") as handle:
+        json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Spreading connections evenly over the workers that share a listener.
+
+Workers race on accept(): left alone, the kernel's wake-up order decides,
+and with keep-alive clients one worker of four can end up holding every
+connection while others hold none (benchmarks/balance.py measures it). So
+before each accept() a worker asks `may_accept()`: with the open
+connections of every accepting (READY) worker of its scoreboard, would one
+more leave it holding more than its fair share? If so it pauses, looking
+again every `Admission.tick` seconds, and the connection goes to a worker
+below its share, which is waiting in accept().
+
+Invariants:
+- Some accepting worker may always accept: the least loaded one holds at
+  most total/n, below the share ceil((total + 1) / n). Pausing never
+  leaves a connection without a taker, only waiting for one to run.
+- A connection is never refused or dropped by this module: a paused worker
+  only defers its accept(). If a connection has waited in the listen queue
+  `Admission.patience` seconds while this worker was paused (the worker
+  below its share is blocked, e.g. by a CPU-bound request), this worker
+  takes it anyway.
+- A worker's decision may be stale by one connection (it checked, then
+  waited in accept() while others took connections): it holds at most its
+  share + 1.
+- Counts are per scoreboard, so per generation: during a reload the old
+  generation's workers have stopped accepting.
+"""
+
+__all__ = ["Admission", "fair_share", "may_accept"]
+
+
+def fair_share(total, workers):
+    """The most connections one of `workers` should hold once `total` are open."""
+    return -(-total // workers)
+
+
+def may_accept(mine, others):
+    """True if this worker, holding `mine` open connections while the other
+    accepting workers hold `others` (a list of counts), may take one more."""
+    return mine < fair_share(mine + sum(others) + 1, len(others) + 1)
+
+
+class Admission:
+    """The accept loop's side of the balance, in one worker (all its listeners).
+
+    `wait_turn(listener)` runs before each accept(); `opened()` after each
+    accepted connection, `closed()` when one ends. Counts go to the
+    worker's scoreboard slot for its peers and for the master's reports.
+    """
+
+    #: seconds between looks while paused: short next to a request, long
+    #: enough that a paused worker costs next to nothing
+    tick = 0.01
+    #: seconds a connection may wait in the listen queue, while this worker
+    #: is paused, before this worker takes it anyway (nobody else did)
+    patience = 0.05
+
+    def __init__(self, scoreboard, index, select, clock):
+        self.scoreboard = scoreboard
+        self.index = index
+        self.open = 0
+        self.accepted = 0
+        self._select = select  # the unpatched select.select: a zero-timeout look
+        self._clock = clock
+
+    def opened(self):
+        self.open += 1
+        self.accepted += 1
+        self.scoreboard.set_connections(self.index, self.open, self.accepted)
+
+    def closed(self, _greenlet=None):
+        self.open -= 1
+        self.scoreboard.set_connections(self.index, self.open, self.accepted)
+
+    def wait_turn(self, listener):
+        """Return when this worker should accept its next connection."""
+        import gevent
+        waiting_since = None
+        while not may_accept(self.open, self.scoreboard.loads(self.index)):
+            if self._pending(listener):
+                now = self._clock()
+                if waiting_since is None:
+                    waiting_since = now
+                elif now - waiting_since >= self.patience:
+                    return
+            else:
+                waiting_since = None
+            gevent.sleep(self.tick)
+
+    def _pending(self, listener):
+        """True if a connection waits in the listen queue. (The listener is
+        open: stop_accepting() kills this greenlet before closing it.)"""
+        return bool(self._select([listener], [], [], 0)[0])

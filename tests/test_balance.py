@@ -1,0 +1,131 @@
+"""The connection balance's decision and its accept-loop side, with no socket:
+forkserve.process.balance against a real scoreboard, a fake select and clock."""
+
+import gevent
+import pytest
+
+from forkserve.process.balance import Admission, fair_share, may_accept
+from forkserve.process.scoreboard import READY, RETIRE, Scoreboard
+
+
+@pytest.mark.parametrize("total, workers, share", [(0, 4, 0), (1, 4, 1), (8, 4, 2),
+                                                   (9, 4, 3), (64, 4, 16), (5, 1, 5)])
+def test_fair_share_is_the_total_over_the_workers_rounded_up(total, workers, share):
+    assert fair_share(total, workers) == share
+
+
+def test_a_worker_at_its_share_waits_for_the_others_to_catch_up():
+    assert may_accept(0, [0, 0, 0])
+    assert not may_accept(1, [0, 0, 0])
+    assert may_accept(1, [1, 1, 1])
+    assert not may_accept(2, [1, 2, 1])
+    assert may_accept(1, [1, 2, 2])
+
+
+def test_a_lone_worker_always_accepts():
+    assert may_accept(0, []) and may_accept(999, [])
+
+
+def test_the_least_loaded_worker_may_always_accept():
+    for loads in ([0, 5, 9, 2], [3, 3, 3, 3], [0, 0, 0, 1], [7, 1, 1, 1], [16, 16, 15, 17]):
+        least = min(range(len(loads)), key=loads.__getitem__)
+        others = loads[:least] + loads[least + 1:]
+        assert may_accept(loads[least], others), loads
+
+
+def test_eight_connections_taken_one_at_a_time_by_the_first_allowed_end_two_each():
+    loads = [0, 0, 0, 0]
+    for _ in range(8):
+        taker = next(i for i in range(4) if may_accept(loads[i], loads[:i] + loads[i + 1:]))
+        loads[taker] += 1
+    assert loads == [2, 2, 2, 2]
+
+
+def test_the_scoreboard_gives_the_loads_of_the_other_accepting_workers_only():
+    board = Scoreboard(capacity=16)
+    try:
+        for index in range(5):
+            board.prepare(index)
+        for index, state in ((0, READY), (1, READY), (2, RETIRE), (3, READY)):  # 4 boots
+            board.set_state(index, state)
+            board.set_connections(index, 10 + index, 100 + index)
+        assert sorted(board.loads(exclude=0)) == [11, 13]
+        board.release(3)
+        assert board.loads(exclude=0) == [11]
+        slot = board.read(1)
+        assert (slot.connections, slot.accepted) == (11, 101)
+        board.prepare(1)
+        assert (board.read(1).connections, board.read(1).accepted) == (0, 0)
+    finally:
+        board.close()
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def admission_of_four(clock, select):
+    """Worker 0 of four READY workers on a real scoreboard."""
+    board = Scoreboard(capacity=8)
+    for index in range(4):
+        board.prepare(index)
+        board.set_state(index, READY)
+    admission = Admission(board, 0, select, clock)
+    admission.tick = 0.001
+    return board, admission
+
+
+def test_opened_and_closed_publish_the_open_and_accepted_counts():
+    board, admission = admission_of_four(FakeClock(), select=None)
+    admission.opened()
+    admission.opened()
+    admission.closed()
+    assert (board.read(0).connections, board.read(0).accepted) == (1, 2)
+    board.close()
+
+
+def test_a_worker_over_its_share_waits_until_a_peer_catches_up():
+    looks = []
+    board, admission = admission_of_four(FakeClock(), lambda r, w, x, t: looks.append(t) or ([], [], []))
+    admission.opened()  # 1 against 0, 0, 0: over its share
+    waiting = gevent.spawn(admission.wait_turn, "listener")
+    gevent.sleep(0.02)
+    assert not waiting.dead and looks and set(looks) == {0}  # zero-timeout looks only
+    for index in (1, 2, 3):
+        board.set_connections(index, 1, 1)
+    assert waiting.join(timeout=2) is None and waiting.dead
+    board.close()
+
+
+def test_a_connection_left_waiting_longer_than_the_patience_is_taken_anyway():
+    clock = FakeClock()
+    board, admission = admission_of_four(clock, lambda r, w, x, t: (r, [], []))  # always pending
+    admission.opened()
+    waiting = gevent.spawn(admission.wait_turn, "listener")
+    gevent.sleep(0.01)
+    assert not waiting.dead  # pending, but not for long yet
+    clock.now += admission.patience
+    waiting.join(timeout=2)
+    assert waiting.dead
+    board.close()
+
+
+def test_patience_counts_only_while_connections_keep_waiting():
+    clock = FakeClock()
+    pending = [True]
+    board, admission = admission_of_four(clock, lambda r, w, x, t: (r if pending[0] else [], [], []))
+    admission.opened()
+    waiting = gevent.spawn(admission.wait_turn, "listener")
+    gevent.sleep(0.01)
+    pending[0] = False  # a peer took it
+    gevent.sleep(0.01)
+    pending[0] = True
+    clock.now += admission.patience  # the new one has only just been seen
+    gevent.sleep(0.01)
+    assert not waiting.dead
+    waiting.kill()
+    board.close()

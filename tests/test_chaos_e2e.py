@@ -1,0 +1,162 @@
+"""Chaos: faults the server meets in production, each a bounded attack.
+
+Each test attacks a real server (real processes, sockets on 127.0.0.1) and
+checks that it serves on afterwards: a disk that fills under the access log,
+a worker out of file descriptors, a leaking application under
+--max-worker-memory, storms of signals, mutated requests, slow clients.
+Every test ends in well under a minute.
+"""
+
+import contextlib
+import errno
+import os
+import resource
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from forkserve_testing import poll
+
+pytestmark = pytest.mark.e2e
+
+
+@contextlib.contextmanager
+def small_tmpfs(path, size):
+    """A tmpfs of `size` mounted at `path` for the test, unmounted after it."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root and mount): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(directory):
+    """Write a file in `directory` until the filesystem is full; return its path."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        chunk = b"x" * 4096
+        try:
+            while True:
+                handle.write(chunk)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+    return filler
+
+
+def test_access_log_drops_lines_while_the_disk_is_full_and_resumes_once_it_is_not(
+        run_server, tmp_path):
+    with small_tmpfs(tmp_path / "logs", "256k") as logs:
+        access = logs / "access.log"
+        server = run_server("-w", "1", "--access-logfile", str(access))
+        server.wait_workers(1)
+        filler = fill(logs)
+        for number in range(40):
+            assert server.get(f"/pid?while-full-{number}")[0] == 200
+        poll(lambda: "access log" in server.log() and "dropped" in server.log(),
+             message="a warning that access log lines were dropped")
+        filler.unlink()
+        for number in range(3):
+            assert server.get(f"/pid?after-{number}")[0] == 200
+        poll(lambda: "after-2" in access.read_text(), message="the access log to resume")
+        server.signal(signal.SIGUSR1)  # reopening after the fault works too
+        poll(lambda: server.get("/pid?after-usr1")[0] == 200
+             and "after-usr1" in access.read_text(), message="lines after USR1")
+        text = access.read_text()
+        log = server.log()
+        server.kill_group()
+    assert "while-full" not in text, "lines dropped while the disk was full came back"
+    assert "Traceback" not in log, log
+    assert log.count("No space left on device; dropped") == 1, log  # one per interval
+    assert "writing again" in log
+
+
+def test_leaking_worker_is_recycled_within_a_tenth_over_max_worker_memory(run_server):
+    # The application leaks 5 MiB a request, about 100 MB/s at 20 requests a
+    # second, one connection each. What a worker leaked before it stopped
+    # taking requests is at most the limit, plus 10%, plus one request's 5 MiB.
+    limit, step = 100, 5
+    server = run_server("-w", "1", "--max-worker-memory", str(limit), app="hog:app")
+    [first] = server.wait_workers(1)
+    leaked = {}  # pid -> MiB its requests allocated
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and leaked.get(first, 0) < 4 * limit:
+        pid = int(server.get(f"/alloc?{step}")[1])
+        leaked[pid] = leaked.get(pid, 0) + step
+        if len(leaked) > 1 and leaked[pid] >= 2 * step:
+            break  # the replacement serves
+        time.sleep(0.05)
+    assert len(leaked) > 1, f"the leaking worker was never recycled: {leaked}"
+    assert leaked[first] <= limit * 1.1 + step, (leaked, server.log())
+    assert "over --max-worker-memory 100 MiB" in server.log()
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_worker_out_of_file_descriptors_keeps_serving_and_backs_off_accepting(run_server):
+    server = run_server("-w", "1", app="fdtitle:app")
+    [worker] = server.wait_workers(1)
+    # A few descriptors to spare, then idle clients take them all; the rest
+    # wait in the listen backlog.
+    resource.prlimit(worker, resource.RLIMIT_NOFILE, (open_fds(worker) + 4, 4096))
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(30)]
+    try:
+        poll(lambda: "cannot read its memory from /proc" in server.log(), timeout=15,
+             message="the title's /proc reading to fail softly")
+        started = time.monotonic()
+        refused = server.log().count("cannot accept connections")
+        poll(lambda: server.log().count("cannot read its memory from /proc") >= 2, timeout=15,
+             message="a second interval of failed readings")
+        seconds = time.monotonic() - started
+        accept_errors = server.log().count("cannot accept connections") - refused
+    finally:
+        for client in idle:
+            client.close()
+    assert server.children() == [worker]
+    assert server.get("/pid") == (200, str(worker))
+    log = server.log()
+    assert "crashed" not in log and "Traceback" not in log, log
+    assert "ulimit -n" in log
+    # accept waits between tries (server.SHORTAGE_PAUSE, 0.1 s): no busy loop
+    assert accept_errors <= seconds / 0.1 + 2, (accept_errors, seconds)
+
+
+_EXHAUST_FIRST_WORKER = """
+import os
+
+def post_fork(server, worker):
+    # The first worker only: take every descriptor and keep them, as if the
+    # limit were too low for the worker to set itself up.
+    try:
+        os.close(os.open(os.environ["MARK"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    worker.held = []
+    try:
+        while True:
+            worker.held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+"""
+
+
+def test_worker_that_cannot_start_for_lack_of_descriptors_exits_with_the_resource_code(
+        run_server, tmp_path):
+    config = tmp_path / "exhaust.conf.py"
+    config.write_text(_EXHAUST_FIRST_WORKER)
+    server = run_server("-w", "1", "-c", str(config), env={"MARK": str(tmp_path / "mark")})
+    [worker] = server.wait_workers(1)
+    assert server.get("/pid") == (200, str(worker))
+    log = server.log()
+    assert "could not start: out of file descriptors" in log and "ulimit -n" in log, log
+    assert "exited with status 6" in log, log
+    assert "failed to boot" not in log, log

@@ -1,0 +1,170 @@
+"""--share-heap: the flag on each Python, and what an immortal master heap means.
+
+Immortal objects are never freed. These tests show what that does and does
+not change, on the real server: finalisers and weakref callbacks of the
+master's objects never run in a worker; a worker's own objects are ordinary
+(finalised, collected, its memory does not grow); a file or socket opened in
+the master closes when a worker closes it; a reload (HUP) still frees the
+old heap, because the old processes exit.
+"""
+
+import os
+import re
+import signal
+import sys
+import sysconfig
+
+import pytest
+
+from forkserve import exits
+from forkserve_testing import poll
+from test_reload_e2e import _reload_to, _rss
+
+pytestmark = pytest.mark.e2e
+
+IMMORTAL = (sys.version_info >= (3, 12) and not sysconfig.get_config_var("Py_GIL_DISABLED"))
+needs_immortal = pytest.mark.skipif(not IMMORTAL, reason="--share-heap needs Python 3.12+")
+SHARED = re.compile(r"--share-heap: shared ([\d,]+) objects \(([\d,.]+) MB\) in ([\d.]+) s")
+
+
+@pytest.mark.skipif(IMMORTAL, reason="the refusal is for Pythons without immortal objects")
+def test_share_heap_is_refused_at_start_without_immortal_objects(run_server):
+    server = run_server("--share-heap", "-w", "2", wait=False)
+    assert server.wait_exit() == exits.CONFIG_ERROR
+    log = server.log()
+    assert "--share-heap needs immortal objects" in log
+    assert "Python 3.12+" in log and "forkserve.store.Store" in log
+    assert "Listening at" not in log
+
+
+@needs_immortal
+def test_share_heap_logs_what_it_shared_and_workers_serve(run_server):
+    server = run_server("--share-heap", "-w", "2")
+    match = SHARED.search(server.log())
+    assert match, server.log()
+    assert int(match.group(1).replace(",", "")) > 10_000  # the whole heap, not a dataset
+    assert float(match.group(2).replace(",", "")) > 1
+    server.wait_workers(2)
+    assert server.get("/pid")[0] == 200
+
+
+@needs_immortal
+def test_share_heap_with_no_workers_says_it_is_pointless_and_serves(run_server):
+    server = run_server("--share-heap", "-w", "0")
+    assert "--share-heap: skipped, pointless with -w 0" in server.log()
+    assert not SHARED.search(server.log())
+    assert server.get("/pid")[0] == 200
+
+
+def _safety_server(run_server, tmp_path, *flags, wait=True, **env):
+    witness = tmp_path / "witness"
+    witness.mkdir()
+    server = run_server(*flags, "-w", "1", app="heap_safety:app", wait=wait,
+                        env={"WITNESS_DIR": str(witness), **env})
+    return server, witness
+
+
+def _events(witness, pid):
+    return sorted(p.name.rsplit("-", 1)[0] for p in witness.iterdir()
+                  if p.name.endswith(f"-{pid}"))
+
+
+def test_without_the_flag_a_worker_runs_the_master_objects_finalisers(run_server, tmp_path):
+    """The control: shows the next test could see a finaliser run."""
+    server, witness = _safety_server(run_server, tmp_path)
+    worker = int(server.get("/pid")[1])
+    assert server.get("/drop") == (200, "dropped")
+    assert _events(witness, worker) == ["master-del", "weakref-callback"]
+
+
+@needs_immortal
+def test_master_objects_finalisers_and_weakref_callbacks_never_run_in_a_worker(
+        run_server, tmp_path):
+    server, witness = _safety_server(run_server, tmp_path, "--share-heap")
+    worker = int(server.get("/pid")[1])
+    assert server.get("/drop") == (200, "dropped")
+    assert server.get("/mine") == (200, "made and dropped")
+    # The worker's own object, in a cycle, is finalised by its collector.
+    assert _events(witness, worker) == ["worker-del"]
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    assert not [p.name for p in witness.iterdir() if p.name.startswith(("master", "weak"))]
+
+
+@needs_immortal
+def test_a_file_and_socket_opened_in_the_master_close_when_a_worker_closes_them(
+        run_server, tmp_path):
+    server, _ = _safety_server(run_server, tmp_path, "--share-heap")
+    status, body = server.get("/close")
+    assert status == 200, body
+    pid, socket_link, file_closed, socket_fd = body.split()
+    assert (file_closed, socket_fd) == ("True", "-1")
+    app_file = os.path.join(os.path.dirname(__file__), "apps", "heap_safety.py")
+
+    def links(process):
+        names = os.listdir(f"/proc/{process}/fd")
+        return {os.readlink(f"/proc/{process}/fd/{n}") for n in names
+                if os.path.exists(f"/proc/{process}/fd/{n}")}
+    assert app_file not in links(pid) and socket_link not in links(pid)
+    # The master's own copies stay open: the worker closed its descriptors.
+    assert app_file in links(server.pid) and socket_link in links(server.pid)
+
+
+@needs_immortal
+def test_a_workers_own_garbage_is_collected_and_its_memory_does_not_grow(
+        run_server, tmp_path):
+    from forkserve.memory import procfs
+    server, _ = _safety_server(run_server, tmp_path, "--share-heap")
+    worker = int(server.get("/pid")[1])
+    for _ in range(40):  # warm up: the worker's arenas and caches reach their size
+        assert server.get("/churn?n=2000")[0] == 200
+    before = procfs.read_process(worker).private
+    for _ in range(400):  # 800,000 records with cycles, about 1 GiB if none were freed
+        assert server.get("/churn?n=2000")[0] == 200
+    after = procfs.read_process(worker).private
+    assert int(server.get("/pid")[1]) == worker
+    assert after - before < 8 * 2**20, (before, after)
+
+
+@needs_immortal
+def test_hup_with_share_heap_ends_the_old_processes_and_frees_the_old_heap(
+        run_server, tmp_path):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("--share-heap", "-w", "2", app="versioned:app",
+                        env={"VERSION_FILE": str(version_file), "BALLAST_MB": "150"})
+    old_workers = poll(lambda: len(server.children()) == 2 and server.children(),
+                       message="two workers")
+    assert SHARED.search(server.log())
+    assert _rss(server.pid) > 150 * 2**20  # the master holds the immortal "dataset"
+    _reload_to(server, version_file, "v2")
+    poll(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in old_workers),
+         message="the old workers to exit")
+    # Same pid, but the exec into the supervisor released the immortal heap.
+    poll(lambda: _rss(server.pid) < 75 * 2**20, message="the master's RSS to drop")
+    assert server.get("/")[1].startswith("v2")
+    assert len(SHARED.findall(server.log())) == 2  # the new generation shared its own heap
+
+
+def test_warmup_requests_are_served_by_the_master_before_it_forks(run_server, tmp_path):
+    server, witness = _safety_server(run_server, tmp_path, "--warmup", "/witness",
+                                     "--warmup", "/nowhere")
+    assert (witness / f"request-{server.pid}").exists()
+    log = server.log()
+    assert "--warmup: /nowhere answered 404 Not Found" in log
+    assert "--warmup: 6 requests (3 x 200, 3 x 404)" in log
+    assert log.index("--warmup: 6 requests") < log.index("Listening at")
+
+
+def test_a_warmup_request_that_raises_stops_the_start(run_server, tmp_path):
+    server, _ = _safety_server(run_server, tmp_path, "--warmup", "/raise", wait=False)
+    assert server.wait_exit() == exits.APP_LOAD_ERROR
+    assert "RuntimeError: raised on purpose by a test" in server.log()
+    assert "--warmup: GET /raise raised" in server.log()
+    assert "Listening at" not in server.log()
+
+
+def test_warmup_takes_only_url_paths(run_server, tmp_path):
+    server = run_server("--warmup", "products", wait=False)
+    assert server.wait_exit() == exits.CONFIG_ERROR
+    assert "'products' is not a URL path; give one that starts with /" in server.log()
