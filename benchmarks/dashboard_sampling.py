@@ -9,7 +9,8 @@ SECONDS it compares the two masters' CPU time (utime + stime from
 /proc/PID/stat), and prints the interval the sampler chose, the samples it
 took, and what /json (one report) takes from a client. CPU steal and the
 load average are printed: on a shared machine both masters see the same
-noise, which is why they run at once.
+noise, which is why they run at once. Writes result.json (the harness's
+schema) in --out.
 
     python -m benchmarks.dashboard_sampling [--workers 16] [--ballast-mb 1024] [--seconds 60]
 """
@@ -25,11 +26,14 @@ import tempfile
 import time
 import urllib.request
 
+from benchmarks.harness.machine import Conditions
+from benchmarks.harness.results import Result, command_line
 from forkserve.memory import procfs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APPS = os.path.join(REPO, "tests", "apps")
 _STATS = re.compile(r"Stats at: http://127\.0\.0\.1:(\d+)")
+OUT = os.path.join(REPO, "benchmarks", "results", "dashboard_sampling")
 
 
 def _start(scratch, name, workers, ballast_mb, stats):
@@ -61,11 +65,6 @@ def _cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _steal_ticks():
-    with open("/proc/stat") as handle:
-        return int(handle.readline().split()[8])
-
-
 def _get(port, path):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=60) as response:
         return response.read()
@@ -76,6 +75,7 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--ballast-mb", type=int, default=1024)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--out", default=OUT, help="where result.json goes")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         sampled, sampled_log = _start(scratch, "stats", args.workers, args.ballast_mb, True)
@@ -85,28 +85,38 @@ def main(argv=None):
             _wait_workers(plain, plain_log, args.workers)
             with open(sampled_log) as handle:
                 port = int(_STATS.search(handle.read()).group(1))
-            first = json.loads(_get(port, "/history"))["points"][-1]["t"]
             cpu = {pid: _cpu_seconds(pid) for pid in (sampled.pid, plain.pid)}
-            steal, started = _steal_ticks(), time.monotonic()
+            conditions, started, begin = Conditions(), time.monotonic(), time.time()
             time.sleep(args.seconds)  # a measuring period, not synchronisation
-            elapsed = time.monotonic() - started
+            end, elapsed = time.time(), time.monotonic() - started
             used = {pid: _cpu_seconds(pid) - before for pid, before in cpu.items()}
-            steal = (_steal_ticks() - steal) / os.sysconf("SC_CLK_TCK")
-            history = json.loads(_get(port, f"/history?since={first}"))
-            reports = []
+            conditions.end()
+            history = json.loads(_get(port, "/history"))
+            samples = sum(begin <= point["t"] <= end for point in history["points"])
+            # What one report costs the master: five of them, asked for at once
+            # after the other (a sample due meanwhile would count too).
+            reports, cpu_before = [], _cpu_seconds(sampled.pid)
             for _ in range(5):
                 begun = time.perf_counter()
                 _get(port, "/json")
                 reports.append(time.perf_counter() - begun)
+            report_cpu = (_cpu_seconds(sampled.pid) - cpu_before) / len(reports)
         finally:
             for server in (sampled, plain):
                 os.killpg(server.pid, 9)
                 server.wait()
-    with open("/proc/loadavg") as handle:
-        load = handle.read().split()[:3]
-    samples = len(history["points"])
+    rows = [{"server": "forkserve --stats (history sampled)", "master_cpu_s": round(
+                 used[sampled.pid], 3), "samples": samples,
+             "interval_s": round(history["interval"], 2),
+             "report_ms_median": round(statistics.median(reports) * 1000),
+             "report_cpu_ms": round(report_cpu * 1000)},
+            {"server": "forkserve (no --stats)", "master_cpu_s": round(used[plain.pid], 3)}]
+    os.makedirs(args.out, exist_ok=True)
+    Result.measured("dashboard_sampling.py", command_line("dashboard_sampling.py", argv), rows,
+                    conditions, title=f"history sampling, {args.workers} workers x "
+                    f"{args.ballast_mb} MiB, {elapsed:.0f} s").write(args.out)
     print(f"{args.workers} workers x {args.ballast_mb} MiB shared, {os.cpu_count()} CPUs, "
-          f"{elapsed:.0f} s, load average {' '.join(load)}, CPU steal {steal:.1f} s")
+          f"{elapsed:.0f} s; {conditions.describe()}")
     print(f"  master CPU with --stats (sampling): {used[sampled.pid]:.2f} s "
           f"({100 * used[sampled.pid] / elapsed:.1f}% of one CPU)")
     print(f"  master CPU without --stats:          {used[plain.pid]:.2f} s "
@@ -115,7 +125,8 @@ def main(argv=None):
           f"interval chosen at the end: {history['interval']:.1f} s")
     print(f"  one report from a client (GET /json): median "
           f"{statistics.median(reports) * 1000:.0f} ms (min {min(reports) * 1000:.0f}, "
-          f"max {max(reports) * 1000:.0f}) over {len(reports)}")
+          f"max {max(reports) * 1000:.0f}) over {len(reports)}; master CPU per report "
+          f"{report_cpu * 1000:.0f} ms")
 
 
 if __name__ == "__main__":
