@@ -1,4 +1,4 @@
-"""`forkserve memory --why PID`: which of the master's objects a worker copied.
+"""`forkserve memory --why [TARGET]`: which of the master's objects a worker copied.
 
 How it works, and the rules it rests on:
 
@@ -381,11 +381,11 @@ def ask(worker_pid, timeout=AUDIT_TIMEOUT, progress=None):
     stat = procfs.read_stat(worker_pid)
     if stat is None:
         raise WhyError(f"no process {worker_pid}: give the pid of a running forkserve worker "
-                       "(forkserve memory --pid FILE lists them)")
+                       "(`forkserve memory` shows them)")
     title = procfs.parse_title(procfs.read_title(worker_pid))
     if title is None or title.role != "worker":
         raise WhyError(f"pid {worker_pid} is not a forkserve worker; --why explains a "
-                       "worker's private memory (forkserve memory --pid FILE lists them)")
+                       "worker's private memory (`forkserve memory` shows them)")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
