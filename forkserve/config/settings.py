@@ -285,16 +285,21 @@ def _convert(setting: Setting, raw, where: str):
         raise ConfigError(f"{where}: {flag} ({setting.name}): {exc}") from None
 
 
-#: the --help sections, in this order; a setting's `section` names one
+#: the --help sections, in this order (a section not named here comes after
+#: them, titled after its name)
 SECTION_TITLES = {"server": "Server", "http": "HTTP", "logging": "Logging",
                   "memory": "Memory", "security": "Security"}
+
+
+def _section_title(section: str) -> str:
+    return SECTION_TITLES.get(section, section.capitalize())
 
 
 def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         usage=f"{prog} [OPTIONS] MODULE:APP\n"
-              f"       {prog} memory [PID | PIDFILE | HOST:PORT] [--why] [--json] [--watch SECONDS]\n"
+              f"       {prog} memory [TARGET] [--why [TARGET]] [--json] [--watch SECONDS]\n"
               f"       {prog} store {{build,info,get,shard}} ... (see {prog} store --help)",
         description="Pre-fork gevent WSGI server whose workers share the master's preloaded data.",
         epilog="Every option can also be set in a config file (-c) by its name, or in the\n"
@@ -309,6 +314,8 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
     groups = {section: parser.add_argument_group(title)
               for section, title in SECTION_TITLES.items()}
     for setting in SETTINGS:
+        if setting.section not in groups:
+            groups[setting.section] = parser.add_argument_group(_section_title(setting.section))
         group, dest = groups[setting.section], setting.name
         if setting.kind in ("flag", "off"):
             group.add_argument(*setting.flags, dest=dest, action="store_const",
@@ -412,7 +419,7 @@ def settings_table() -> str:
     sections = dict.fromkeys(setting.section for setting in SETTINGS)  # in declared order
     lines = []
     for section in sections:
-        title = SECTION_TITLES[section]
+        title = _section_title(section)
         lines += ["" if lines else None, f"**{title}**", "",
                   "| Setting (config key) | Flag | Environment | Default | What it does |",
                   "|---|---|---|---|---|"]
