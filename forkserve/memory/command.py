@@ -1,9 +1,10 @@
 """The `forkserve memory` command: find the server, read it, show it.
 
-The server is named by a pid, its pid file (we read /proc ourselves) or its
-stats endpoint, which serves forkserve.memory.to_json() and is read back
-with from_json(); or found by its process title (forkserve.memory.find). Every failure to find the server ends in a
-message saying what to do next, and exit status 1; usage errors exit 2.
+The server is named by a pid or its pid file (we read /proc ourselves), or
+by its stats endpoint, which serves forkserve.memory.to_json() and is read
+back with from_json(); unnamed, it is found by its process title
+(forkserve.memory.find). Every failure to find the server ends in a message
+saying what to do next, and exit status 1; usage errors exit 2.
 """
 
 import argparse
@@ -45,9 +46,11 @@ def main(argv=None):
             return _why(_worker_to_explain(args.where), args.json)
         if args.where is None:
             servers, titles = find.servers()
-            if len(servers) != 1:
+            if not servers:
+                raise ServerNotFound(_list_servers(servers, titles))
+            if len(servers) > 1:
                 print(_list_servers(servers, titles))
-                return 0 if servers else 1
+                return 0
             args.where = ("pid", servers[0])
         load = functools.partial(_load, args.where)
         if args.json:
