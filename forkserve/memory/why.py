@@ -130,7 +130,7 @@ def _roots(first_modules):
 PROGRESS_EVERY = 1.0
 
 #: Objects walked between looks at the clock.
-_CLOCK_EVERY = 1 << 16
+_CLOCK_EVERY = 1 << 13
 
 
 def walk(first_modules, pages, page_shift, progress=None):
