@@ -18,7 +18,7 @@ Invariants, and why:
   so sampling never takes more than `max_share` of the master's time.
 - A process is a series by what survives churn, its label ("worker 1",
   "master", "worker 2 g3"): a recycled worker's replacement continues its
-  number's series (forkserve.process.workers). Each series point is
+  number's series (forkserve.process.lifecycle). Each series point is
   (private, shared): private is the process's own anonymous memory (copies
   and allocations, model's "private") and shared the rest of its PSS (its
   share of pages other processes map too), so stacking every process gives
