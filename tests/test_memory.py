@@ -461,7 +461,8 @@ def test_memory_without_an_anonymous_field_counts_private_dirty_as_private():
 @pytest.mark.parametrize("title, expected", [
     ("forkserve: master [app:app]", procfs.Title("master")),
     ("persondb: worker 12 [persondb.app:app] 3 req, 1.0 MiB private",
-     procfs.Title("worker", worker_id=12)),
+     procfs.Title("worker", worker_id=12, requests=3)),
+    ("forkserve: worker 2 [app:app]", procfs.Title("worker", worker_id=2)),
     ("forkserve: generation 3 [app:app]", procfs.Title("master", generation=3)),
     ("a: b: supervisor [app:app] serving generation 4", procfs.Title("supervisor", serving=4)),
     ("forkserve: single [x]", procfs.Title("single")),
@@ -483,6 +484,7 @@ def test_tree_after_a_reload_lists_supervisor_serving_then_draining_generation()
               30: "f: generation 3 [a]", 21: "f: worker 1 [a]", 31: "f: worker 1 [a]",
               32: "f: worker 2 [a] 5 req"}
     infos = model.tree_infos(1, **_tree(titles, {1: [20, 30], 20: [21], 30: [31, 32]}))
+    assert [i.requests for i in infos] == [None, None, None, 5, None, None]  # from the title
     assert [(i.pid, i.label) for i in infos] == [
         (1, "supervisor"), (30, "master g3"), (31, "worker 1 g3"), (32, "worker 2 g3"),
         (20, "master g2 draining"), (21, "worker 1 g2 draining"),
