@@ -51,6 +51,7 @@ SECTIONS = {
     "report_time.py": "#smaller-measurements",
     "chaos.py": "#chaos-attacks-side-by-side",
     "memory_check.py": "#what---max-worker-memorys-check-costs",
+    "balance.py": "#connections-per-worker-balance",
 }
 
 
