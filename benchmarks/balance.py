@@ -49,10 +49,11 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load, procs  # noqa: E402
-from benchmarks.hello import cpu_times, start, wrk  # noqa: E402
-from benchmarks.run import say, stop_on_signals  # noqa: E402
-from benchmarks.servers import HERE, REPO, ServerSpec  # noqa: E402
+from benchmarks.harness import procs  # noqa: E402
+from benchmarks.harness import wrk as load  # noqa: E402
+from benchmarks.harness.machine import cpu_times, say, stop_on_signals  # noqa: E402
+from benchmarks.harness.servers import HERE, REPO, ServerSpec  # noqa: E402
+from benchmarks.hello import start  # noqa: E402
 
 __all__ = ["busiest_ratio", "parse_variant", "requests_from_title", "summarize"]
 
@@ -118,10 +119,10 @@ def _cmdline(pid):
         return b""
 
 
-def workers(group):
+def workers(server):
     """The worker pids of a server's group: those titled as forkserve workers,
     or else every member but the master (Gunicorn's)."""
-    pids = [pid for pid in group.members() if pid != group.pid]
+    pids = [pid for pid in server.members() if pid != server.pid]
     titled = [pid for pid in pids if requests_from_title(_cmdline(pid)) is not None]
     return titled or pids
 
@@ -145,10 +146,10 @@ def settled_readings(pids, timeout=5.0):
     return last
 
 
-def measure(name, group, port, connections, seconds, workdir):
-    pids = workers(group)
+def measure(name, server, connections, seconds, workdir):
+    pids = workers(server)
     before = settled_readings(pids)
-    out = wrk(f"http://127.0.0.1:{port}/", seconds, connections, None, workdir)
+    out = load.run(server.url + "/", seconds, connections, None, workdir)
     after = settled_readings(pids)
     result = load.parse_result(out)
     requests = [after[p][0] - before[p][0] for p in pids
@@ -279,21 +280,21 @@ def main(argv=None):
             for spec, tree in servers(args.also):
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE]),
                            PYTHONUNBUFFERED="1")
-                group, port = start(spec, args, os.path.join(args.out, "logs"), env)
-                running.append((spec.name, group, port))
-                say(f"{spec.name}: up on port {port}")
+                server = start(spec, args, os.path.join(args.out, "logs"), env)
+                running.append((spec.name, server))
+                say(f"{spec.name}: up on port {server.port}")
             for round_no in range(1, args.rounds + 1):
                 for connections in args.levels:
-                    for name, group, port in running:
-                        row = measure(name, group, port, connections, args.duration, args.out)
+                    for name, server in running:
+                        row = measure(name, server, connections, args.duration, args.out)
                         row["round"] = round_no
                         say(f"round {round_no}, {connections} connections, {name}: "
                             f"{row['rps']:,.0f} req/s, {row['errors']} errors, p99 {row['p99_ms']:.1f} ms, requests "
                             f"{row['requests']}, CPU {[round(c, 2) for c in row['cpu']]}")
                         rows.append(row)
         finally:
-            for _, group, _ in running:
-                group.stop(grace=10)
+            for _, server in running:
+                server.stop(grace=10)
         locust = [(label, locust_requests(args.locust, extra, args.out))
                   for label, extra in (("balanced", []), ("--no-balance", ["--no-balance"]))
                   if args.locust]
