@@ -16,37 +16,58 @@ Needs wrk.
 
 import argparse
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import time
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import wrk  # noqa: E402
 from benchmarks.harness.machine import Conditions  # noqa: E402
 from benchmarks.harness.procs import cpu_seconds  # noqa: E402
-from benchmarks.harness.servers import HELLO_APP  # noqa: E402
-from benchmarks.harness.start import start  # noqa: E402
 from forkserve.memory import limit  # noqa: E402
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
 SETTINGS = {"no limit": [], "--max-worker-memory 4096": ["--max-worker-memory", "4096"]}
 
 
-def start_server(extra, log_path):
-    """forkserve -w 1 on the hello app: (harness Server, its worker's pid)."""
-    server = start([sys.executable, "-m", "forkserve", "-w", "1", "-b", "127.0.0.1:0",
-                    *extra, HELLO_APP], log_path=log_path, processes=2, probe_path="/",
-                   timeout=30)
-    return server, next(pid for pid in server.members() if pid != server.pid)
+def start(extra, log_path):
+    log = open(log_path, "wb")
+    # Not from benchmarks/: forkserve reads a gunicorn.conf.py in its working
+    # directory, and the one there (the gunicorn-gc hooks) is not for this.
+    env = dict(os.environ, PYTHONPATH=HERE)
+    server = subprocess.Popen([sys.executable, "-m", "forkserve", "-w", "1", "-b", "127.0.0.1:0",
+                               *extra, "hello_app:app"], cwd=os.path.dirname(log_path),
+                              env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(log_path, "rb") as handle:
+            text = handle.read()
+        match = LISTENING.search(text)
+        children = _children(server.pid)
+        if match and children and b"Booting worker" in text:
+            return server, int(match.group(1)), children[0]
+        time.sleep(0.1)
+    server.kill()
+    raise SystemExit(f"forkserve did not start:\n{open(log_path).read()}")
 
 
-def measure(server, worker, seconds, workdir):
+def _children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as handle:
+        return [int(child) for child in handle.read().split()]
+
+
+def measure(port, worker, seconds):
     before = cpu_seconds(worker)
-    summary = wrk.parse_summary(wrk.run(server.url + "/", seconds, 32, None, workdir,
-                                        script=None))
+    out = subprocess.run(["wrk", "-t1", "-c32", f"-d{seconds}s",
+                          f"http://127.0.0.1:{port}/"], capture_output=True, text=True,
+                         check=True).stdout
     used = cpu_seconds(worker) - before
-    return used / summary.requests * 1e6, summary.requests / seconds
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    return used / requests * 1e6, requests / seconds
 
 
 def check_alone(calls=200_000):
@@ -68,16 +89,17 @@ def main(argv=None):
     conditions = Conditions()
     results = {name: [] for name in SETTINGS}
     servers = {}
-    with tempfile.TemporaryDirectory(prefix="forkserve-memory-check-") as workdir:
-        try:
-            for name, extra in SETTINGS.items():
-                servers[name] = start_server(extra, os.path.join(workdir, f"{len(servers)}.log"))
-            for _ in range(args.rounds):
-                for name, (server, worker) in servers.items():
-                    results[name].append(measure(server, worker, args.seconds, workdir))
-        finally:
-            for server, _ in servers.values():
-                server.stop()
+    try:
+        workdir = tempfile.mkdtemp(prefix="memory_check-")
+        for name, extra in SETTINGS.items():
+            servers[name] = start(extra, os.path.join(workdir, f"{len(servers)}.log"))
+        for _ in range(args.rounds):
+            for name, (_, port, worker) in servers.items():
+                results[name].append(measure(port, worker, args.seconds))
+    finally:
+        for server, _, _ in servers.values():
+            os.killpg(server.pid, 9)
+            server.wait()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
           f"{conditions.describe()}")
     print("| setting | worker CPU per response (us), each round | median | req/s median |")

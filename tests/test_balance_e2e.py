@@ -46,7 +46,7 @@ def close_all(held):
 
 def worker_connections(stats_port):
     """{worker pid: open connections} from the stats endpoint's JSON."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{stats_port}/", timeout=10) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{stats_port}/json", timeout=10) as response:
         report = json.loads(response.read())
     return {p["pid"]: p["connections"] for p in report["processes"] if p["role"] == "worker"}
 

@@ -1325,5 +1325,5 @@ def test_worker_connection_counts_are_in_the_json_and_a_prometheus_gauge():
     assert reporter.from_json(data) == report
     text = reporter.to_prometheus(report)
     assert check_exposition(text)["forkserve_process_connections"] == "gauge"
-    assert 'forkserve_process_connections{pid="101",role="worker",worker="1"} 3\n' in text
-    assert 'connections{pid="102"' not in text
+    assert 'forkserve_process_connections{role="worker",worker="1",generation="1"} 3\n' in text
+    assert 'connections{role="worker",worker="2"' not in text
