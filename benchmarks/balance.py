@@ -15,7 +15,10 @@ summary gives each figure's median over the rounds. Per worker:
   before and after the run once the titles have caught up (a worker
   refreshes its title once a heartbeat, <= 1 s);
 - CPU: utime + stime from /proc/PID/stat (10 ms ticks), before and after,
-  for every server (Gunicorn shows no request count).
+  for every server (Gunicorn shows no request count). "worker CPU µs/req"
+  is the workers' CPU over wrk's responses: on a machine whose other work
+  decides how much CPU the server gets (req/s then swings from run to
+  run), it says whether the server itself got slower.
 
 `--locust SECONDS` also runs examples/locustfile.py (PersonDB, its demo
 dataset) with 10 users for that long, through the Locust plugin
@@ -32,7 +35,8 @@ forkserve/memory/_immortal*.so into it) with ARGS added, so the code
 before a change, or another mechanism, is measured in the same run. Every
 server runs with `python -P` (no current directory on sys.path) and
 PYTHONPATH=TREE:benchmarks/. The machine's load average and CPU steal
-(from /proc/stat) over the run are printed with the table.
+(from /proc/stat) over the run are printed with the table; result.json
+(benchmarks/harness/results.py) holds the summary rows.
 """
 
 import argparse
@@ -49,10 +53,11 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load, procs  # noqa: E402
-from benchmarks.hello import cpu_times, start, wrk  # noqa: E402
-from benchmarks.run import say, stop_on_signals  # noqa: E402
-from benchmarks.servers import HERE, REPO, ServerSpec  # noqa: E402
+from benchmarks.harness import procs, wrk  # noqa: E402
+from benchmarks.harness.machine import Conditions, say, stop_on_signals  # noqa: E402
+from benchmarks.harness.results import Result, command_line  # noqa: E402
+from benchmarks.harness.servers import HERE, REPO, ServerSpec  # noqa: E402
+from benchmarks.harness.start import start_spec  # noqa: E402
 
 __all__ = ["busiest_ratio", "parse_variant", "requests_from_title", "summarize"]
 
@@ -118,10 +123,10 @@ def _cmdline(pid):
         return b""
 
 
-def workers(group):
-    """The worker pids of a server's group: those titled as forkserve workers,
-    or else every member but the master (Gunicorn's)."""
-    pids = [pid for pid in group.members() if pid != group.pid]
+def workers(server):
+    """The worker pids of a server: those titled as forkserve workers, or
+    else every process of its group but the master (Gunicorn's)."""
+    pids = [pid for pid in server.members() if pid != server.pid]
     titled = [pid for pid in pids if requests_from_title(_cmdline(pid)) is not None]
     return titled or pids
 
@@ -145,16 +150,17 @@ def settled_readings(pids, timeout=5.0):
     return last
 
 
-def measure(name, group, port, connections, seconds, workdir):
-    pids = workers(group)
+def measure(name, server, connections, seconds, workdir):
+    pids = workers(server)
     before = settled_readings(pids)
-    out = wrk(f"http://127.0.0.1:{port}/", seconds, connections, None, workdir)
+    out = wrk.run(f"{server.url}/", seconds, connections, None, workdir)
     after = settled_readings(pids)
-    result = load.parse_result(out)
+    result = wrk.parse_result(out)
     requests = [after[p][0] - before[p][0] for p in pids
                 if after[p][0] is not None and before[p][0] is not None]
     cpu = [after[p][1] - before[p][1] for p in pids]
     return {"server": name, "connections": connections, "rps": result.rate,
+            "responses": result.responses,
             "p99_ms": result.p99_us / 1000, "errors": result.errors,
             "requests": requests if len(requests) == len(pids) else None, "cpu": cpu}
 
@@ -173,6 +179,8 @@ def summarize(rows):
         out.append({"connections": connections, "server": server, "rounds": len(group),
                     "rps": median(r["rps"] for r in group),
                     "p99_ms": median(r["p99_ms"] for r in group),
+                    "cpu_us": median(sum(r["cpu"]) / r["responses"] * 1e6
+                                     for r in group if r["responses"]),
                     "busiest_requests": median(busiest_ratio(r["requests"])
                                                for r in group if r["requests"]),
                     "busiest_cpu": median(busiest_ratio(r["cpu"]) for r in group),
@@ -182,11 +190,11 @@ def summarize(rows):
 
 def locust_requests(seconds, extra, workdir):
     """Requests per worker after a Locust run of 10 users against forkserve -w 4."""
-    prefix = os.path.join(workdir, f"locust{'-'.join(extra)}")
+    prefix = os.path.join(workdir, "locust" + "".join(extra))
     argv = [sys.executable, "-m", "locust", "-f", "examples/locustfile.py", "--headless",
             "-u", "10", "-r", "10", "-t", f"{seconds}s", "--csv", prefix,
             "--forkserve-app", "examples.persondb.app:app", "--forkserve-workers", str(WORKERS),
-            "--forkserve-interval", "1", "--forkserve-args", shlex.join(extra)]
+            "--forkserve-interval", "1", f"--forkserve-args={shlex.join(extra)}"]
     with procs.Group(argv, log_path=prefix + ".log", cwd=REPO) as group:
         group.popen.wait(timeout=seconds + 120)
     with open(prefix + "_memory.csv", newline="") as f:
@@ -210,21 +218,21 @@ def _f(value, spec):
 
 
 def render_summary(rows):
-    lines = ["| connections | server | rounds | req/s | p99 ms | busiest/mean (requests) | "
-             "busiest/mean (CPU) | most idle workers in a round |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| connections | server | rounds | req/s | p99 ms | worker CPU µs/req | "
+             "busiest/mean (requests) | busiest/mean (CPU) | most idle workers in a round |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in summarize(rows):
         lines.append(f"| {r['connections']} | {r['server']} | {r['rounds']} | "
                      f"{_f(r['rps'], ',.0f')} | {_f(r['p99_ms'], '.1f')} | "
+                     f"{_f(r['cpu_us'], '.1f')} | "
                      f"{_f(r['busiest_requests'], '.2f')} | {_f(r['busiest_cpu'], '.2f')} | "
                      f"{r['idle_workers']} |")
     return "\n".join(lines) + "\n"
 
 
 def render(rows, meta):
-    lines = [f"Run {meta['started']} UTC to {meta['ended']} UTC; load average "
-             f"{meta['load_before']} before, {meta['load_after']} after; CPU steal "
-             f"{meta['steal']:.1%} of all CPU time over the run; {os.cpu_count()} CPUs.", "",
+    lines = [f"Run {meta['started']} to {meta['ended']}; {meta['conditions']}; "
+             f"{os.cpu_count()} CPUs; wrk keep-alive, {meta['duration']} s a run.", "",
              "Medians over the rounds (a worker is idle with < 0.05 CPU s in a run):", "",
              render_summary(rows), "Every run:", "",
              "| round | connections | server | req/s | p99 ms | requests per worker | busiest/mean "
@@ -247,7 +255,7 @@ def parse_args(argv):
                                 description="Requests per worker under keep-alive load: "
                                             "forkserve -w 4 against Gunicorn -k gevent -w 4.")
     p.add_argument("--connections", default="4,8,16,64",
-                   help="comma-separated connection counts (default: 4,8,16,64)")
+                   help="comma-separated connection counts (default: 4,8,16,64; '' for none)")
     p.add_argument("--duration", type=int, default=8, help="seconds per wrk run (default 8)")
     p.add_argument("--quick", action="store_true", help="8 and 64 connections, 3 s each")
     p.add_argument("--also", metavar="NAME=TREE [ARGS]", action="append", default=[],
@@ -261,8 +269,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.quick:
         args.connections, args.duration = "8,64", 3
-    args.levels = [int(c) for c in args.connections.split(",")]
-    args.workers, args.server_cpus = WORKERS, None
+    args.levels = [int(c) for c in args.connections.split(",") if c.strip()]
     args.out = args.out or tempfile.mkdtemp(prefix="forkserve-balance-")
     return args
 
@@ -270,38 +277,44 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
-    meta = {"started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
-    steal_before = cpu_times()
+    conditions = Conditions()
+    result = Result.measured("balance.py", command_line("balance.py", argv), [], conditions,
+                             title="connections per worker")
+    meta = {"started": result.date, "duration": args.duration}
     rows, running = [], []
     with stop_on_signals():
         try:
-            for spec, tree in servers(args.also):
+            for spec, tree in servers(args.also) if args.levels else ():
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE]),
                            PYTHONUNBUFFERED="1")
-                group, port = start(spec, args, os.path.join(args.out, "logs"), env)
-                running.append((spec.name, group, port))
-                say(f"{spec.name}: up on port {port}")
+                server = start_spec(spec, python=args.python, workers=WORKERS, env=env,
+                                    log_path=os.path.join(args.out, "logs", f"{spec.name}.log"),
+                                    probe_path="/")
+                running.append((spec.name, server))
+                say(f"{spec.name}: up on port {server.port}")
             for round_no in range(1, args.rounds + 1):
                 for connections in args.levels:
-                    for name, group, port in running:
-                        row = measure(name, group, port, connections, args.duration, args.out)
+                    for name, server in running:
+                        row = measure(name, server, connections, args.duration, args.out)
                         row["round"] = round_no
                         say(f"round {round_no}, {connections} connections, {name}: "
-                            f"{row['rps']:,.0f} req/s, {row['errors']} errors, p99 {row['p99_ms']:.1f} ms, requests "
-                            f"{row['requests']}, CPU {[round(c, 2) for c in row['cpu']]}")
+                            f"{row['rps']:,.0f} req/s, {row['errors']} errors, "
+                            f"p99 {row['p99_ms']:.1f} ms, requests {row['requests']}, "
+                            f"CPU {[round(c, 2) for c in row['cpu']]}")
                         rows.append(row)
         finally:
-            for _, group, _ in running:
-                group.stop(grace=10)
+            for _, server in running:
+                server.stop(grace=10)
         locust = [(label, locust_requests(args.locust, extra, args.out))
                   for label, extra in (("balanced", []), ("--no-balance", ["--no-balance"]))
                   if args.locust]
-    steal_after = cpu_times()
-    meta["ended"] = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
-    meta["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    total = steal_after[1] - steal_before[1]
-    meta["steal"] = (steal_after[0] - steal_before[0]) / total if total else 0.0
+    meta["conditions"] = conditions.end().describe()
+    meta["ended"] = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M UTC")
+    result.conditions = conditions.as_dict()
+    result.rows = summarize(rows) + [{"server": f"locust {label}", "requests": requests,
+                                      "busiest_requests": busiest_ratio(requests)}
+                                     for label, requests in locust]
+    result.write(args.out)
     markdown = render(rows, meta) + ("\n" + render_locust(locust) if locust else "")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(markdown)

@@ -129,3 +129,19 @@ def test_patience_counts_only_while_connections_keep_waiting():
     assert not waiting.dead
     waiting.kill()
     board.close()
+
+
+def test_a_paused_worker_looks_again_as_soon_as_one_of_its_connections_ends():
+    board, admission = admission_of_four(FakeClock(), lambda r, w, x, t: ([], [], []))
+    admission.tick = 60.0  # only its own closing can wake it in time
+    admission.opened()
+    admission.opened()
+    for index in (1, 2, 3):
+        board.set_connections(index, 1, 1)
+    waiting = gevent.spawn(admission.wait_turn, "listener")
+    gevent.sleep(0.01)
+    assert not waiting.dead  # 2 against 1, 1, 1
+    admission.closed()
+    waiting.join(timeout=2)
+    assert waiting.dead
+    board.close()

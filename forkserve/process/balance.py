@@ -6,7 +6,8 @@ connection while others hold none (benchmarks/balance.py measures it). So
 before each accept() a worker asks `may_accept()`: with the open
 connections of every accepting (READY) worker of its scoreboard, would one
 more leave it holding more than its fair share? If so it pauses, looking
-again every `Admission.tick` seconds, and the connection goes to a worker
+again when one of its own connections ends or after `Admission.tick`
+seconds (for its peers' changes), and the connection goes to a worker
 below its share, which is waiting in accept().
 
 Invariants:
@@ -45,6 +46,7 @@ class Admission:
     `wait_turn(listener)` runs before each accept(); `opened()` after each
     accepted connection, `closed()` when one ends. Counts go to the
     worker's scoreboard slot for its peers and for the master's reports.
+    Built after fork, in the worker (it holds a gevent Event).
     """
 
     #: seconds between looks while paused: short next to a request, long
@@ -61,6 +63,8 @@ class Admission:
         self.accepted = 0
         self._select = select  # the unpatched select.select: a zero-timeout look
         self._clock = clock
+        from gevent.event import Event
+        self._fewer = Event()  # set when one of this worker's connections ends
 
     def opened(self):
         self.open += 1
@@ -70,10 +74,10 @@ class Admission:
     def closed(self, _greenlet=None):
         self.open -= 1
         self.scoreboard.set_connections(self.index, self.open, self.accepted)
+        self._fewer.set()
 
     def wait_turn(self, listener):
         """Return when this worker should accept its next connection."""
-        import gevent
         waiting_since = None
         while not may_accept(self.open, self.scoreboard.loads(self.index)):
             if self._pending(listener):
@@ -84,7 +88,8 @@ class Admission:
                     return
             else:
                 waiting_since = None
-            gevent.sleep(self.tick)
+            self._fewer.clear()
+            self._fewer.wait(self.tick)
 
     def _pending(self, listener):
         """True if a connection waits in the listen queue. (The listener is
