@@ -1,7 +1,8 @@
-"""Build hook for the optional C accelerator of forkserve.share().
+"""Build hook for the optional C accelerators: forkserve.share()'s walker and
+`forkserve memory --why`'s walk.
 
-Everything else lives in setup.cfg. The extension is optional: where it
-cannot be compiled, forkserve.share() uses its pure-Python walker.
+Everything else lives in setup.cfg. The extensions are optional: where one
+cannot be compiled, its pure-Python walk is used instead.
 """
 from setuptools import Extension, setup
 
@@ -11,6 +12,11 @@ setup(
             "forkserve.memory._immortal",
             sources=["forkserve/memory/_immortal.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "forkserve.memory._whywalk",
+            sources=["forkserve/memory/_whywalk.c"],
+            optional=True,
+        ),
     ]
 )

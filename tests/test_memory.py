@@ -1266,6 +1266,72 @@ def test_why_blames_the_copied_pages_on_the_module_global_that_holds_them():
     assert "_COPIED: dict of 60,000 entries" in why.format_why(answer)
 
 
+class _Record:
+    def __init__(self, n):
+        self.name, self.tags = f"record {n}", {n, n + 1}
+
+
+class _Slotted:
+    __slots__ = ("pair",)
+
+    def __init__(self, n):
+        self.pair = (n, str(n))
+
+
+_HEAP = {}
+
+
+def _c_walk_or_skip():
+    if why._c_walk() is None:
+        pytest.skip("forkserve.memory._whywalk is not built: install forkserve with a C "
+                    "compiler present (pip install -e .), and leave FORKSERVE_NO_C unset")
+
+
+def _walk_both(pages, progress=None):
+    results = {}
+    for in_c in (False, True):
+        roots, counts, walked = why.walk([__name__], pages, 12, progress, in_c=in_c)
+        results[in_c] = ({page: dict(counter) for page, counter in counts.items()}, walked)
+        del roots, counts
+    return results
+
+
+def test_why_walk_in_c_counts_what_the_python_walk_counts():
+    _c_walk_or_skip()
+    _HEAP.clear()
+    _HEAP.update((f"key{n}", [_Record(n), _Slotted(n), frozenset({n * 0.5}), b"x" * (n % 7)])
+                 for n in range(20_000))
+    _HEAP["cycle"] = cycle = []
+    cycle.append(cycle)
+    try:
+        pages = {id(value[n % 4]) >> 12 for n, value in enumerate(_HEAP.values()) if n % 3 == 0}
+        _walk_both(pages)  # imports done and caches warm, so both walks see the same heap
+        python, c = _walk_both(pages).values()
+        assert c == python
+        names = {name for counter in c[0].values() for (_, name) in counter}
+        assert {"_Record", "_Slotted", "frozenset", "list"} <= names
+        assert c[1] > 100_000
+    finally:
+        _HEAP.clear()
+
+
+def test_why_walk_in_c_reports_progress_as_it_goes(monkeypatch):
+    _c_walk_or_skip()
+    monkeypatch.setattr(why, "PROGRESS_EVERY", 0.0)
+    reported = []
+    _, _, walked = why.walk([__name__], set(), 12, reported.append, in_c=True)
+    assert len(reported) >= 2
+    assert reported == sorted(reported) and 0 < reported[-1] <= walked
+
+
+def test_why_walk_in_c_refuses_a_page_shift_that_is_no_page_size():
+    _c_walk_or_skip()
+    from forkserve.memory import _whywalk
+
+    with pytest.raises(ValueError, match="page_shift 0"):
+        _whywalk.walk([], set(), 0, set(), None, 1.0)
+
+
 # -- --worker-gc -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, policy", [("off", "off"), (" Young ", "young"), ("idle", "idle")])

@@ -133,32 +133,56 @@ PROGRESS_EVERY = 1.0
 _CLOCK_EVERY = 1 << 13
 
 
-def walk(first_modules, pages, page_shift, progress=None):
+def walk(first_modules, pages, page_shift, progress=None, in_c=True):
     """Count object headers on the given pages, by (root index, type name).
 
     Returns (roots, {page: Counter((root index, type name))}, objects walked).
     progress(objects walked), if given, is called about every PROGRESS_EVERY
     seconds.
 
-    The cost is one set lookup and insertion of id() per object. Batching the
-    walk through gc.get_referents(*objects) and C-level set operations was
-    tried and measured no faster on PersonDB's heap: hashing millions of
-    addresses into `seen` is the work either way. The collector is off
-    meanwhile: the walk makes no cycles, and each gc.get_referents() list
-    would otherwise count towards a collection of everything not frozen.
+    The walk runs in C (forkserve.memory._whywalk) where that extension
+    built, unless in_c is false or FORKSERVE_NO_C is set; both walks count
+    the same. In Python the cost is one set lookup and insertion of id() per
+    object; batching through gc.get_referents(*objects) measured no faster
+    (benchmarks/results/why_walk.md), which is why the C walk exists. The
+    collector is off meanwhile: the walk makes no cycles, and each
+    gc.get_referents() list would otherwise count towards a collection of
+    everything not frozen.
     """
+    roots, modules = _roots(first_modules)
+    barrier = {id(module) for _, module in modules} | {id(vars(module)) for _, module in modules}
+    c_walk = _c_walk() if in_c else None
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _walk(first_modules, pages, page_shift, progress)
+        if c_walk is None:
+            counts, walked = _walk(roots, barrier, pages, page_shift, progress)
+        else:
+            found, walked = c_walk([root for _, root in roots], pages, page_shift, barrier,
+                                   progress, PROGRESS_EVERY)
+            counts = collections.defaultdict(collections.Counter)
+            for (page, index, kind), n in found.items():
+                counts[page][index, kind.__name__] += n
+        return roots, counts, walked
     finally:
         if enabled:
             gc.enable()
 
 
-def _walk(first_modules, pages, page_shift, progress):
-    roots, modules = _roots(first_modules)
-    barrier = {id(module) for _, module in modules} | {id(vars(module)) for _, module in modules}
+def _c_walk():
+    """forkserve.memory._whywalk.walk, or None if unbuilt or disabled."""
+    from forkserve.memory.sharing import NO_C_ENV
+
+    if os.environ.get(NO_C_ENV):
+        return None
+    try:
+        from forkserve.memory import _whywalk
+    except ImportError:
+        return None
+    return _whywalk.walk
+
+
+def _walk(roots, barrier, pages, page_shift, progress):
     seen = set(barrier)
     counts = collections.defaultdict(collections.Counter)
     walked = 0
@@ -182,7 +206,7 @@ def _walk(first_modules, pages, page_shift, progress):
                 if progress is not None and time.monotonic() >= report_at:
                     progress(walked)
                     report_at = time.monotonic() + PROGRESS_EVERY
-    return roots, counts, walked
+    return counts, walked
 
 
 def attribute(counts, page_size):
