@@ -1,4 +1,4 @@
-"""`forkserve memory --why`'s object walk, before and after, on PersonDB's heap.
+"""`forkserve memory --why`'s object walk: the original, the Python and the C walk, on PersonDB's heap.
 
     python benchmarks/why_walk.py                    # 200,000 people, baseline bda8e95
     python benchmarks/why_walk.py --rows 20000 --rounds 1
@@ -7,16 +7,18 @@ This process plays the master: it loads PersonDB's dicts (PERSONDB_MODE=dict),
 freezes them as the master does, and forks a "worker" that looks up every
 second person (copying their pages). Then, as the auditor does, it reads the
 worker's exclusively mapped pages and walks every module global, timing
-forkserve.memory.why.walk side by side with the walk of --baseline (a git
-revision of forkserve/memory/why.py), alternating, --rounds times each. Both
-must find the same objects on the same pages; the script checks that.
+side by side, alternating, --rounds times each: the walk of --baseline (a
+git revision of forkserve/memory/why.py), forkserve.memory.why.walk in
+Python (in_c=False) and in C (the extension forkserve.memory._whywalk).
+All must find the same objects on the same pages; the script checks that.
 
-Prints the objects walked, each walk's best and median seconds, the ratio,
+Prints the objects walked, each walk's best and median seconds, the ratios,
 and the machine's load average and CPU steal over the run (the machine is
 shared).
 """
 
 import argparse
+import functools
 import gc
 import os
 import statistics
@@ -52,7 +54,12 @@ def main():
     parser.add_argument("--baseline", default="bda8e95",
                         help="git revision whose why.walk is the 'before'")
     args = parser.parse_args()
-    before = baseline_walk(args.baseline)
+    if why._c_walk() is None:
+        parser.error("forkserve.memory._whywalk is not built: run `pip install -e .` with a C "
+                     "compiler present, and leave FORKSERVE_NO_C unset")
+    walks = {"before": baseline_walk(args.baseline),
+             "python": functools.partial(why.walk, in_c=False),
+             "c": functools.partial(why.walk, in_c=True)}
     conditions = Conditions()
     with tempfile.TemporaryDirectory() as scratch:
         csv = os.path.join(scratch, "people.csv")
@@ -74,10 +81,10 @@ def main():
         pages = why.exclusive_pages(worker, page_size)
         shift = page_size.bit_length() - 1
         first = [__name__]
-        times = {"before": [], "after": []}
+        times = {name: [] for name in walks}
         results = {}
         for _ in range(args.rounds):
-            for name, walk in (("before", before), ("after", why.walk)):
+            for name, walk in walks.items():
                 started = time.perf_counter()
                 roots, counts, walked = walk(first, pages, shift)
                 times[name].append(time.perf_counter() - started)
@@ -87,14 +94,16 @@ def main():
         os.kill(worker, 9)
         os.waitpid(worker, 0)
     conditions.end()
-    same = results["before"] == results["after"]
+    same = results["before"] == results["python"] == results["c"]
     print(f"python {sys.version.split()[0]}, {args.rows:,} people, "
-          f"{results['after'][1]:,} objects walked, {len(pages):,} exclusive pages of the "
-          f"worker; same result before and after: {same}")
-    for name in ("before", "after"):
+          f"{results['c'][1]:,} objects walked, {len(pages):,} exclusive pages of the "
+          f"worker; same result from all walks: {same}")
+    for name in walks:
         print(f"{name:>6}: best {min(times[name]):.2f} s, median "
               f"{statistics.median(times[name]):.2f} s over {args.rounds} rounds")
-    print(f"after is {min(times['before']) / min(times['after']):.2f}x faster (best of each); "
+    best = {name: min(seconds) for name, seconds in times.items()}
+    print(f"c is {best['before'] / best['c']:.2f}x faster than before ({args.baseline}) and "
+          f"{best['python'] / best['c']:.2f}x faster than the Python walk (best of each); "
           + conditions.describe())
     return 0 if same else 1
 
