@@ -21,7 +21,9 @@ How it works, and the rules it rests on:
   their __dict__ are roots, never walked into from elsewhere, so an object
   belongs to the first module-level name that reaches it: the application's
   modules first (so that its dataset's containers claim their objects), then
-  the rest in sys.modules order.
+  the rest in sys.modules order. The walk runs in C where the optional
+  extension forkserve.memory._whywalk built (tp_traverse, the same
+  referents), else in Python; both count the same objects.
 - What it cannot see: copies of objects the master made after the fork, a
   page the master itself wrote after the fork (then the worker holds the
   original alone), and memory outside Python objects (allocator metadata,
