@@ -60,26 +60,28 @@ from benchmarks.harness.start import all_cpus, start  # noqa: E402
 #: the order of this table breaks ties within one frame only.
 CATEGORIES = (
     ("getsockopt(SO_SNDBUF) in gevent's sendall", r"getsockopt"),
-    ("send: write(2) in Connection._send (gevent sendall for a short write)",
-     r"^(Connection\._send|SocketMixin\.send|SocketMixin\.sendall|_sendall|__send_chunk) "),
-    ("recv: read(2) and its buffer (connection.Reader)",
+    ("send: write(2) in Transport.send (gevent sendall for a short write)",
+     r"^(Transport\.send|SocketMixin\.send|SocketMixin\.sendall|_sendall|__send_chunk) "),
+    ("recv: read(2) and its buffer (transport.Reader)",
      r"^(Reader\.\w+|SocketMixin\.recv_into|SocketMixin\.recv|SocketIO\.readinto) "),
     ("the application", r"\(benchmarks/hello_app\.py|\(examples/"),
     ("request line + header grammar (h1.py)", r"\(forkserve/http/h1\.py"),
     ("start_response + response head (responder.py, response.py)",
-     r"^(Responder\.(start_response|_send_head|_frame|write)|plan_head|encode_head|"
-     r"check_start_response|Server\.http_date) "),
+     r"^(Responder\.(start_response|_send_head|write)|Connection\.(response_\w+)|plan_head|"
+     r"encode_head|check_start_response|Server\.http_date) "),
     ("forwarded_allow_ips, PROXY protocol (proxy.py)", r"\(forkserve/http/proxy\.py|ipaddress\.py"),
-    ("header/idle/send timers: _arm/_disarm/_guarded", r"^Connection\.(_arm|_disarm|_guarded) "),
+    ("send timer: Transport.guarded", r"^Transport\.guarded "),
     ("per-request stats: on_request, scoreboard", r"_count_request|scoreboard\.py|handover\.py"),
     ("access log", r"log_access|accesslog\.py|logging/"),
-    ("environ building + head loop (_read_head, make_environ)",
-     r"^Handler\.(_read_head|make_environ) "),
-    ("request loop: _next_request, _read_request, _respond, yield every 16",
-     r"^(Handler\.(_next_request|_read_request)|Responder\._respond) |^sleep \(gevent/hub"),
+    ("head parsing + environ (protocol.py head, environ.py)",
+     r"^(Connection\.(_next_head|_head_line|_head_done|next_event|receive_data)|Request\.__init__|"
+     r"request_environ) "),
+    ("request loop: _next_request, _receive_head, respond, yield every 16",
+     r"^(Handler\.(_next_request|_receive_head)|Responder\.respond|"
+     r"Connection\.start_next_cycle) |^sleep \(gevent/hub"),
     ("new connection: accept, Handler.__init__, close",
-     r"^(Handler\.__init__|Responder\.__init__|Connection\.(__init__|_close)|Handler\.handle |"
-     r"Server\.(_serve|_accept_loop)|.*accept)"),
+     r"^(Handler\.__init__|Responder\.__init__|Connection\.__init__|Transport\.(__init__|close)|"
+     r"Handler\.handle |Server\.(_serve|_accept_loop)|.*accept)"),
     ("gevent hub: loop, switches, callbacks", r"\(gevent/(hub|_hub_primitives|_waiter|"
                                               r"_greenlet_primitives|greenlet)\.py|^Hub\."),
     # Last, so that a rewritten handler's functions land here until rules

@@ -19,11 +19,13 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.procs import cpu_seconds  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.procs import cpu_seconds  # noqa: E402
 from forkserve.memory import limit  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,9 +35,13 @@ SETTINGS = {"no limit": [], "--max-worker-memory 4096": ["--max-worker-memory", 
 
 def start(extra, log_path):
     log = open(log_path, "wb")
+    # Not from benchmarks/: forkserve reads a gunicorn.conf.py in its working
+    # directory, and the one there (the gunicorn-gc hooks) is not for this.
+    env = dict(os.environ, PYTHONPATH=HERE)
     server = subprocess.Popen([sys.executable, "-m", "forkserve", "-w", "1", "-b", "127.0.0.1:0",
-                               *extra, "hello_app:app"], cwd=HERE, stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+                               *extra, "hello_app:app"], cwd=os.path.dirname(log_path),
+                              env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with open(log_path, "rb") as handle:
@@ -75,25 +81,18 @@ def check_alone(calls=200_000):
     return elapsed / calls * 1e6
 
 
-def conditions():
-    with open("/proc/loadavg") as handle:
-        load = handle.read().split()[:3]
-    with open("/proc/stat") as handle:
-        cpu = [int(v) for v in handle.readline().split()[1:]]
-    return load, cpu
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    load_before, cpu_before = conditions()
+    conditions = Conditions()
     results = {name: [] for name in SETTINGS}
     servers = {}
     try:
+        workdir = tempfile.mkdtemp(prefix="memory_check-")
         for name, extra in SETTINGS.items():
-            servers[name] = start(extra, f"/tmp/memory_check-{len(servers)}.log")
+            servers[name] = start(extra, os.path.join(workdir, f"{len(servers)}.log"))
         for _ in range(args.rounds):
             for name, (_, port, worker) in servers.items():
                 results[name].append(measure(port, worker, args.seconds))
@@ -101,11 +100,8 @@ def main(argv=None):
         for server, _, _ in servers.values():
             os.killpg(server.pid, 9)
             server.wait()
-    load_after, cpu_after = conditions()
-    delta = [after - before for before, after in zip(cpu_before, cpu_after)]
-    steal = delta[7] / sum(delta) * 100 if len(delta) > 7 and sum(delta) else 0.0
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
-          f"load {' '.join(load_before)} -> {' '.join(load_after)}, steal {steal:.1f}%")
+          f"{conditions.describe()}")
     print("| setting | worker CPU per response (us), each round | median | req/s median |")
     print("|---|---|---|---|")
     medians = {}

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
@@ -30,6 +31,28 @@ def poll(predicate, timeout=10.0, interval=0.05, message="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+class ClientThreads:
+    """`count` threads running `self.run()` (a subclass's loop, which ends
+    when `self.stop` is set or its own deadline passes), started and stopped
+    as a context manager."""
+
+    join_timeout = 20
+
+    def __init__(self, count):
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run) for _ in range(count)]
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(self.join_timeout)
 
 
 class ServerProcess:

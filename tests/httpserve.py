@@ -175,11 +175,11 @@ def slow_body(chunks, delay):
 class ProbeHandler(Handler):
     """Exposes the accepted socket's TCP_NODELAY to the app (tests only)."""
 
-    def make_environ(self, env, method, target, version):
-        super().make_environ(env, method, target, version)
-        if self.socket.family != socket.AF_UNIX:
-            flag = self.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-            env["forkserve.test.nodelay"] = str(flag)
+    def __init__(self, sock, address, server):
+        super().__init__(sock, address, server)
+        if sock.family != socket.AF_UNIX:
+            flag = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            self.base_env["forkserve.test.nodelay"] = str(flag)
 
 
 def file_logger(name, path):

@@ -302,6 +302,36 @@ def exchange(port, raw, timeout=3.0):
     return None, b""
 
 
+def on_connection(raw, limits, app):
+    """What the server answers `raw` with, decided by forkserve's connection
+    object alone (no socket): (status, body) as exchange() returns them.
+    `app` is the WSGI application that a served request reaches."""
+    import io
+    from forkserve.http.environ import request_environ
+    from forkserve.http.h1 import RequestError
+    from forkserve.http.protocol import END, NEED_DATA, PEER_CLOSED, Connection, Request
+
+    connection = Connection(limits)
+    connection.receive_data(raw)
+    connection.receive_data(b"")  # the client sent everything it will send
+    try:
+        event = connection.next_event()
+        if not isinstance(event, Request):
+            return None, b""  # closed (or silent) without a complete request
+        env = request_environ({"SCRIPT_NAME": ""}, event)
+        body = []
+        while (event := connection.next_event()) is not END:
+            if event is NEED_DATA or event is PEER_CLOSED:
+                return None, b""
+            body.append(event.data)
+    except RequestError as refusal:
+        return refusal.status, b""
+    env["wsgi.input"] = io.BytesIO(b"".join(body))
+    answer = []
+    result = app(env, lambda status, headers, exc_info=None: answer.append(status))
+    return int(answer[0][:3]), b"".join(result)
+
+
 def verdict(case, status, body, exact=True):
     """(passed, what happened): a Serve case passes on 200 with the expected
     environ; a Refuse case on its status (`exact`) or any refusal."""

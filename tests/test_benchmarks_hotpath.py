@@ -2,8 +2,8 @@
 
 from benchmarks import hotpath
 
-SEND = "Connection._send (forkserve/http/connection.py:69)"
-SENDING = "send: write(2) in Connection._send (gevent sendall for a short write)"
+SEND = "Transport.send (forkserve/http/transport.py:78)"
+SENDING = "send: write(2) in Transport.send (gevent sendall for a short write)"
 OUTER = ("_handle_and_close_when_done (gevent/baseserver.py:34);"
          "Server.handle (forkserve/http/server.py:120);"
          "Handler.handle (forkserve/http/handler.py:79);"
@@ -11,10 +11,10 @@ OUTER = ("_handle_and_close_when_done (gevent/baseserver.py:34);"
 
 
 def test_a_sample_goes_to_its_innermost_matching_frame():
-    sending = OUTER.split(";") + ["Responder._respond (forkserve/http/responder.py:85)",
+    sending = OUTER.split(";") + ["Responder.respond (forkserve/http/responder.py:85)",
                                   "Responder._send_head (forkserve/http/responder.py:134)", SEND]
     assert hotpath.categorize(sending) == SENDING
-    parsing = OUTER.split(";") + ["Handler._read_head (forkserve/http/handler.py:174)",
+    parsing = OUTER.split(";") + ["Connection._head_line (forkserve/http/protocol.py:174)",
                                   "request_line (forkserve/http/h1.py:137)"]
     assert hotpath.categorize(parsing) == "request line + header grammar (h1.py)"
     assert hotpath.categorize(["<module> (x.py:1)"]) == hotpath.OTHER

@@ -9,16 +9,21 @@ Every test ends in well under a minute.
 
 import contextlib
 import errno
+import http.client
 import os
+import random
+import re
 import resource
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
 
-from forkserve_testing import poll
+from benchmarks.chaos import SEEDS, STATUS_LINE, exchange, mutate
+from forkserve_testing import ClientThreads, poll
 
 pytestmark = pytest.mark.e2e
 
@@ -160,3 +165,165 @@ def test_worker_that_cannot_start_for_lack_of_descriptors_exits_with_the_resourc
     assert "could not start: out of file descriptors" in log and "ulimit -n" in log, log
     assert "exited with status 6" in log, log
     assert "failed to boot" not in log, log
+
+
+class Load(ClientThreads):
+    """Clients asking `path` on fresh connections until stopped (at most
+    `seconds`), counting answers and failures."""
+
+    def __init__(self, server, path="/pid", clients=3, seconds=50):
+        self.server, self.path, self.deadline = server, path, time.monotonic() + seconds
+        self.answers, self.failures = [], []
+        super().__init__(clients)
+
+    def run(self):
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            try:
+                status, body = self.server.get(self.path, timeout=10)
+            except (OSError, http.client.HTTPException) as exc:
+                self.failures.append(repr(exc))
+                continue
+            if status == 200:
+                self.answers.append(body)
+            else:
+                self.failures.append(status)
+
+    def more(self, count):
+        """Wait until `count` more answers came."""
+        seen = len(self.answers)
+        poll(lambda: len(self.answers) >= seen + count, timeout=20,
+             message=f"{count} more answers")
+
+
+_HANDED_OVER = re.compile(r"continues as its supervisor|Generation \d+ \(pid \d+\) exited")
+
+
+def test_hup_storm_under_load_loses_no_request(run_server, tmp_path):
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("-w", "2", "--graceful-timeout", "10", app="versioned:app",
+                        env={"VERSION_FILE": str(version_file)})
+    with Load(server, path="/") as load:
+        load.more(5)
+        version_file.write_text("v2")
+        for _ in range(20):  # faster than a reload: those during one make one more after it
+            server.signal(signal.SIGHUP)
+            time.sleep(0.05)  # the storm's pace, not a synchronisation
+        poll(lambda: load.answers and load.answers[-1].startswith("v2"), timeout=30,
+             message="answers from v2")
+        # HUPs during a reload make one more after it: two reloads, each
+        # handed over, and the storm is over
+        poll(lambda: len(_HANDED_OVER.findall(server.log())) >= 2, timeout=40,
+             message="the reloads the storm asked for to finish")
+        load.more(10)
+    assert load.failures == [], load.failures
+    assert server.proc.poll() is None
+
+
+def test_ttin_ttou_storm_under_load_loses_no_request_and_ends_at_the_target(run_server):
+    server = run_server("-w", "2", "--graceful-timeout", "5")
+    server.wait_workers(2)
+    with Load(server) as load:
+        load.more(5)
+        for signum in [signal.SIGTTIN] * 6 + [signal.SIGTTOU] * 6 + [signal.SIGTTIN,
+                                                                      signal.SIGTTOU] * 4:
+            server.signal(signum)
+            time.sleep(0.02)  # the storm's pace, not a synchronisation
+        load.more(20)
+        # The kernel merges a signal sent again before it was handled, so
+        # the target is what the master logged last, not the count sent.
+        target = poll(lambda: _last_target(server.log()), message="a TTIN/TTOU line")
+        poll(lambda: len(server.children()) == _last_target(server.log()), timeout=20,
+             message=f"the workers to match the last target ({target})")
+        load.more(10)
+    assert load.failures == [], load.failures
+    target = _last_target(server.log())
+    assert len(server.wait_workers(target)) == target
+
+
+def _last_target(log):
+    targets = re.findall(r"TT(?:IN|OU): (\d+) workers", log)
+    return targets and int(targets[-1])
+
+
+def test_usr1_log_rotation_under_load_loses_no_access_log_line(run_server, tmp_path):
+    access = tmp_path / "access.log"
+    server = run_server("-w", "2", "--access-logfile", str(access))
+    server.wait_workers(2)
+    with Load(server) as load:
+        for rotation in range(5):
+            load.more(20)
+            access.rename(tmp_path / f"access.log.{rotation}")
+            server.signal(signal.SIGUSR1)
+            poll(access.exists, message="the reopened access log")
+        load.more(20)
+    asked = len(load.answers) + len(load.failures)
+
+    def logged():
+        return sum(path.read_text().count(" /pid ") for path in tmp_path.glob("access.log*"))
+
+    # wait_workers's own requests are logged too: at least every answer of the load
+    poll(lambda: logged() >= asked, message=f"{asked} lines across the rotated logs")
+    assert load.failures == [], load.failures
+    assert all(path.read_text() for path in tmp_path.glob("access.log.*"))
+
+
+def test_mutated_requests_get_valid_responses_and_never_hang(run_server):
+    server = run_server("-w", "2", "--header-timeout", "5", "--body-timeout", "5")
+    server.wait_workers(2)
+    rng = random.Random(22)
+    batch = [mutate(rng.choice(SEEDS), rng) for _ in range(1000)]
+    outcomes = {"answered": 0, "closed": 0, "invalid": [], "hung": []}
+    lock = threading.Lock()
+
+    def client(requests):
+        for data in requests:
+            received = exchange(server.port, data, timeout=10)
+            with lock:
+                if received is None:
+                    outcomes["hung"].append(data)
+                elif not received:
+                    outcomes["closed"] += 1
+                elif STATUS_LINE.match(received):
+                    outcomes["answered"] += 1
+                else:
+                    outcomes["invalid"].append((data, received[:200]))
+
+    threads = [threading.Thread(target=client, args=(batch[i::8],)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(50)
+    assert not any(thread.is_alive() for thread in threads)
+    assert outcomes["invalid"] == [] and outcomes["hung"] == [], outcomes
+    assert outcomes["answered"] > 900, outcomes
+    assert server.get("/pid")[0] == 200
+    assert "Traceback" not in server.log()
+
+
+def test_slowloris_connections_are_closed_at_the_header_timeout_while_others_are_served(
+        run_server):
+    server = run_server("-w", "1", "--header-timeout", "2", "--worker-connections", "100")
+    server.wait_workers(1)
+    slow = [socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            for _ in range(60)]
+    started = time.monotonic()
+    try:
+        for sock in slow:
+            sock.sendall(b"GET /pid HTTP/1.1\r\nHost: t\r\nX-a: ")
+        closed = set()
+        while len(closed) < len(slow) and time.monotonic() - started < 20:
+            assert server.get("/pid", timeout=5)[0] == 200  # others are served meanwhile
+            for index, sock in enumerate(slow):
+                if index in closed:
+                    continue
+                try:
+                    sock.sendall(b"a")  # one byte at a time, never ending the headers
+                except OSError:
+                    closed.add(index)
+            time.sleep(0.2)  # the attack's pace, not a synchronisation
+    finally:
+        for sock in slow:
+            sock.close()
+    # 20 s: ten times the header timeout, for a loaded machine
+    assert len(closed) == len(slow), f"{len(slow) - len(closed)} slow connections still open"

@@ -82,6 +82,9 @@ def test_workers_that_fail_to_boot_stop_the_master(run_server):
     log = _fails(run_server, "-w", "2", app="bootfail:app", expect_status=3,
                  expect_text="workers failed to boot", traceback_ok=True)
     assert "worker boot failure (raised on purpose by a test)" in log
+    # the line that says why the server stopped quotes the worker's error
+    assert ("Shutting down: workers failed to boot 5 times in a row; the last one's error: "
+            "RuntimeError: worker boot failure (raised on purpose by a test)") in log
 
 
 def test_check_config_loads_the_app_and_exits_zero(run_server):

@@ -117,3 +117,31 @@ def test_unknown_user_is_a_clear_error(run_server):
     server = run_server("-w", "1", "--user", "no-such-user-here", wait=False)
     assert server.wait_exit(15) == 2
     assert "--user 'no-such-user-here': no such user" in server.log()
+
+
+def test_replacement_workers_killed_one_after_another_never_stop_the_server(run_server):
+    # What the kernel's OOM killer does to a memory-heavy service: each new
+    # worker is SIGKILLed as soon as it appears, before or just after it is
+    # ready. The master replaces each (with a backoff) and never gives up.
+    server = run_server("-w", "2")
+    first = server.wait_workers(2)
+    seen = set(first)
+    victim = first[0]
+    for _ in range(10):
+        os.kill(victim, signal.SIGKILL)
+        victim = poll(lambda: new_worker(server, seen), timeout=20, interval=0.005,
+                      message="a replacement worker")
+        seen.add(victim)
+    os.kill(victim, signal.SIGKILL)
+    assert server.proc.poll() is None, server.log()
+    assert len(server.wait_workers(2, timeout=30)) == 2
+    assert server.get("/pid")[0] == 200
+    log = server.log()
+    assert "failed to boot" not in log
+    assert log.count("was killed by SIGKILL") == 11
+
+
+def new_worker(server, seen):
+    """A worker of `server` not in `seen`; fails at once if the server is gone."""
+    assert server.proc.poll() is None, f"the server stopped:\n{server.log()}"
+    return next((pid for pid in server.children() if pid not in seen), None)

@@ -115,6 +115,22 @@ def test_django_site_from_a_gunicorn_config_runs_its_hooks_and_trusts_the_local_
     assert (tmp_path / "access.log").read_text().count('"GET /hello') == 2
 
 
+@pytest.mark.parametrize("kind", ["forkserve", "gunicorn"])
+def test_server_pid_in_worker_hooks_is_the_masters_like_gunicorn(servers, tmp_path, kind):
+    server = servers(kind, "-c", HOOKS_CONF, "-w", "2", app="flask_site:app",
+                     env={"HOOK_DIR": str(tmp_path)})
+    forked = poll(lambda: len(hook_calls(tmp_path, "post_fork")) == 2 and hook_calls(
+        tmp_path, "post_fork"), message="post_fork in both workers")
+    assert {call["server_pid"] for call in forked} == {server.pid}
+    assert server.pid not in {call["pid"] for call in forked}
+    if kind == "gunicorn":
+        return  # its gevent workers may outlast a TERM by far (issue 22's attacks)
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    exited = hook_calls(tmp_path, "worker_exit")
+    assert {call["server_pid"] for call in exited} == {server.pid} and len(exited) == 2
+
+
 def test_raw_env_from_a_gunicorn_config_reaches_the_application(servers, tmp_path):
     server = servers("forkserve", "-c", HOOKS_CONF, "-w", "1", app="flask_site:app",
                      env={"HOOK_DIR": str(tmp_path)})

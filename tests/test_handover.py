@@ -18,6 +18,7 @@ from forkserve.process import handover, reload, systemd
 from forkserve.process.generations import Generations
 from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, Notify, Retire,
                                         Spawn, Stop)
+from forkserve.process.lifecycle import Lifecycle
 from forkserve.process.master import Master
 from forkserve.process.scoreboard import READY, RETIRE
 from forkserve.process.signals import MASTER_SIGNALS
@@ -357,10 +358,10 @@ def test_master_kills_a_worker_whose_heartbeat_is_older_than_the_timeout(master)
 
 def test_master_boot_failures_back_off_then_halt(master):
     _turn(master)
-    for attempt in range(Master.max_boot_failures):
+    for attempt in range(Lifecycle.max_boot_failures):
         pid = master.fake.forked[-1]
         _exit(master, pid, exits.WORKER_BOOT_ERROR << 8)
-        if attempt == Master.max_boot_failures - 1:
+        if attempt == Lifecycle.max_boot_failures - 1:
             with pytest.raises(exits.HaltServer):
                 master.reap()
             return
@@ -368,9 +369,55 @@ def test_master_boot_failures_back_off_then_halt(master):
         forks = len(master.fake.forked)
         master.manage()
         assert len(master.fake.forked) == forks  # not before the backoff delay
-        master.fake.now = master.next_spawn_at
+        master.fake.now = master.lifecycle.next_spawn_at
         master.manage()
         assert len(master.fake.forked) == forks + 1
+
+
+def test_master_replaces_workers_killed_before_ready_with_a_growing_backoff_and_never_halts(
+        master):
+    _turn(master)
+    delays = []
+    for _ in range(Lifecycle.max_boot_failures + 1):  # 12 exits, each of two kinds
+        for status in (signal.SIGKILL, exits.WORKER_RESOURCE_ERROR << 8):
+            forks = len(master.fake.forked)
+            _exit(master, master.fake.forked[-1], status)
+            _turn(master)  # no HaltServer
+            assert len(master.fake.forked) == forks  # not before the backoff delay
+            delays.append(master.lifecycle.next_spawn_at - master.fake.now)
+            master.fake.now = master.lifecycle.next_spawn_at
+            _turn(master)
+            assert len(master.fake.forked) == forks + 1
+    assert delays[:3] == pytest.approx([Lifecycle.boot_backoff * 2 ** n for n in range(3)])
+    assert max(delays) == pytest.approx(delays[-1]) == pytest.approx(Lifecycle.max_backoff)
+
+
+def test_master_counts_a_worker_ready_once_it_says_so_even_if_it_dies_before_the_next_turn(
+        master):
+    _turn(master)
+    pid = master.fake.forked[-1]
+    record = master.workers[pid]
+    master.scoreboard.set_state(record.index, READY)
+    _exit(master, pid, exits.WORKER_BOOT_ERROR << 8)  # e.g. a crash on its first request
+    _turn(master)
+    assert master.lifecycle.boot_failures == 0 and master.lifecycle.next_spawn_at <= master.fake.now
+
+
+def test_master_halt_after_boot_failures_quotes_the_workers_error(master):
+    _turn(master)
+    for _ in range(Lifecycle.max_boot_failures - 1):
+        master.boot_errors.write(master.workers[master.fake.forked[-1]].index, "first")
+        _exit(master, master.fake.forked[-1], exits.WORKER_BOOT_ERROR << 8)
+        master.reap()
+        master.fake.now = master.lifecycle.next_spawn_at
+        master.manage()
+    last = master.workers[master.fake.forked[-1]]
+    master.boot_errors.write(last.index, "ImportError: No module named 'redis'")
+    _exit(master, last.pid, exits.WORKER_BOOT_ERROR << 8)
+    with pytest.raises(exits.HaltServer) as halt:
+        master.reap()
+    assert halt.value.reason == ("workers failed to boot 5 times in a row; the last one's "
+                                 "error: ImportError: No module named 'redis'")
 
 
 def _retire_worker_1(master):
@@ -501,7 +548,7 @@ def test_reload_workers_close_the_ready_pipes(master):
     master.generations.waiting_fds = lambda: [41]  # a generation starting: its read end
     master.role = reload.Role(generation=3, ready_fd=42)  # this master is a generation
     assert {41, 42} <= set(master.master_fds())
-    master.announced = True  # signal_ready() wrote and closed 42: the number is free
+    master.lifecycle.announced = True  # signal_ready() wrote and closed 42: the number is free
     assert 42 not in master.master_fds()
 
 
@@ -622,15 +669,14 @@ def test_master_forks_a_worker_with_the_servers_signals_blocked(master):
     assert not set(MASTER_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
-def test_master_accounts_for_every_exited_worker_before_a_raising_child_exit_halts(
-        master, monkeypatch):
+def test_master_accounts_for_every_exited_worker_before_a_raising_child_exit_halts(master):
     from forkserve.exits import HaltServer
-    from forkserve.process import hooks
+    from forkserve.process.hooks import Hooks
 
-    def child_exit(index, pid):  # as a config's child_exit hook that raises
-        raise HaltServer("the child_exit hook raised ValueError")
+    def child_exit(server, worker):  # a config's child_exit hook that raises
+        raise ValueError("no metrics server")
 
-    monkeypatch.setattr(hooks, "child_exit", child_exit)
+    master.hooks = Hooks({"child_exit": child_exit}, master.cfg)
     _turn(master)
     _make_ready(master)
     for pid in list(master.workers):

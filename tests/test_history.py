@@ -45,6 +45,27 @@ def test_each_point_holds_each_processes_private_memory_and_the_rest_of_its_pss(
                                                        "generation": 1}
 
 
+def test_a_generations_processes_keep_their_series_from_starting_to_draining():
+    memory = _memory(1, 2 * MIB, 12 * MIB)
+
+    def supervised(time, state, *, draining_worker=None):
+        infos = [ProcessInfo(1, "supervisor"), ProcessInfo(30, "master", generation=3,
+                                                          state=state),
+                 ProcessInfo(31, "worker", 1, generation=3, state=state)]
+        if draining_worker:  # a recycled worker still draining beside worker 1
+            infos.append(ProcessInfo(draining_worker, "worker", 1, generation=3,
+                                     state="draining"))
+        return Report(tuple(ProcessRow(info, memory, 1.0) for info in infos), time)
+    history = History()
+    history.add(supervised(1000.0, "starting"))
+    history.add(supervised(1001.0, "serving", draining_worker=29))
+    history.add(supervised(1002.0, "draining"))
+    labels = [set(point["values"]) for point in history.to_json()["points"]]
+    assert labels == [{"supervisor", "master g3", "worker 1 g3"},
+                      {"supervisor", "master g3", "worker 1 g3", "worker 1 g3 draining"},
+                      {"supervisor", "master g3", "worker 1 g3"}]
+
+
 def test_request_rate_counts_a_recycled_workers_replacement_from_zero_not_negative():
     history = History()
     history.add(_report(1000.0, {1: 201, 2: 202}, requests={201: 50, 202: 40}))

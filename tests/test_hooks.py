@@ -19,7 +19,8 @@ class FakeWorker:
 
 def install(tmp_path, **functions):
     cfg = parse(["-w", "2", "--keep-alive", "4", "a:b"], environ={}, cwd=str(tmp_path))
-    hooks.install(Config(app=cfg.app, values=cfg.values, sources=cfg.sources, hooks=functions))
+    return hooks.install(Config(app=cfg.app, values=cfg.values, sources=cfg.sources,
+                                hooks=functions))
 
 
 def test_server_and_worker_objects_offer_what_gunicorn_hooks_use(tmp_path):
@@ -29,8 +30,7 @@ def test_server_and_worker_objects_offer_what_gunicorn_hooks_use(tmp_path):
         seen.update(pid=server.pid, workers=server.num_workers, keepalive=server.cfg.keepalive,
                     keep_alive=server.cfg.keep_alive, worker_class=server.cfg.worker_class,
                     age=worker.age, log=server.log)
-    install(tmp_path, pre_fork=pre_fork)
-    hooks.pre_fork(FakeWorker(0))
+    install(tmp_path, pre_fork=pre_fork).pre_fork(FakeWorker(0))
     import os
     assert seen["pid"] == os.getpid() and seen["workers"] == 2 and seen["age"] == 1
     assert seen["keepalive"] == seen["keep_alive"] == 4.0
@@ -41,9 +41,9 @@ def test_server_and_worker_objects_offer_what_gunicorn_hooks_use(tmp_path):
 def test_a_raising_master_hook_stops_the_server_with_its_reason(tmp_path, caplog):
     def when_ready(server):
         raise KeyError("missing")
-    install(tmp_path, when_ready=when_ready)
+    installed = install(tmp_path, when_ready=when_ready)
     with pytest.raises(exits.HaltServer) as caught:
-        hooks.when_ready()
+        installed.when_ready()
     assert "when_ready hook raised KeyError" in caught.value.reason
     assert "Traceback" in caplog.text
 
@@ -55,8 +55,7 @@ def test_a_raising_post_request_hook_is_logged_and_the_response_stands(tmp_path,
     def app(environ, start_response):
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [b"ok"]
-    install(tmp_path, post_request=post_request)
-    wrapped = hooks.wrap_app(app)
+    wrapped = install(tmp_path, post_request=post_request).wrap_app(app)
     body = wrapped({"REQUEST_METHOD": "GET", "PATH_INFO": "/"}, lambda s, h, e=None: None)
     assert b"".join(body) == b"ok"
     body.close()
@@ -75,10 +74,10 @@ def test_post_request_sees_status_headers_and_bytes_sent(tmp_path):
         start_response("201 Created", [("X-A", "1")])
         yield b"abc"
         yield b"de"
-    install(tmp_path, post_request=post_request)
+    installed = install(tmp_path, post_request=post_request)
     environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/p", "QUERY_STRING": "q=1",
                "SERVER_PROTOCOL": "HTTP/1.0", "HTTP_X_TOKEN": "t"}
-    body = hooks.wrap_app(app)(environ, lambda s, h, e=None: None)
+    body = installed.wrap_app(app)(environ, lambda s, h, e=None: None)
     assert b"".join(body) == b"abcde"
     body.close()
     assert seen == {"method": "POST", "path": "/p", "query": "q=1", "uri": "/p?q=1",
@@ -88,12 +87,13 @@ def test_post_request_sees_status_headers_and_bytes_sent(tmp_path):
 
 def test_a_list_body_stays_a_list_so_the_server_frames_it_with_content_length(tmp_path):
     seen = {}
-    install(tmp_path, post_request=lambda worker, req, environ, resp: seen.update(sent=resp.sent))
+    installed = install(tmp_path,
+                        post_request=lambda worker, req, environ, resp: seen.update(sent=resp.sent))
 
     def app(environ, start_response):
         start_response("200 OK", [])
         return [b"abc", b"de"]
-    body = hooks.wrap_app(app)({"REQUEST_METHOD": "GET"}, lambda s, h, e=None: None)
+    body = installed.wrap_app(app)({"REQUEST_METHOD": "GET"}, lambda s, h, e=None: None)
     # forkserve.http.responder sends a list with its Content-Length, in one write;
     # anything else goes out chunked
     assert isinstance(body, list) and body == [b"abc", b"de"]
@@ -102,8 +102,8 @@ def test_a_list_body_stays_a_list_so_the_server_frames_it_with_content_length(tm
 
 
 def test_without_request_hooks_the_application_is_not_wrapped(tmp_path):
-    install(tmp_path)
+    installed = install(tmp_path)
 
     def app(environ, start_response):
         return []
-    assert hooks.wrap_app(app) is app
+    assert installed.wrap_app(app) is app

@@ -7,12 +7,11 @@ import collections
 import http.client
 import re
 import signal
-import threading
 import time
 
 import pytest
 
-from forkserve_testing import poll
+from forkserve_testing import ClientThreads, poll
 from loadgen import blast
 from test_reload_e2e import HANDED_OVER
 
@@ -21,7 +20,7 @@ pytestmark = pytest.mark.e2e
 RECYCLED = re.compile(r"served \d+ requests \(--max-requests\)")
 
 
-class KeepAliveClients:
+class KeepAliveClients(ClientThreads):
     """`threads` plain http.client connections requesting /pid in a loop; a
     failed request is counted, never retried (a new connection is opened for
     the next one, as after a Connection: close). Bounded by `seconds`."""
@@ -30,8 +29,7 @@ class KeepAliveClients:
         self.port, self.deadline = port, time.monotonic() + seconds
         self.served = collections.Counter()  # worker pid -> responses
         self.failures = []
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.run) for _ in range(threads)]
+        super().__init__(threads)
 
     @property
     def total(self):
@@ -52,16 +50,6 @@ class KeepAliveClients:
                 self.failures.append(repr(exc))
                 conn.close()
         conn.close()
-
-    def __enter__(self):
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(20)
 
 
 def test_keep_alive_clients_lose_no_request_across_reloads_and_max_requests_recycles(run_server):

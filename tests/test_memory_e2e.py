@@ -172,8 +172,19 @@ def test_memory_log_interval_logs_every_process(run_server):
 
 def test_single_process_stats_endpoint(run_server):
     server = run_server("-w", "0", "--stats", "127.0.0.1:0", app="hog:app")
-    report = json.loads(_fetch(_stats_port(server), "/json")[2])
+    port = _stats_port(server)
+    report = json.loads(_fetch(port, "/json")[2])
     assert [row["role"] for row in report["processes"]] == ["single"]
+    for _ in range(3):
+        assert server.get("/cycle")[0] == 200
+    # The history behind the dashboard is sampled on the process's own event loop.
+    def counted():  # a sample before the requests, and one after
+        history = json.loads(_fetch(port, "/history")[2])
+        return any(point["rate"] for point in history["points"]) and history
+    history = poll(counted, message="a sample that counted the requests")
+    assert set(history["series"]) == {"single"}
+    status, content_type, page = _fetch(port, "/")
+    assert content_type.startswith("text/html") and "<svg" in page
 
 
 def test_worker_over_max_worker_memory_is_replaced_without_errors(run_server):

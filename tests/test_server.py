@@ -201,3 +201,45 @@ def test_close_now_closes_every_connection_at_once(fresh_server):
             pass
         assert time.monotonic() - started < 1.5
         assert reader.buf.count(b"chunk") < 50
+
+
+# --- the master's stats endpoint parses with the same HTTP/1.1 connection object ---
+
+def _stats_answer(raw):
+    import select
+    from forkserve.http.stats import StatsEndpoint
+    from forkserve.memory.reporter import Report
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    endpoint = StatsEndpoint(listener)
+    client = socket.create_connection(listener.getsockname(), timeout=5)
+    try:
+        client.sendall(raw)
+        client.shutdown(socket.SHUT_WR)
+        received = b""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            readable, writable, _ = select.select(endpoint.filenos(), endpoint.writable_filenos(),
+                                                  [], 0.05)
+            endpoint.service(readable, writable, lambda: Report((), time.time()), lambda: True)
+            ready, _, _ = select.select([client], [], [], 0)
+            if ready:
+                data = client.recv(65536)
+                if not data:
+                    return received
+                received += data
+        raise AssertionError(f"no complete answer from the stats endpoint: {received!r}")
+    finally:
+        client.close()
+        listener.close()
+
+
+def test_stats_endpoint_reads_requests_with_the_servers_http_parser():
+    assert _stats_answer(b"GET /livez HTTP/1.1\r\nHost: s\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+    assert _stats_answer(b"GET /livez?x=1 HTTP/1.0\r\n\r\n").endswith(b"alive\n")
+    # what split(b"\r\n") let through: the parser's rules refuse it
+    for raw in (b"GET /livez HTTP/1.1\r\n\r\n",                 # no Host
+                b"GET /livez HTTP/1.1\nHost: s\n\n",             # bare LF
+                b"GET /livez HTTP/1.1\r\nHost: s\r\nX : y\r\n\r\n"):
+        assert _stats_answer(raw).startswith(b"HTTP/1.1 400 "), raw

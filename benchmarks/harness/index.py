@@ -49,6 +49,8 @@ SECTIONS = {
     "accesslog.py": "#what-the-access-log-costs",
     "worker_gc.py": "#smaller-measurements",
     "report_time.py": "#smaller-measurements",
+    "chaos.py": "#chaos-attacks-side-by-side",
+    "memory_check.py": "#what---max-worker-memorys-check-costs",
     "balance.py": "#connections-per-worker-balance",
 }
 

@@ -1,9 +1,8 @@
-"""The HTTP/1.x wire format, strictly: what forkserve.http.handler accepts as a request.
-
-Pure functions of bytes decide the request line, the request target, each
-header field and the body framing (RFC 9110/9112); forkserve.http.body reads
-exactly the framed body with them. Nothing here reads, sends or keeps time,
-so the rules are unit-tested on bytes.
+"""The HTTP/1.x wire format, strictly: the grammar of one request line,
+request target, header field, chunk-size line and body framing (RFC
+9110/9112), as pure functions. forkserve.http.protocol applies them to a
+connection's bytes. Nothing here reads, sends or keeps time, so the rules
+are unit-tested on bytes.
 
 Invariants:
 - A request reaches the application only when its request line and every
@@ -33,7 +32,6 @@ Decisions where the RFCs leave a choice (also in README "HTTP"):
   must not leak into QUERY_STRING. CONNECT (authority-form) gets 501.
 """
 
-import errno
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -53,24 +51,13 @@ LINE_CEILING = 1 << 20
 #: Longest chunk-size line (size plus extensions) accepted in a chunked body.
 CHUNK_LINE_MAX = 4096
 
-#: After a refusal or an unread body, keep reading (and discarding) for this
-#: long / this much before closing, so the client gets our response, not a
-#: TCP reset triggered by its unread data (the "lingering close" of nginx).
-LINGER_SECONDS = 1.0
-LINGER_BYTES = 1 << 20
-
-#: An unread request body smaller than this is skipped to keep the connection;
-#: a larger one closes it, which is cheaper than reading it.
+#: An unread request body of at most this many bytes, all received, is
+#: skipped to keep the connection; a larger one closes it, which is cheaper
+#: than reading it.
 DISCARD_BYTES = 64 * 1024
 
 #: Empty lines (CRLF) ignored before a request line (RFC 9112 section 2.2).
 BLANK_LINES = 1
-
-# errnos that only mean "the client went away"; anything else is a real error.
-GONE_ERRNOS = frozenset({
-    errno.EPIPE, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT,
-    errno.ENOTCONN, errno.ESHUTDOWN, errno.EBADF,
-})
 
 REASONS = {
     400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 413: "Content Too Large",
@@ -114,6 +101,11 @@ class Limits:
         return min(self.limit_request_field_size or LINE_CEILING, LINE_CEILING)
 
     @cached_property
+    def fast_head_max(self):
+        """A head no longer than this has no line over its limit."""
+        return min(self.line_max + 2, self.field_size_max)
+
+    @cached_property
     def fields_max(self):
         return min(self.limit_request_fields or FIELDS_MAX, FIELDS_MAX)
 
@@ -129,10 +121,6 @@ class RequestError(Exception):
 
 class ClientDisconnected(OSError):
     """The client closed or reset the connection mid-request or mid-response."""
-
-
-class _Expired(BaseException):
-    """Thrown into a connection's greenlet by one of its timers."""
 
 
 # --- The grammar (RFC 9110/9112), as pure functions --------------------------
@@ -232,35 +220,7 @@ def request_target(method, target):
 
 def valid_host(value):
     """True if `value` is a valid Host field value (RFC 9110 7.2)."""
-    if value in _VALID_HOSTS:
-        return True
-    if _HOST.fullmatch(value) is None:
-        return False
-    return _VALID_HOSTS.remember(value, True)
-
-
-#: Entries a Memo holds at most.
-MEMO_MAX = 1024
-
-
-class Memo(dict):
-    """Results already computed, by what they were computed from: requests
-    and applications repeat a handful of lines, Host values, header names
-    and statuses, and a lookup costs a fraction of parsing or checking again.
-    Only pure results go in, so a memo changes no result. Reads are a dict's
-    (get, in); remember() empties it when it holds MEMO_MAX entries, so it
-    stays bounded whatever clients send."""
-
-    __slots__ = ()
-
-    def remember(self, key, value):
-        if len(self) >= MEMO_MAX:
-            self.clear()
-        self[key] = value
-        return value
-
-
-_VALID_HOSTS = Memo()
+    return _HOST.fullmatch(value) is not None
 
 
 def header_field(line, size_max):

@@ -1,8 +1,8 @@
 """The response side of PEP 3333, as pure functions: check what the
 application passes to start_response(), and turn its status and headers into
 an HTTP/1.1 response head framed the way the server chooses. Nothing here
-does I/O or keeps state (but bounded memos of statuses, header names and
-values already checked); forkserve.http.handler sends what these return.
+does I/O or keeps state; forkserve.http.protocol frames with what these
+return.
 
 Invariants:
 - No header the application gives reaches the wire unless its name is an
@@ -20,7 +20,7 @@ Invariants:
 
 import re
 
-from forkserve.http.h1 import Memo, TCHAR
+from forkserve.http.h1 import TCHAR
 
 __all__ = ["ApplicationError", "FileWrapper", "check_start_response", "plan_head",
            "encode_head"]
@@ -28,13 +28,6 @@ __all__ = ["ApplicationError", "FileWrapper", "check_start_response", "plan_head
 _NAME = re.compile(f"[{TCHAR}]+")
 _VALUE = re.compile("[\t\x20-\x7e\x80-\xff]*")
 _SPECIAL = frozenset({"content-length", "connection", "transfer-encoding", "date"})
-
-#: header names already found valid, each with its lowercase form; values and
-#: statuses already found valid (an application sends the same few again and
-#: again, and a lookup costs a tenth of checking)
-_VALID_NAMES = Memo()
-_VALID_VALUES = Memo()
-_VALID_STATUSES = Memo()
 
 
 class ApplicationError(Exception):
@@ -64,11 +57,9 @@ class FileWrapper:
 def check_start_response(status, headers):
     """Raise ApplicationError unless `status` is a str like '200 OK' and
     `headers` a list (its items are checked when the head is built)."""
-    if type(status) is not str or status not in _VALID_STATUSES:
-        if type(status) is not str or len(status) < 4 or status[3] != " " \
-                or not status[:3].isdigit() or not status.isprintable():
-            raise ApplicationError(f"invalid status {status!r}: must be a str like '200 OK'")
-        _VALID_STATUSES.remember(status, True)
+    if type(status) is not str or len(status) < 4 or status[3] != " " \
+            or not status[:3].isdigit() or not status.isprintable():
+        raise ApplicationError(f"invalid status {status!r}: must be a str like '200 OK'")
     if type(headers) is not list:
         raise ApplicationError(f"response headers must be a list, not {type(headers).__name__}")
 
@@ -91,9 +82,9 @@ def plan_head(status, headers, total, version, head_request):
     close = dated = False
     try:
         for name, value in headers:
-            lname = _VALID_NAMES.get(name)
-            if lname is None or value not in _VALID_VALUES:
-                lname = _checked(name, value)
+            if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
+                raise ApplicationError(f"invalid response header {name!r}: {value!r}")
+            lname = name.lower()
             if lname in _SPECIAL:
                 if lname == "content-length":
                     if length is not None or not value.isdigit() or not value.isascii():
@@ -126,15 +117,6 @@ def plan_head(status, headers, total, version, head_request):
     elif not no_body:
         close = True  # HTTP/1.0: the close ends the body
     return code, lines, dated, declared, chunked, close
-
-
-def _checked(name, value):
-    """The lowercase name of a header not memoized yet, once it is found
-    valid (and memoized); ApplicationError if it is not."""
-    if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
-        raise ApplicationError(f"invalid response header {name!r}: {value!r}")
-    _VALID_VALUES.remember(value, True)
-    return _VALID_NAMES.remember(name, name.lower())
 
 
 def encode_head(lines, close, version, date):

@@ -14,6 +14,7 @@ close its connection, without waiting (--max-requests reached).
 """
 
 import errno
+from email.utils import formatdate
 import logging
 import os
 import socket
@@ -41,9 +42,6 @@ _ACCEPT_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 #: seconds to wait before accepting again when out of descriptors or memory
 SHORTAGE_PAUSE = 0.1
 
-_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-_MONTHS = (None, "Jan", "Feb", "Mar", "Apr", "May", "Jun",
-           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
 def needs_nodelay(listener):
@@ -123,7 +121,7 @@ class Server:
             "SERVER_NAME": name,
             "SERVER_PORT": port,
             # where the application is mounted, as Gunicorn reads it (--env
-            # SCRIPT_NAME=/prefix or the environment); see Handler.make_environ
+            # SCRIPT_NAME=/prefix or the environment); see forkserve.http.environ
             "SCRIPT_NAME": os.environ.get("SCRIPT_NAME", ""),
             "wsgi.version": (1, 0),
             "wsgi.url_scheme": "http",
@@ -194,9 +192,7 @@ class Server:
         """The Date header value, formatted at most once a second."""
         now = int(time.time())
         if now != self._date[0]:
-            t = time.gmtime(now)
-            self._date = (now, f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon]} "
-                               f"{t.tm_year} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
+            self._date = (now, formatdate(now, usegmt=True))
         return self._date[1]
 
     def retire(self):

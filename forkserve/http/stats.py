@@ -28,13 +28,17 @@ import time
 import urllib.parse
 
 from forkserve.http import dashboard
+from forkserve.http.h1 import Limits, RequestError
+from forkserve.http.protocol import NEED_DATA, PEER_CLOSED, Connection
 from forkserve.memory import reporter
 from forkserve.memory.history import History
 
 __all__ = ["respond", "sample", "sample_forever", "StatsEndpoint", "wsgi_app"]
 
-#: a stats request larger than this is refused (the endpoint reads only GETs)
-MAX_REQUEST = 8192
+#: a stats request head is parsed by forkserve's HTTP/1.1 connection object
+#: under these limits (the endpoint reads only GETs): 8 KiB at most
+LIMITS = Limits(limit_request_line=4094, limit_request_fields=32,
+                limit_request_field_size=4096, limit_request_body=0)
 #: seconds a stats client has to send its request and read the answer
 CLIENT_TIMEOUT = 5.0
 #: connections served at once; more are closed on accept
@@ -107,21 +111,12 @@ def _http_response(method, path, make_report, ready, accept, history) -> bytes:
     return head if method == "HEAD" else head + body
 
 
-def _accept_header(head: bytes) -> str:
-    """The Accept header of a request head ("" if none)."""
-    for line in head.split(b"\n")[1:]:
-        name, colon, value = line.partition(b":")
-        if colon and name.strip().lower() == b"accept":
-            return value.strip().decode("latin-1")
-    return ""
-
-
 class _Client:
-    __slots__ = ("sock", "inbuf", "outbuf", "deadline")
+    __slots__ = ("sock", "http", "outbuf", "deadline")
 
     def __init__(self, sock):
         self.sock = sock
-        self.inbuf = b""
+        self.http = Connection(LIMITS)
         self.outbuf = b""
         self.deadline = time.monotonic() + CLIENT_TIMEOUT
 
@@ -180,21 +175,20 @@ class StatsEndpoint:
             return
         except ConnectionError:
             data = b""
-        if not data:
-            self._close(client)
-            return
-        client.inbuf += data
-        if b"\r\n\r\n" not in client.inbuf and b"\n\n" not in client.inbuf:
-            if len(client.inbuf) > MAX_REQUEST:
-                self._close(client)
-            return
-        parts = client.inbuf.split(b"\r\n", 1)[0].split()
-        if len(parts) != 3:
-            client.outbuf = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n"
+        http = client.http
+        http.receive_data(data)
+        try:
+            request = http.next_event()
+        except RequestError as refused:
+            client.outbuf = http.refusal(refused.status)
         else:
-            method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
-            client.outbuf = _http_response(method, path, make_report, ready,
-                                           _accept_header(client.inbuf), self.history)
+            if request is NEED_DATA:
+                return
+            if request is PEER_CLOSED:
+                self._close(client)
+                return
+            client.outbuf = _http_response(request.method, request.target, make_report, ready,
+                                           request.headers.get("HTTP_ACCEPT", ""), self.history)
         self._write(client)
 
     def _write(self, client):

@@ -564,6 +564,13 @@ heap_visit(PyObject *op, void *arg)
     if (k == K_STR && PyUnicode_CHECK_INTERNED(op)) return 0;
 
     if (prepare_leaf(w, op, k) < 0) return -1;
+    if (PyType_Check(op)) {
+        /* The attribute caches and specialised bytecode key on a type's
+           version tag, assigned (written into the type) on first use:
+           assign it here, in the master, once. 0 if the type has none to
+           give (then it is assigned later, as usual). */
+        (void)PyUnstable_Type_AssignVersionTag((PyTypeObject *)op);
+    }
     Py_ssize_t size = (k == K_SKIP || k == K_INSTANCE) ? generic_size(op) : size_of(op, k);
     if (size < 0) return -1;
     w->bytes += size;

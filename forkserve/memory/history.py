@@ -16,9 +16,11 @@ Invariants, and why:
   due `max(min_interval, cost / max_share)` seconds after one that took
   `cost`: every second for a small server, every few seconds for a big one,
   so sampling never takes more than `max_share` of the master's time.
-- A process is a series by what survives churn, its label ("worker 1",
-  "master", "worker 2 g3"): a recycled worker's replacement continues its
-  number's series (forkserve.process.workers). Each series point is
+- A process is a series by what survives churn, as in Prometheus
+  (render.series_labels): "master", "worker 1", "worker 2 g3" under a
+  supervisor. A recycled worker's replacement continues its number's
+  series (forkserve.process.lifecycle); a generation is one series whether
+  starting, serving or draining. Each series point is
   (private, shared): private is the process's own anonymous memory (copies
   and allocations, model's "private") and shared the rest of its PSS (its
   share of pages other processes map too), so stacking every process gives
@@ -30,6 +32,8 @@ Invariants, and why:
 
 import collections
 import math
+
+from forkserve.memory import render
 
 __all__ = ["History", "Point"]
 
@@ -86,6 +90,21 @@ class _Bucket:
         return Point(sum(self.times) / len(self.times), rate, values)
 
 
+def _label(key, supervised):
+    """A series' name from its Prometheus key (render.series_labels): "master",
+    "worker 2", "worker 2 g3" under a supervisor, "worker 2 draining" for a
+    recycled worker still draining beside its replacement. A generation's
+    state is left out, so that starting, serving and draining are one series."""
+    text = f"worker {key['worker']}" if "worker" in key else key["role"]
+    if supervised and "generation" in key:
+        text = f"{text} g{key['generation']}"
+    if "state" in key:
+        text = f"{text} {key['state']}"
+    if "pid" in key:
+        text = f"{text} (pid {key['pid']})"
+    return text
+
+
 class History:
     #: seconds kept sample by sample
     window = 3600.0
@@ -133,11 +152,11 @@ class History:
         """Add a memory report (forkserve.memory.model.Report) as a point."""
         now = report.time
         values, pids, requests = {}, {}, {}
-        for row in report.processes:
+        supervised = any(row.info.role == "supervisor" for row in report.processes)
+        keys = render.series_labels([row.info for row in report.processes])
+        for row, key in zip(report.processes, keys):
             info, memory = row.info, row.memory
-            label = info.label
-            if label in values:  # a draining worker beside its replacement: one series
-                label = f"{label} (pid {info.pid})"
+            label = _label(dict(key), supervised)
             private = memory.private
             values[label] = (private, max(0, memory.pss - private))
             if info.role == "worker":

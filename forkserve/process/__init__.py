@@ -3,11 +3,10 @@
 boot           the start-up sequence, in the order that keeps memory shared
 progress       log lines while a long application import runs
 environment    raw_env, pythonpath, umask: the process setup Gunicorn users set
-master         spawns, reaps and recycles workers (-w N)
-master_reload  the master's side of a reload (retire its workers, become the supervisor)
-workers        what the master knows of each worker it forked (WorkerRecord)
-master_memory  the master's memory checks (--max-worker-memory) and reports
+master         spawns, reaps and recycles workers (-w N), carries out its reload, watches memory
+lifecycle      the workers' lifecycle: pure decisions (fork, signal, halt), events in
 worker         what runs in a worker after fork
+boot_errors    where a worker leaves the error that stopped it booting, for the master
 serving        what a serving process is built from (preload, its HTTP servers)
 single         one process serving, no fork (-w 0)
 supervisor     what the master becomes after its first reload

@@ -23,8 +23,9 @@ import traceback
 from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import ignored, loader
-from forkserve.process import (autoreload, environment, hooks, privileges, progress, reload,
+from forkserve.process import (autoreload, environment, privileges, progress, reload,
                                serving, signals, sockets, warmup)
+from forkserve.process.hooks import install as install_hooks
 
 __all__ = ["run"]
 
@@ -42,6 +43,7 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     status = _prepare(cfg)
     if status is not None:
         return status
+    hooks = install_hooks(cfg)
     if cfg.share_heap:
         from forkserve.memory import heap
         refused = heap.refusal()
@@ -82,7 +84,8 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
         _listen(cfg, listeners, stats_listener)
         if cfg.pid and not role.supervised:  # the supervisor keeps the pid file
             pidfile = write_pidfile(cfg.pid)
-        return hooks.on_exit(_serve(cfg, app, listeners, app_name, stats_listener, role))
+        return hooks.on_exit(_serve(cfg, app, listeners, app_name, stats_listener, role,
+                                    hooks))
     except exits.HaltServer as halt:
         log.error("%s", halt.reason)
         return halt.status
@@ -93,7 +96,7 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
 
 
 def _prepare(cfg):
-    """Logging, hooks, --chdir, --user/--group checks, the environment: an
+    """Logging, --chdir, --user/--group checks, the environment: an
     exit status if one fails."""
     try:
         logs.setup(cfg)
@@ -101,7 +104,6 @@ def _prepare(cfg):
         _complain(str(exc))
         return exits.CONFIG_ERROR
     cow.begin_load()
-    hooks.install(cfg)
     try:
         if cfg.chdir:
             os.chdir(cfg.chdir)
@@ -177,15 +179,15 @@ def _listen(cfg, listeners, stats_listener):
                  sockets.describe(stats_listener))
 
 
-def _serve(cfg, app, listeners, app_name, stats_listener, role):
+def _serve(cfg, app, listeners, app_name, stats_listener, role, hooks):
     if cfg.workers == 0:
         from forkserve.process.single import SingleServer
         return SingleServer(cfg, app, listeners, app_name, role,
-                            stats_listener=stats_listener).run()
+                            stats_listener=stats_listener, hooks=hooks).run()
     from forkserve.process.master import Master
     from forkserve.http.stats import StatsEndpoint
     stats = StatsEndpoint(stats_listener) if stats_listener is not None else None
-    return Master(cfg, app, listeners, app_name, role, stats=stats).run()
+    return Master(cfg, app, listeners, app_name, role, stats=stats, hooks=hooks).run()
 
 
 def write_pidfile(path):

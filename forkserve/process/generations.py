@@ -12,7 +12,7 @@ import signal
 
 from forkserve import exits
 from forkserve.memory import procfs
-from forkserve.process import handover, hooks, systemd
+from forkserve.process import handover, systemd
 from forkserve.process.reload import spawn_generation
 
 __all__ = ["Generations", "Driver"]
@@ -127,21 +127,51 @@ class Generations:
 
 
 class Driver:
-    """Carries out forkserve.process.handover's actions: the part every driver shares.
+    """Carries out forkserve.process.handover's actions, and feeds it what
+    happened to the generations: the part every driver shares.
 
     A driver (master, single server, supervisor) has `self.handover`, `self.clock()`,
+    `self.hooks` (a forkserve.process.hooks.Hooks),
     `self.generations` (a Generations) and its own `retire(number)`; the
     master also `kill_own_workers()`; the master and the single server also
     `become_supervisor(action)`.
     """
 
+    #: a generation's supervisor (its pid): once it is gone (SIGKILL), this
+    #: generation stops; None when this process is not a supervised generation
+    parent = None
+
     def apply(self, actions):
         for action in actions:
             getattr(self, _ACTIONS[type(action)])(action)
 
+    def follow_generations(self):
+        """The starting generations' ready bytes and the clock, to the hand-over."""
+        now = self.clock()
+        for _ in self.generations.newly_ready():
+            self.apply(self.handover.ready(now))
+        self.apply(self.handover.tick(now))
+
+    def generation_exited(self, pid, description):
+        """A reaped child: if it was a generation, the hand-over hears of it
+        (True); False for any other child."""
+        number = self.generations.exited(pid)
+        if number is None:
+            return False
+        self.apply(self.handover.gone(number, f"(pid {pid}) {description}", self.clock()))
+        return True
+
+    def supervisor_gone(self) -> bool:
+        """True, once and logged, when this generation's supervisor has died."""
+        if self.parent is None or os.getppid() == self.parent:
+            return False
+        log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
+        self.parent = None
+        return True
+
     def _do_spawn(self, action):
-        hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
-        hooks.pre_exec()
+        self.hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
+        self.hooks.pre_exec()
         try:
             self.generations.spawn(action.number)
         except OSError as exc:

@@ -9,9 +9,9 @@ unchanged. The objects they get offer what real hooks use: `server.log`,
 `req.headers`; `resp.status`, `resp.status_code`, `resp.headers`,
 `resp.sent`.
 
-The call sites are one-line calls into this module (one server per process,
-so the hooks of the config file are installed once, by `install`). Each
-function does nothing when its hook is not defined.
+`install(cfg)` gives the Hooks object that boot passes to the master (or the
+single-process server), which passes it to each worker; the call sites are
+one-line calls on it. Each method does nothing when its hook is not defined.
 
 A hook that raises is logged with its traceback and then treated as
 Gunicorn treats it:
@@ -34,24 +34,17 @@ import traceback
 from forkserve import exits
 from forkserve.config import gunicorn
 
-__all__ = ["install", "installed", "on_starting", "when_ready", "pre_fork", "post_fork",
-           "post_worker_init", "worker_int", "worker_abort", "worker_exit", "child_exit",
-           "nworkers_changed", "on_reload", "pre_exec", "on_exit", "post_freeze", "pre_retire",
-           "wrap_app", "ServerView", "WorkerView", "ConfigView", "Request", "Response"]
+__all__ = ["install", "Hooks", "ServerView", "WorkerView", "ConfigView", "Request",
+           "Response"]
 
 log = logging.getLogger("forkserve.error")
-
-_functions = {}
-_server = None
-_workers = {}      # scoreboard index -> WorkerView, in the master
-_current = None    # this worker's WorkerView, in a worker
-
 
 class ConfigView:
     """Settings by Gunicorn's names (`cfg.keepalive`) or forkserve's (`cfg.keep_alive`)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, functions):
         self._cfg = cfg
+        self._functions = functions  # the hooks, which Gunicorn's cfg also offers
 
     def __getattr__(self, name):
         values = self._cfg.values
@@ -61,24 +54,22 @@ class ConfigView:
         if row is not None and row.kind == "honoured":
             return self._cfg.app if row.target == "app" else values.get(row.target)
         if row is not None and row.kind == "hook":
-            return _functions.get(name)
+            return self._functions.get(name)
         if row is not None:
             return row.harmless[0] if row.harmless else None
         raise AttributeError(f"no setting {name!r}")
 
 
 class ServerView:
-    """What Gunicorn passes as `server` (its Arbiter)."""
+    """What Gunicorn passes as `server` (its Arbiter). Its `pid` is the
+    master's (the single process's with -w 0), in the workers' hooks too."""
 
-    def __init__(self, cfg):
-        self.cfg = ConfigView(cfg)
+    def __init__(self, cfg, functions):
+        self.cfg = ConfigView(cfg, functions)
         self.log = log
         self.master = None       # forkserve's Master, once it runs
+        self.pid = os.getpid()   # the serving process's, again in when_ready
         self.worker_age = 0
-
-    @property
-    def pid(self):
-        return os.getpid()
 
     @property
     def num_workers(self):
@@ -92,12 +83,12 @@ class ServerView:
 class WorkerView:
     """What Gunicorn passes as `worker`."""
 
-    def __init__(self, worker, age):
+    def __init__(self, worker, age, cfg):
         self._worker = worker
         self.age = age
         self.pid = None          # set after fork
         self.ppid = os.getpid()
-        self.cfg = _server.cfg
+        self.cfg = cfg
         self.log = log
         self.booted = False
         self.alive = True
@@ -150,178 +141,175 @@ class Response:
 # --- installing and calling ---
 
 def install(cfg):
-    """Take the config file's hooks (cfg.hooks). Called once, at boot.
+    """The config file's hooks (cfg.hooks), as a Hooks. Called once, at boot.
     --check-config runs none (as Gunicorn's: it starts no server)."""
-    global _server
-    _functions.clear()
-    if not cfg.check_config:
-        _functions.update(cfg.hooks)
-    _server = ServerView(cfg)
+    return Hooks({} if cfg.check_config else cfg.hooks, cfg)
 
 
-def installed(name) -> bool:
-    return name in _functions
+class Hooks:
+    """The hooks of one server: the master (or single process) gets it from
+    boot and hands it to each worker it forks.
 
+    `Hooks()` (no configuration) calls nothing: a Master driven by tests, the
+    supervisor. The master's table of WorkerViews (`workers`) is cleared in
+    a worker, which keeps its own view as `current`.
+    """
 
-def _master_hook(name, *args):
-    function = _functions.get(name)
-    if function is None:
-        return
-    try:
-        function(_server, *args)
-    except Exception as exc:
-        log.error("Exception in %s hook:\n%s", name, traceback.format_exc())
-        raise exits.HaltServer(f"the {name} hook raised {type(exc).__name__}: {exc}; "
-                               "fix the hook in the config file") from None
+    def __init__(self, functions=None, cfg=None):
+        self.functions = dict(functions or {})
+        self.server = ServerView(cfg, self.functions) if cfg is not None else None
+        self.workers = {}      # scoreboard index -> WorkerView, in the master
+        self.current = None    # this worker's WorkerView, in a worker
 
+    def installed(self, name) -> bool:
+        return name in self.functions
 
-def _logged_hook(name, *args):
-    function = _functions.get(name)
-    if function is None:
-        return
-    try:
-        function(*args)
-    except Exception:
-        log.error("Exception in %s hook:\n%s", name, traceback.format_exc())
-
-
-def on_starting():
-    _master_hook("on_starting")
-
-
-def when_ready(master=None, single=None):
-    """Once serving starts. With -w 0 (`single`, the SingleServer) this process
-    is also the worker that pre_request/post_request hooks get."""
-    global _current
-    if _server is None:
-        return
-    _server.master = master
-    if single is not None:
-        _current = WorkerView(single, 1)
-        _current.pid, _current.booted = os.getpid(), True
-    _master_hook("when_ready")
-
-
-def post_freeze():
-    _master_hook("post_freeze")
-
-
-def on_reload():
-    _master_hook("on_reload")
-
-
-def pre_exec():
-    _master_hook("pre_exec")
-
-
-def pre_retire(generation):
-    _master_hook("pre_retire", generation)
-
-
-def nworkers_changed(new, old):
-    _master_hook("nworkers_changed", new, old)
-
-
-def pre_fork(worker):
-    """In the master, before forking `worker` (forkserve.process.worker.Worker)."""
-    if _server is None:
-        return  # no configuration installed hooks (a Master driven by tests)
-    _server.worker_age += 1
-    view = _workers[worker.index] = WorkerView(worker, _server.worker_age)
-    _master_hook("pre_fork", view)
-
-
-def child_exit(index, pid):
-    view = _workers.pop(index, None)
-    if view is None or "child_exit" not in _functions:
-        return
-    view.pid, view.alive = pid, False
-    _master_hook("child_exit", view)
-
-
-def on_exit(status):
-    """The server's exit status after on_exit: 1 if the hook raised (as Gunicorn)."""
-    function = _functions.get("on_exit")
-    if function is None:
-        return status
-    try:
-        function(_server)
-    except Exception:
-        log.error("Exception in on_exit hook:\n%s", traceback.format_exc())
-        return status or exits.FAILURE
-    return status
-
-
-def post_fork(worker):
-    """In the worker, first thing after fork. A raise fails the worker's boot."""
-    global _current
-    if _server is None:
-        return
-    _current = _workers.get(worker.index) or WorkerView(worker, _server.worker_age)
-    _current.pid = os.getpid()
-    _workers.clear()  # the master's table means nothing here
-    function = _functions.get("post_fork")
-    if function is not None:
-        function(_server, _current)
-
-
-def post_worker_init(worker):
-    """In the worker, once it is set up; a raise fails the worker's boot."""
-    if _current is None:
-        return
-    _current.booted = True
-    if "worker_abort" in _functions:
-        signal.signal(signal.SIGABRT, _on_abort)
-    function = _functions.get("post_worker_init")
-    if function is not None:
-        function(_current)
-
-
-def worker_int(worker):
-    if _current is not None:
-        _current.alive = False
-        _logged_hook("worker_int", _current)
-
-
-def _on_abort(signum, frame):
-    """SIGABRT from the master (--timeout): a Python-level handler, so it runs
-    even while the event loop is blocked, which is why the worker timed out."""
-    worker_abort()
-    os._exit(exits.FAILURE)
-
-
-def worker_abort():
-    if _current is not None:
-        _current.alive = False
-        _logged_hook("worker_abort", _current)
-
-
-def worker_exit(worker):
-    if _current is not None and "worker_exit" in _functions:
-        _current.alive = False
+    def _master_hook(self, name, *args):
+        function = self.functions.get(name)
+        if function is None:
+            return
         try:
-            _functions["worker_exit"](_server, _current)
+            function(self.server, *args)
+        except Exception as exc:
+            log.error("Exception in %s hook:\n%s", name, traceback.format_exc())
+            raise exits.HaltServer(f"the {name} hook raised {type(exc).__name__}: {exc}; "
+                                   "fix the hook in the config file") from None
+
+    def _logged_hook(self, name, *args):
+        function = self.functions.get(name)
+        if function is None:
+            return
+        try:
+            function(*args)
         except Exception:
-            log.warning("Exception in worker_exit hook:\n%s", traceback.format_exc())
+            log.error("Exception in %s hook:\n%s", name, traceback.format_exc())
 
+    def on_starting(self):
+        self._master_hook("on_starting")
 
-def wrap_app(app):
-    """The application, with pre_request/post_request around each request when
-    either hook is defined (and the application itself otherwise)."""
-    if "pre_request" not in _functions and "post_request" not in _functions:
-        return app
-    return _HookedApp(app, _functions.get("pre_request"), _functions.get("post_request"))
+    def when_ready(self, master=None, single=None):
+        """Once serving starts, in the process that serves or forks the workers
+        (its pid is `server.pid` from now on, in its workers too). With -w 0
+        (`single`, the SingleServer) this process is also the worker that
+        pre_request/post_request hooks get."""
+        if self.server is None:
+            return
+        self.server.master = master
+        self.server.pid = os.getpid()
+        if single is not None:
+            self.current = WorkerView(single, 1, self.server.cfg)
+            self.current.pid, self.current.booted = os.getpid(), True
+        self._master_hook("when_ready")
+
+    def post_freeze(self):
+        self._master_hook("post_freeze")
+
+    def on_reload(self):
+        self._master_hook("on_reload")
+
+    def pre_exec(self):
+        self._master_hook("pre_exec")
+
+    def pre_retire(self, generation):
+        self._master_hook("pre_retire", generation)
+
+    def nworkers_changed(self, new, old):
+        self._master_hook("nworkers_changed", new, old)
+
+    def pre_fork(self, worker):
+        """In the master, before forking `worker` (forkserve.process.worker.Worker)."""
+        if self.server is None:
+            return
+        self.server.worker_age += 1
+        view = self.workers[worker.index] = WorkerView(worker, self.server.worker_age,
+                                                       self.server.cfg)
+        self._master_hook("pre_fork", view)
+
+    def child_exit(self, index, pid):
+        view = self.workers.pop(index, None)
+        if view is None or "child_exit" not in self.functions:
+            return
+        view.pid, view.alive = pid, False
+        self._master_hook("child_exit", view)
+
+    def on_exit(self, status):
+        """The server's exit status after on_exit: 1 if the hook raised (as Gunicorn)."""
+        function = self.functions.get("on_exit")
+        if function is None:
+            return status
+        try:
+            function(self.server)
+        except Exception:
+            log.error("Exception in on_exit hook:\n%s", traceback.format_exc())
+            return status or exits.FAILURE
+        return status
+
+    def post_fork(self, worker):
+        """In the worker, first thing after fork. A raise fails the worker's boot."""
+        if self.server is None:
+            return
+        self.current = (self.workers.get(worker.index)
+                        or WorkerView(worker, self.server.worker_age, self.server.cfg))
+        self.current.pid = os.getpid()
+        self.workers.clear()  # the master's table means nothing here
+        function = self.functions.get("post_fork")
+        if function is not None:
+            function(self.server, self.current)
+
+    def post_worker_init(self, worker):
+        """In the worker, once it is set up; a raise fails the worker's boot."""
+        if self.current is None:
+            return
+        self.current.booted = True
+        if "worker_abort" in self.functions:
+            signal.signal(signal.SIGABRT, self._on_abort)
+        function = self.functions.get("post_worker_init")
+        if function is not None:
+            function(self.current)
+
+    def worker_int(self, worker):
+        if self.current is not None:
+            self.current.alive = False
+            self._logged_hook("worker_int", self.current)
+
+    def _on_abort(self, signum, frame):
+        """SIGABRT from the master (--timeout): a Python-level handler, so it runs
+        even while the event loop is blocked, which is why the worker timed out."""
+        self.worker_abort()
+        os._exit(exits.FAILURE)
+
+    def worker_abort(self):
+        if self.current is not None:
+            self.current.alive = False
+            self._logged_hook("worker_abort", self.current)
+
+    def worker_exit(self, worker):
+        if self.current is not None and "worker_exit" in self.functions:
+            self.current.alive = False
+            try:
+                self.functions["worker_exit"](self.server, self.current)
+            except Exception:
+                log.warning("Exception in worker_exit hook:\n%s", traceback.format_exc())
+
+    def wrap_app(self, app):
+        """The application, with pre_request/post_request around each request when
+        either hook is defined (and the application itself otherwise)."""
+        if "pre_request" not in self.functions and "post_request" not in self.functions:
+            return app
+        return _HookedApp(app, self, self.functions.get("pre_request"),
+                          self.functions.get("post_request"))
 
 
 class _HookedApp:
-    def __init__(self, app, pre, post):
+    def __init__(self, app, hooks, pre, post):
         self.app = app
+        self.hooks = hooks  # its `current` is this process's worker, once forked
         self.pre = pre
         self.post = post
 
     def __call__(self, environ, start_response):
         request = Request(environ)
-        worker = _current
+        worker = self.hooks.current
         if worker is not None:
             worker.started += 1
         if self.pre is not None:

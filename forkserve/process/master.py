@@ -1,4 +1,5 @@
-"""The master: spawn, reap, murder and manage workers.
+"""The master (-w N): spawn, reap, murder and manage workers; carry out a
+reload; watch the workers' memory.
 
 The master has already loaded the application and hardened its memory
 (cow.harden) when it gets here; every worker is a fork of it. Its loop does
@@ -12,10 +13,11 @@ methods run from the loop. The master waits with the original select(),
 fork() and waitpid() even when gevent has monkey-patched them for the
 application: the master never runs a gevent hub.
 
-Recycling (--max-requests, --max-worker-memory) is always "replacement
-first": the worker is marked retiring, which stops it counting towards the
-target, so `manage()` forks a replacement; once enough workers are ready,
-the retiring one gets TERM and drains its in-flight requests.
+What to do with the workers (fork one, replace one that died after a
+backoff, recycle replacement first, stop one, give up after repeated boot
+failures) is decided by forkserve.process.lifecycle, a pure state machine;
+murder() and manage() feed it what the scoreboard and the clock say, reap()
+feeds it the exits, and carry_out() does what it decides.
 
 A reload (HUP) is decided by forkserve.process.handover, shared with the
 single-process server and the supervisor; the master only carries out its
@@ -31,13 +33,13 @@ import time
 
 from forkserve import exits
 from forkserve.exits import HaltServer
-from forkserve.memory import why
-from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
+from forkserve.memory import reporter, why
+from forkserve.process import autoreload, procname, reload, signals, systemd
+from forkserve.process.boot_errors import BootErrors
 from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
-from forkserve.process.master_memory import WorkerMemory
-from forkserve.process.master_reload import MasterReload
-from forkserve.process.workers import WorkerRecord, free_number
+from forkserve.process.hooks import Hooks
+from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle, Log
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
@@ -48,36 +50,35 @@ __all__ = ["Master"]
 log = logging.getLogger("forkserve.error")
 
 
-class Master(Driver, MasterReload, WorkerMemory):
-    #: consecutive boot failures after which the master gives up
-    max_boot_failures = 5
-    #: first backoff delay after a boot failure; doubles each time
-    boot_backoff = 0.1
+class Master(Driver):
+    #: how often private memory is read for --max-worker-memory
+    memory_check_interval = 2.0
 
     def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *, stats=None,
-                 fork=None, waitpid=None, kill=os.kill, select=None, clock=time.monotonic):
+                 hooks=None, fork=None, waitpid=None, kill=os.kill, select=None,
+                 clock=time.monotonic):
         self.cfg = cfg
+        self.hooks = hooks or Hooks()  # the config file's; its workers get them too
         self.app = app
         self.listeners = listeners
         self.app_name = app_name
         self.stats = stats
-        self.target = cfg.workers
-        self.workers = {}
+        #: what to do with the workers: forkserve.process.lifecycle decides,
+        #: this master reads their slots and exits and carries it out
+        self.lifecycle = Lifecycle(cfg.workers, timeout=cfg.timeout,
+                                   graceful_timeout=cfg.graceful_timeout,
+                                   abort_first=self.hooks.installed("worker_abort"))
         self.scoreboard = Scoreboard()
+        self.boot_errors = BootErrors(self.scoreboard.capacity)
         self.queue = SignalQueue()
         self.role = role
         self.generation = role.generation
-        self.boot_failures = 0
-        self.next_spawn_at = 0.0
-        self.stopping = None
         self.halting = False  # a HaltServer is being carried out
-        self.stop_deadline = None
         #: HUP reloads code and data in a new generation, unless this master
         #: is itself a generation under a supervisor (then HUP restarts workers)
         self.reloadable = not role.supervised
         #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
         self.parent = os.getppid() if role.supervised else None
-        self.announced = False
         self.next_memory_check = 0.0
         self.next_memory_log = 0.0
         self._fork = fork or original("os", "fork")
@@ -89,6 +90,21 @@ class Master(Driver, MasterReload, WorkerMemory):
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=self._fork, kill=kill)
         self.why = None  # the --why listener, opened by run()
+        #: the generation the master's title says serves, while it is not its own
+        self.titled_serving = None
+
+    @property
+    def workers(self):
+        """pid -> WorkerRecord of every worker not yet reaped."""
+        return self.lifecycle.workers
+
+    @property
+    def target(self):
+        return self.lifecycle.target
+
+    @property
+    def stopping(self):
+        return self.lifecycle.stopping
 
     # --- the loop ---
 
@@ -100,13 +116,13 @@ class Master(Driver, MasterReload, WorkerMemory):
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         try:
-            hooks.when_ready(self)
+            self.hooks.when_ready(self)
             while self.turn():
                 self.sleep()
         except HaltServer as halt:
             log.error("Shutting down: %s", halt.reason)
             self.halting = True  # a hook raising while the rest are reaped halts nothing more
-            self.stop_all(signal.SIGKILL)
+            self.carry_out(self.lifecycle.halt())
             for number in list(self.generations.pids):  # a reload under way stops too
                 self.generations.signal(number, signal.SIGQUIT)
             self.wait_all(deadline=self.clock() + 5)
@@ -129,8 +145,7 @@ class Master(Driver, MasterReload, WorkerMemory):
         return True
 
     def check_parent(self):
-        if self.parent is not None and not self.stopping and os.getppid() != self.parent:
-            log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
+        if self.supervisor_gone():
             self.begin_stop("graceful")
 
     def dispatch_signals(self):
@@ -140,8 +155,8 @@ class Master(Driver, MasterReload, WorkerMemory):
     def sleep(self):
         timeout = heartbeat_interval(self.cfg.timeout)
         now = self.clock()
-        if self.next_spawn_at > now:
-            timeout = min(timeout, self.next_spawn_at - now)
+        if self.lifecycle.next_spawn_at > now:
+            timeout = min(timeout, self.lifecycle.next_spawn_at - now)
         watched = [self.queue.wake_r, *self.generations.waiting_fds()]
         watched += self.stats.filenos() if self.stats else []
         watched += self.why.filenos() if self.why else []
@@ -181,25 +196,23 @@ class Master(Driver, MasterReload, WorkerMemory):
 
     def restart_workers(self):
         log.info("Hang up: restarting %d workers gracefully", self.target)
-        for record in self.workers.values():
-            if record.state in ("booting", "ready"):
-                record.state = "retiring"
+        self.lifecycle.retire_all()
 
     def handle_ttin(self):
         if self.target >= self.scoreboard.capacity // 2:
             log.warning("TTIN ignored: already at %d workers", self.target)
             return
-        self.target += 1
+        self.lifecycle.target += 1
         log.info("TTIN: %d workers", self.target)
-        hooks.nworkers_changed(self.target, self.target - 1)
+        self.hooks.nworkers_changed(self.target, self.target - 1)
 
     def handle_ttou(self):
         if self.target <= 1:
             log.info("TTOU ignored: at least one worker is kept")
             return
-        self.target -= 1
+        self.lifecycle.target -= 1
         log.info("TTOU: %d workers", self.target)
-        hooks.nworkers_changed(self.target, self.target + 1)
+        self.hooks.nworkers_changed(self.target, self.target + 1)
 
     def handle_usr1(self):
         from forkserve import logs
@@ -207,88 +220,69 @@ class Master(Driver, MasterReload, WorkerMemory):
         self.signal_workers(signal.SIGUSR1)
 
     def begin_stop(self, mode):
-        if self.stopping == "fast" or (self.stopping and mode == "graceful"):
-            return
-        self.stopping = mode
-        self.apply(self.handover.stop(mode, self.clock()))
-        systemd.notify("STOPPING=1")
         now = self.clock()
+        kills = self.lifecycle.stop(mode, now)
+        if kills is None:
+            return  # a stop as strong is under way
+        self.apply(self.handover.stop(mode, now))
+        systemd.notify("STOPPING=1")
         if mode == "graceful":
-            self.stop_deadline = now + self.cfg.graceful_timeout
             log.info("Handling signal: term (graceful stop, up to %gs)", self.cfg.graceful_timeout)
-            self.stop_all(signal.SIGTERM)
         else:
-            self.stop_deadline = now + 1.0
             log.info("Handling signal: fast stop")
-            self.stop_all(signal.SIGQUIT)
+        self.carry_out(kills)
 
     # --- reap ---
 
     def reap(self):
         halt = None
         for pid, status in reaped(self._waitpid):
-            number = self.generations.exited(pid)
-            if number is not None:
-                outcome = exits.classify(status)
-                self.apply(self.handover.gone(number, f"(pid {pid}) {outcome.description}",
-                                              self.clock()))
+            if self.generation_exited(pid, exits.classify(status).description):
                 continue
-            record = self.workers.pop(pid, None)
+            record = self.workers.get(pid)
             if record is None:
                 continue  # not one of ours (e.g. a process the application spawned)
+            # it said it serves (its slot), even if no turn of the loop saw it yet
+            said_ready = self.scoreboard.read(record.index).state >= READY
+            actions = self.lifecycle.exited(pid, exits.classify(status), self.clock(),
+                                            said_ready=said_ready,
+                                            error=self.boot_errors.take(record.index))
             self.scoreboard.release(record.index)
-            try:
-                hooks.child_exit(record.index, record.pid)
-            except HaltServer as raised:  # logged; every exited worker is seen to first
-                halt = halt or raised
-            self.on_worker_exit(record, exits.classify(status))
+            for call in (lambda: self.hooks.child_exit(record.index, pid),
+                         lambda: self.carry_out(actions)):
+                try:
+                    call()
+                except HaltServer as raised:  # every exited worker is seen to first
+                    halt = halt or raised
         if halt is not None and not self.halting:
             raise halt
 
-    def on_worker_exit(self, record, outcome):
-        if record.expected_exit or self.stopping:
-            log.info("Worker %d (pid %d) %s", record.worker_id, record.pid, outcome.description)
-            return
-        if not record.ready:
-            self.boot_failures += 1
-            delay = self.boot_backoff * 2 ** (self.boot_failures - 1)
-            self.next_spawn_at = self.clock() + delay
-            log.error("Worker %d (pid %d) %s before it was ready (%d in a row)",
-                      record.worker_id, record.pid, outcome.description, self.boot_failures)
-            if self.boot_failures >= self.max_boot_failures:
-                raise HaltServer(f"workers failed to boot {self.boot_failures} times in a row; "
-                                 "the worker's error is logged above", exits.WORKER_BOOT_ERROR)
-            return
-        log.error("Worker %d (pid %d) %s; starting a replacement", record.worker_id,
-                  record.pid, outcome.description)
+    def carry_out(self, actions):
+        """Do what forkserve.process.lifecycle decided."""
+        forking = True
+        for action in actions:
+            if type(action) is Fork:
+                forking = forking and self.spawn_worker() is not None
+            elif type(action) is Kill:
+                self.kill(action.pid, action.signum)
+            elif type(action) is Log:
+                log.log(action.level, "%s", action.message)
+            elif type(action) is Announce:
+                reload.signal_ready(self.role)  # to the supervisor, if this is a generation
+                systemd.notify("READY=1")
+            elif type(action) is Halt:
+                raise HaltServer(action.reason, action.status)
 
     # --- murder: timeouts, drain deadlines, memory limits ---
 
     def murder(self):
+        """Timeouts, drain deadlines, readiness and recycle requests, from the slots."""
         now = self.clock()
         for record in list(self.workers.values()):
             slot = self.scoreboard.read(record.index)
-            if not record.ready and slot.state >= READY:  # RETIRE and STOPPING come later
-                record.ready = True
-                self.boot_failures = 0
-                if record.state == "booting":
-                    record.state = "ready"
-            if slot.state == RETIRE and record.state == "ready":
-                record.state = "retiring"
-            if record.deadline is not None and now > record.deadline:
-                log.warning("Worker %d (pid %d) did not finish within the graceful timeout; "
-                            "killing it", record.worker_id, record.pid)
-                self.kill(record, signal.SIGKILL)
-                record.deadline = None
-            elif (self.cfg.timeout and record.state != "stopping"
-                  and now - slot.beat > self.cfg.timeout):
-                log.error("Worker %d (pid %d) timed out: its event loop was blocked for more "
-                          "than %gs; killing it", record.worker_id, record.pid,
-                          self.cfg.timeout)
-                if hooks.installed("worker_abort"):  # its handler runs the hook, then exits
-                    record.deadline = now + 1.0       # ... or SIGKILL follows
-                self.kill(record, signal.SIGABRT if record.deadline else signal.SIGKILL)
-                record.state = "stopping"  # reaped on the next turn, then replaced
+            self.carry_out(self.lifecycle.observed(
+                record.pid, now, beat=slot.beat, said_ready=slot.state >= READY,
+                asked_retire=slot.state == RETIRE))
         if self.cfg.max_worker_memory and now >= self.next_memory_check:
             self.next_memory_check = now + self.memory_check_interval
             self.check_worker_memory()
@@ -296,36 +290,13 @@ class Master(Driver, MasterReload, WorkerMemory):
     # --- manage: reach the target, retire what was replaced ---
 
     def manage(self):
-        if self.stopping:
-            if self.clock() > self.stop_deadline:
-                self.stop_all(signal.SIGKILL)
-            return
-        if self.handover.retiring == self.generation:
-            return  # our workers drain for the new generation: none is replaced
-        serving = [r for r in self.workers.values() if r.counts_towards_target]
-        missing = self.target - len(serving)
-        while missing > 0 and self.clock() >= self.next_spawn_at:
-            if self.spawn_worker() is None:
-                break
-            missing -= 1
-        if missing < 0:
-            for record in sorted(serving, key=lambda r: r.number, reverse=True)[:-missing]:
-                self.stop_worker(record)
-        ready = sum(1 for r in serving if r.ready)
-        # A retiring worker (--max-requests) was ready and no longer accepts:
-        # it leaves (draining its open connections) once its replacement has
-        # started, even if that one recycles before it is seen ready.
-        retiring = [r for r in self.workers.values() if r.state == "retiring"]
-        if ready + len(retiring) >= self.target and not self.announced:
-            self.announced = True
-            reload.signal_ready(self.role)  # to the supervisor, if this is a generation
-            systemd.notify("READY=1")
-        for record in retiring[:max(0, len(serving) + len(retiring) - self.target)]:
-            self.stop_worker(record)
+        # while our workers drain for a new generation, none is replaced
+        self.carry_out(self.lifecycle.tick(
+            self.clock(), replace=self.handover.retiring != self.generation))
 
     def serving(self):
         """GET /health on --stats: the workers were all up once and no stop is under way."""
-        return self.announced and not self.stopping
+        return self.lifecycle.announced and not self.stopping
 
     def spawn_worker(self):
         index = self.free_slot()
@@ -336,11 +307,12 @@ class Master(Driver, MasterReload, WorkerMemory):
         max_requests = self.cfg.max_requests
         if max_requests and self.cfg.max_requests_jitter:
             max_requests += random.randint(0, self.cfg.max_requests_jitter)
-        number = free_number(self.workers.values())
+        number = self.lifecycle.free_number()
         worker = Worker(index, self.app, self.listeners, self.cfg, self.scoreboard,
                         self.app_name, generation=self.generation, max_requests=max_requests,
-                        close_fds=self.master_fds(), number=number)
-        hooks.pre_fork(worker)
+                        close_fds=self.master_fds(), number=number,
+                        boot_errors=self.boot_errors, hooks=self.hooks)
+        self.hooks.pre_fork(worker)
         # Until the worker has its own handlers, a signal sent to it (a TERM
         # right after the fork) must wait, not run the master's handler in it
         # and be lost: the worker unblocks them in init_process().
@@ -351,7 +323,7 @@ class Master(Driver, MasterReload, WorkerMemory):
                 worker.start()  # never returns
         finally:
             signals.release()
-        self.workers[pid] = WorkerRecord(index, pid, self.generation, number)
+        self.lifecycle.forked(index, pid, self.generation, number)
         return pid
 
     def free_slot(self):
@@ -366,31 +338,19 @@ class Master(Driver, MasterReload, WorkerMemory):
         (a worker holding a ready pipe would hide its generation's death)."""
         fds = [self.queue.wake_r, self.queue.wake_w] + (self.why.filenos() if self.why else [])
         fds += self.generations.waiting_fds()
-        if self.role.ready_fd is not None and not self.announced:  # closed once announced
+        if self.role.ready_fd is not None and not self.lifecycle.announced:  # closed once announced
             fds.append(self.role.ready_fd)
         if self.stats:
             fds.extend(self.stats.all_filenos())
         return fds
 
-    def stop_worker(self, record, signum=signal.SIGTERM):
-        record.state = "stopping"
-        record.expected_exit = True
-        record.deadline = self.clock() + self.cfg.graceful_timeout + 1.0
-        self.kill(record, signum)
-
-    def stop_all(self, signum):
-        for record in list(self.workers.values()):
-            record.expected_exit = True
-            record.state = "stopping"
-            self.kill(record, signum)
-
     def signal_workers(self, signum):
         for record in self.workers.values():
-            self.kill(record, signum)
+            self.kill(record.pid, signum)
 
-    def kill(self, record, signum):
+    def kill(self, pid, signum):
         try:
-            self._kill(record.pid, signum)
+            self._kill(pid, signum)
         except ProcessLookupError:
             pass  # already gone; reap() will collect it
 
@@ -399,3 +359,85 @@ class Master(Driver, MasterReload, WorkerMemory):
             self.reap()
             if self.workers:
                 self._select([self.queue.wake_r], [], [], 0.05)
+
+    # --- a reload: forkserve.process.handover decides, these carry it out ---
+
+    def check_reload(self):
+        self.follow_generations()
+        if self.handover.retiring == self.generation and not self.workers:
+            self.apply(self.handover.gone(self.generation, "drained", self.clock()))
+        if self.titled_serving is not None and self.handover.serving == self.generation:
+            # the new generation died while ours drained: ours serves again
+            self.titled_serving = None
+            procname.set_title(self.cfg, "master", self.app_name)
+
+    def retire(self, number):
+        if number == self.generation:
+            self.hooks.pre_retire(self.generation)
+            # `forkserve memory --pid` reads from the title which generation serves
+            self.titled_serving = self.handover.serving
+            procname.set_title(self.cfg, "master", self.app_name,
+                               f"serving generation {self.handover.serving}")
+            # each with its own SIGKILL deadline: the hand-over's ends if
+            # the new generation dies meanwhile
+            self.carry_out(self.lifecycle.drain(self.clock()))
+        else:
+            self.generations.signal(number, signal.SIGTERM)
+
+    def kill_own_workers(self):
+        # murder() SIGKILLs each retired worker at its own deadline (and
+        # clears it); this catches any still waiting for theirs.
+        self.carry_out(self.lifecycle.kill_draining(self.generation))
+
+    def become_supervisor(self, action):
+        reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
+                               action.number, self.listeners,
+                               self.stats.listener if self.stats else None,
+                               reload_again=action.reload_again, queue=self.queue)
+
+    # --- memory: --max-worker-memory, --memory-log-interval, the stats report ---
+
+    def check_worker_memory(self):
+        if self.lifecycle.recycling():
+            return  # one recycle at a time
+        limit = self.cfg.max_worker_memory * 1024 * 1024
+        for record in self.workers.values():
+            if record.state != "ready":
+                continue
+            reading = reporter.read_process(record.pid)
+            if reading is not None and reading.private > limit:  # anonymous: copies, not files
+                log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
+                            "--max-worker-memory %d MiB; recycling it", record.worker_id,
+                            record.pid, reading.private / 2**20, self.cfg.max_worker_memory)
+                self.lifecycle.retire(record.pid)
+                return
+
+    def process_infos(self):
+        infos = [reporter.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
+                                    requests=None, generation=self.generation)]
+        for record in sorted(self.workers.values(), key=lambda r: (r.number, r.index)):
+            slot = self.scoreboard.read(record.index)
+            # A retiring worker has handed its number to its replacement.
+            leaving = "draining" if record.state in ("retiring", "stopping") else None
+            infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
+                                            worker_id=record.worker_id,
+                                            requests=slot.requests,
+                                            generation=record.generation, state=leaving,
+                                            gc_collections=slot.gc_collections,
+                                            gc_pause=slot.gc_pause_ns / 1e9,
+                                            connections=slot.connections,
+                                            accepted=slot.accepted))
+        return infos
+
+    def report(self):
+        if self.generations.pids:  # first reload: the tree has a generation under us
+            return reporter.collect(reporter.discover(os.getpid()))
+        return reporter.collect(self.process_infos())
+
+    def log_memory(self):
+        interval = self.cfg.memory_log_interval
+        now = self.clock()
+        if not interval or now < self.next_memory_log:
+            return
+        self.next_memory_log = now + interval
+        reporter.log_report(log, self.report())

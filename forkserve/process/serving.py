@@ -8,7 +8,6 @@ worker shares them, and each worker builds its gevent servers with
 import os
 
 from forkserve import logs
-from forkserve.process import hooks
 
 __all__ = ["preload", "make_servers", "gevent_socket"]
 
@@ -26,17 +25,20 @@ def preload():
 
     import forkserve.http.accesslog  # noqa: F401
     import forkserve.http.body  # noqa: F401
-    import forkserve.http.connection  # noqa: F401
+    import forkserve.http.environ  # noqa: F401
     import forkserve.http.handler  # noqa: F401
     import forkserve.http.responder  # noqa: F401
+    import forkserve.http.protocol  # noqa: F401
     import forkserve.http.proxy  # noqa: F401
     import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
+    import forkserve.http.transport  # noqa: F401
     import forkserve.process.balance  # noqa: F401
 
 
-def make_servers(cfg, app, listeners, *, multiprocess, on_request, admission=None):
-    """One gevent WSGI server per listening socket, configured from settings;
+def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admission=None):
+    """One gevent WSGI server per listening socket, configured from settings,
+    serving the application wrapped in `hooks` (pre_request/post_request);
     `admission` (forkserve.process.balance) decides when they accept."""
     from gevent.pool import Pool
 

@@ -18,8 +18,9 @@ import gevent.event
 
 from forkserve.memory import cow, reporter
 from forkserve import exits, logs
-from forkserve.process import autoreload, hooks, procname, reload, signals, systemd
+from forkserve.process import autoreload, procname, reload, signals, systemd
 from forkserve.process.handover import Handover
+from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
 from forkserve.process.generations import Driver, Generations
 from forkserve.process.serving import gevent_socket, make_servers
@@ -32,8 +33,9 @@ log = logging.getLogger("forkserve.error")
 
 class SingleServer(Driver):
     def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *,
-                 stats_listener=None):
+                 stats_listener=None, hooks=None):
         self.cfg = cfg
+        self.hooks = hooks or Hooks()
         self.app = app
         self.listeners = listeners
         self.app_name = app_name
@@ -57,12 +59,12 @@ class SingleServer(Driver):
                            else "single", self.app_name)
         self._install_signal_handlers()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
-                               on_request=self._count_request)
+                               on_request=self._count_request, hooks=self.hooks)
         for server in servers:
             server.start()
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
-        hooks.when_ready(single=self)
+        self.hooks.when_ready(single=self)
         reload.signal_ready(self.role)
         systemd.notify("READY=1")
         self._serve_until_stop_or_handover()
@@ -107,16 +109,13 @@ class SingleServer(Driver):
         while self.stop_mode is None and not self.draining:
             cow.check()
             autoreload.poll()
-            if self.parent is not None and os.getppid() != self.parent:
-                log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
+            if self.supervisor_gone():
                 self._request_stop("graceful")
                 break
             now = _now()
             self._dispatch_hups()
-            for _ in self.generations.newly_ready():
-                self.apply(self.handover.ready(now))
             self._reap_generations()
-            self.apply(self.handover.tick(now))  # a generation that loads too long
+            self.follow_generations()  # the clock: a generation that loads too long
             interval = self.cfg.memory_log_interval
             if interval and now >= next_memory_log:
                 next_memory_log = now + interval
@@ -142,13 +141,12 @@ class SingleServer(Driver):
                 if not reaped:
                     continue
                 description = exits.classify(status).description
-            number = self.generations.exited(pid)
-            self.apply(self.handover.gone(number, f"(pid {pid}) {description}", _now()))
+            self.generation_exited(pid, description)
 
     # --- what the hand-over asks of this process (generations.Driver) ---
 
     def retire(self, number):
-        hooks.pre_retire(self.generation)
+        self.hooks.pre_retire(self.generation)
         self.draining = True  # the loop ends; run() drains, then hands over
 
     def become_supervisor(self, action):

@@ -26,6 +26,7 @@ from forkserve.process import procname, reload, signals, systemd
 from forkserve.config.settings import Config
 from forkserve.process.generations import Driver, Generations, reaped
 from forkserve.process.handover import Handover
+from forkserve.process.hooks import Hooks
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
 from forkserve.process.unpatched import original
 
@@ -41,6 +42,7 @@ class Supervisor(Driver):
     def __init__(self, state, *, fork=None, waitpid=None, kill=os.kill, select=None,
                  clock=time.monotonic):
         self.cfg = Config(app=state["app"], values=state["values"])
+        self.hooks = Hooks()  # a config file's hooks run in the generations, not here
         self.app_name = state["app_name"]
         self.listeners = [socket.socket(fileno=fd) for fd in state["fds"]]
         self.stats = None
@@ -60,7 +62,6 @@ class Supervisor(Driver):
                                  graceful_timeout=self.cfg.graceful_timeout,
                                  max_failures=self.max_failures,
                                  reload_again=state.get("reload_again", False))
-        self.stopping = False
         self.queue = SignalQueue()
         for signum in state.get("signals", ()):
             self.queue.push(signum)  # arrived while the master was handing over
@@ -85,13 +86,12 @@ class Supervisor(Driver):
         for signum in self.queue.pop_all():
             getattr(self, handler_name(signum))()
         self.reap()
-        if self.stopping and not self.generations.pids:
+        if self.handover.stopping and not self.generations.pids:
             return False
-        now = self.clock()
-        for _ in self.generations.newly_ready():
-            self.apply(self.handover.ready(now))
+        serving = self.handover.serving
+        self.follow_generations()
+        if self.handover.serving != serving:
             self.set_title()
-        self.apply(self.handover.tick(now))
         return True
 
     def sleep(self):
@@ -106,11 +106,8 @@ class Supervisor(Driver):
 
     def reap(self):
         for pid, status in reaped(self._waitpid):
-            number = self.generations.exited(pid)
-            if number is None:
-                continue  # a worker of the generation this process used to be
-            description = f"(pid {pid}) {exits.classify(status).description}"
-            self.apply(self.handover.gone(number, description, self.clock()))
+            # not a generation: a worker of the one this process used to be
+            self.generation_exited(pid, exits.classify(status).description)
 
     # --- what the hand-over asks (generations.Driver) ---
 
@@ -133,9 +130,8 @@ class Supervisor(Driver):
     handle_quit = handle_int
 
     def _stop(self, mode, message):
-        if not self.stopping:
+        if not self.handover.stopping:  # the stop state is the hand-over's
             systemd.notify("STOPPING=1")
-        self.stopping = True
         log.info(message)
         self.apply(self.handover.stop(mode, self.clock()))
 
@@ -171,7 +167,7 @@ class Supervisor(Driver):
 
     def serving(self):
         """GET /health on --stats: a generation serves and no stop is under way."""
-        return self.handover.serving is not None and not self.stopping
+        return self.handover.serving is not None and not self.handover.stopping
 
     def report(self):
         handover = self.handover

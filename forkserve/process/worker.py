@@ -22,8 +22,9 @@ import traceback
 
 from forkserve.memory import cow, limit, reporter, procfs, workergc
 from forkserve import exits, logs
-from forkserve.process import hooks, privileges, procname, signals
+from forkserve.process import privileges, procname, signals
 from forkserve.process.balance import Admission
+from forkserve.process.hooks import Hooks
 from forkserve.process.serving import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 from forkserve.process.unpatched import original
@@ -51,9 +52,9 @@ class Worker:
     memory_check_gap = 0.005
 
     def __init__(self, index, app, listeners, cfg, scoreboard, app_name, *, generation=0,
-                 max_requests=0, close_fds=(), number=None):
+                 max_requests=0, close_fds=(), number=None, boot_errors=None, hooks=None):
         self.index = index  # the scoreboard slot
-        #: the place in the pool a replacement inherits (forkserve.process.workers)
+        #: the place in the pool a replacement inherits (forkserve.process.lifecycle)
         self.number = index + 1 if number is None else number
         self.app = app
         self.listeners = listeners
@@ -63,6 +64,8 @@ class Worker:
         self.generation = generation
         self.max_requests = max_requests
         self.close_fds = close_fds
+        self.boot_errors = boot_errors  # where a boot failure's error goes to the master
+        self.hooks = hooks or Hooks()   # the master's, with their server.pid
         #: the master this worker is forked from (created in it); when it is
         #: gone (SIGKILL), the worker stops rather than serve with no master
         self.master_pid = os.getpid()
@@ -91,8 +94,8 @@ class Worker:
             self.init_process()
             # After init_process: the signals the master blocked across the
             # fork are unblocked, so what the hook starts does not inherit them.
-            hooks.post_fork(self)
-            hooks.post_worker_init(self)
+            self.hooks.post_fork(self)
+            self.hooks.post_worker_init(self)
             self.boot_servers()
         except BaseException as exc:
             if _out_of_descriptors(exc):
@@ -100,18 +103,21 @@ class Worker:
                           "the open-files limit is %d): raise it (`ulimit -n`, or LimitNOFILE= "
                           "in a systemd unit) or lower --worker-connections", self.worker_id,
                           os.getpid(), exc, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-                hooks.worker_exit(self)
+                self.hooks.worker_exit(self)
                 cow.exit_process(exits.WORKER_RESOURCE_ERROR)
             log.error("worker %d failed to boot:\n%s", self.worker_id, traceback.format_exc())
-            hooks.worker_exit(self)
+            if self.boot_errors is not None:
+                self.boot_errors.write(self.index, "".join(
+                    traceback.format_exception_only(exc)).strip().splitlines()[-1])
+            self.hooks.worker_exit(self)
             cow.exit_process(exits.WORKER_BOOT_ERROR)
         try:
             self.run()
         except BaseException:
             log.error("worker %d crashed:\n%s", self.worker_id, traceback.format_exc())
-            hooks.worker_exit(self)
+            self.hooks.worker_exit(self)
             cow.exit_process(exits.FAILURE)
-        hooks.worker_exit(self)
+        self.hooks.worker_exit(self)
         cow.exit_process(exits.OK)
 
     def init_process(self):
@@ -168,7 +174,8 @@ class Worker:
         admission = None if self.cfg.no_balance else Admission(
             self.scoreboard, self.index, original("select", "select"), time.monotonic)
         self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
-                                    on_request=self._count_request, admission=admission)
+                                    on_request=self._count_request, hooks=self.hooks,
+                                    admission=admission)
         for server in self.servers:
             server.start()
         # Logged before the master can see READY: a log shows a replacement
@@ -245,7 +252,7 @@ class Worker:
 
     def _request_stop(self, mode):
         if mode == "fast":
-            hooks.worker_int(self)
+            self.hooks.worker_int(self)
         if self.stop_mode != "fast":
             self.stop_mode = mode
         self.wakeup.set()

@@ -33,7 +33,7 @@ def pre_fork(server, worker):
 
 def post_fork(server, worker):
     _record("post_fork", pid=worker.pid, age=worker.age, ppid=worker.ppid,
-            keepalive=server.cfg.keepalive)
+            keepalive=server.cfg.keepalive, server_pid=server.pid)
 
 
 def post_worker_init(worker):
@@ -54,7 +54,7 @@ def worker_int(worker):
 
 
 def worker_exit(server, worker):
-    _record("worker_exit", pid=worker.pid)
+    _record("worker_exit", pid=worker.pid, server_pid=server.pid)
 
 
 def child_exit(server, worker):

@@ -1,6 +1,9 @@
-"""The RFC 9110/9112 corpus (tests/rfc_corpus.py) against a real forkserve:
-every valid request served as the RFCs say, every invalid one refused with
-its status. benchmarks/http_corpus.py runs the same corpus beside Gunicorn."""
+"""The RFC 9110/9112 cases (tests/rfc_corpus.py) end to end, against a real
+forkserve over a socket: every valid request served as the RFCs say, every
+invalid one refused with its status. tests/test_corpus.py runs the same
+cases on the connection object alone; benchmarks/http_corpus.py beside
+Gunicorn. (No "corpus" in the names here: `pytest -k corpus` selects the
+socket-free tests.)"""
 
 import pytest
 
@@ -13,7 +16,7 @@ from rfc_corpus import CASES, CORPUS_LIMITS, exchange, verdict
 def port(tmp_path_factory):
     limits = [arg for name, value in CORPUS_LIMITS.items() for arg in (f"--{name}", str(value))]
     server = ServerProcess(["-w", "0", *limits], app="echo_environ:app", cwd=str(APPS),
-                           log_dir=str(tmp_path_factory.mktemp("corpus")))
+                           log_dir=str(tmp_path_factory.mktemp("rfc")))
     try:
         yield server.wait_listening()
     finally:
@@ -22,6 +25,6 @@ def port(tmp_path_factory):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.section} {c.name}" for c in CASES])
-def test_rfc_corpus_case(port, case):
+def test_rfc_case_against_a_real_server(port, case):
     passed, happened = verdict(case, *exchange(port, case.raw))
     assert passed, f"{case.section} {case.name}: expected {case.expect}, {happened}"

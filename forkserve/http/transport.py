@@ -1,7 +1,6 @@
-"""The socket side of one connection: buffered reads, sends bounded by
-send_timeout, timers that interrupt a wait on the client, and the lingering
-close. forkserve.http.handler.Handler builds the HTTP request/response loop
-on top of it.
+"""The socket side of one connection: reads, sends bounded by send_timeout,
+timers that interrupt a wait on the client, and the lingering close.
+forkserve.http.handler drives a forkserve.http.protocol.Connection with it.
 
 Invariants: a timer only ever interrupts a wait on this connection's socket
 (it is armed just around the wait and stopped right after, with no switch in
@@ -10,43 +9,63 @@ does not let finish within send_timeout, or that fails because the client is
 gone, becomes ClientDisconnected and the connection is closed.
 """
 
+import errno
 import os
 from socket import SHUT_RDWR, SHUT_WR
 
 from gevent import getcurrent, get_hub
 from gevent.socket import wait_write
 
-from forkserve.http.h1 import (_Expired, ClientDisconnected, GONE_ERRNOS, LINGER_BYTES,
-                               LINGER_SECONDS, REASONS)
+from forkserve.http.h1 import ClientDisconnected
 
-__all__ = ["Connection", "Reader", "READ_BUFFER"]
+__all__ = ["Transport", "Reader", "Expired", "READ_BUFFER", "GONE_ERRNOS", "timer"]
 
-#: Bytes read from the socket at a time into the connection's buffer.
+#: Bytes read from the socket at a time.
 READ_BUFFER = 16384
 
+#: After a refusal or an unread body, keep reading (and discarding) for this
+#: long / this much before closing, so the client gets our response, not a
+#: TCP reset triggered by its unread data (the "lingering close" of nginx).
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 1 << 20
 
-class Connection:
-    """One accepted socket, its read buffer (`rfile`) and its timers."""
+# errnos that only mean "the client went away"; anything else is a real error.
+GONE_ERRNOS = frozenset({
+    errno.EPIPE, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT,
+    errno.ENOTCONN, errno.ESHUTDOWN, errno.EBADF,
+})
 
-    def __init__(self, sock, address, server):
+
+class Expired(BaseException):
+    """Thrown into a connection's greenlet by one of its timers."""
+
+
+class Transport:
+    """One accepted socket, its reader, its send timer and its close.
+
+    `linger` asks close() to read (and drop) what the client still sends for
+    a moment first: set it when the client's request was not read to its end.
+    """
+
+    def __init__(self, sock, loop, send_timeout):
         self.socket = sock
-        self.client_address = address
-        self.server = server
+        self.loop = loop
         self._fd = sock.fileno()
-        self.rfile = Reader(self._fd, server.loop)
-        self._linger = False
-        self._throw = getcurrent().throw
-        limits = server.limits
-        self._head_timer = _timer(server.loop, limits.header_timeout)
-        self._idle_timer = _timer(server.loop, limits.keep_alive)
-        self._send_timer = _timer(server.loop, limits.send_timeout)
+        self.reader = Reader(self._fd, loop)
+        self.linger = False
+        self.throw = getcurrent().throw
+        self._send_timer = timer(loop, send_timeout)
 
-    def _buffered(self):
-        """What the client already sent and nobody read yet, without waiting."""
+    def read_now(self):
+        """What the client already sent, without waiting (b"" if nothing)."""
         try:
-            return self.rfile.buffered()
+            return self.reader.buffered(consume=True)
         except OSError:
             return b""
+
+    def sendfile(self, fileno, offset, count):
+        """Send `count` bytes of the file `fileno` from `offset`, under send_timeout."""
+        self.guarded(self._sendfile, fileno, offset, count)
 
     def _sendfile(self, fileno, offset, count):
         out = self.socket.fileno()
@@ -61,7 +80,7 @@ class Connection:
             offset += sent
             count -= sent
 
-    def _send(self, data):
+    def send(self, data):
         """Send all of `data`: one write(2) when the socket takes it all (the
         usual case: no timer, no SO_SNDBUF query as in gevent's sendall);
         the rest, if any, waits for the client under send_timeout."""
@@ -74,17 +93,17 @@ class Connection:
                 raise
             raise ClientDisconnected("client went away during the response") from ex
         if sent < len(data):
-            self._guarded(self.socket.sendall, memoryview(data)[sent:])
+            self.guarded(self.socket.sendall, memoryview(data)[sent:])
 
-    def _guarded(self, send, *args):
+    def guarded(self, send, *args):
         """Run a send under send_timeout; a client that is gone or does not
         read becomes ClientDisconnected."""
         timer = self._send_timer
         try:
             if timer is not None:
-                timer.again(self._throw, _Expired)
+                timer.again(self.throw, Expired)
             send(*args)
-        except _Expired:
+        except Expired:
             raise ClientDisconnected("client did not read the response within send_timeout") \
                 from None
         except OSError as ex:
@@ -94,26 +113,6 @@ class Connection:
         finally:
             if timer is not None:
                 timer.stop()
-
-    def _send_error(self, status):
-        body = REASONS[status].encode()
-        head = (f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: text/plain\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-        try:
-            self._send(head.encode() + body)
-        except ClientDisconnected:
-            pass
-
-    # -- timers, closing, logging
-
-    def _arm(self, timer):
-        if timer is not None:
-            timer.again(self._throw, _Expired)
-
-    @staticmethod
-    def _disarm(timer):
-        if timer is not None:
-            timer.stop()
 
     def abort(self):
         """Shut the connection down; a greenlet blocked on it wakes (a read sees EOF,
@@ -126,23 +125,25 @@ class Connection:
                 if ex.errno not in GONE_ERRNOS:
                     raise
 
-    def _close(self):
+    def close(self):
         sock = self.socket
         if sock is None:
             return
-        if self._linger:
-            timer = _timer(self.server.loop, LINGER_SECONDS)
+        if self._send_timer is not None:
+            self._send_timer.close()
+        if self.linger:
+            linger = timer(self.loop, LINGER_SECONDS)
             try:
-                self._arm(timer)
+                linger.again(self.throw, Expired)
                 try:
                     self._linger_read()
                 finally:
-                    self._disarm(timer)
-            except _Expired:
+                    linger.stop()
+            except Expired:
                 pass
             finally:
-                timer.close()
-        self.rfile.close()
+                linger.close()
+        self.reader.close()
         sock.close()
         self.socket = None
 
@@ -160,20 +161,12 @@ class Connection:
             if ex.errno not in GONE_ERRNOS:
                 raise
 
-    def _peer(self):
-        address = self.client_address
-        return address[0] if isinstance(address, tuple) and address else "unix"
-
 
 class Reader:
-    """The connection's read buffer: read(n), readline(limit) and peek(n) as
-    io.BufferedReader has them, over os.read() on the non-blocking socket.
-
-    One read(2) per refill: when the caller expects nothing to be there yet
-    (`wait_first`: a keep-alive connection waiting for its next request),
-    it waits for readability first instead of trying a read that fails with
-    EAGAIN. Unread bytes stay in `_data` from `_pos` on (no copy per line).
-    """
+    """The connection's reads: recv() for the HTTP connection object, and
+    read(n), readline(limit) and peek(n) as io.BufferedReader has them for
+    the PROXY protocol header (forkserve.http.proxy), over os.read() on the
+    non-blocking socket. Unread bytes stay in `_data` from `_pos` on."""
 
     __slots__ = ("_fd", "_data", "_pos", "_readable", "_wait")
 
@@ -201,32 +194,36 @@ class Reader:
         self._pos = 0
         return True
 
-    def buffered(self):
-        """What is buffered, or what one read gets without waiting (b"" if nothing)."""
+    def buffered(self, consume=False):
+        """What is buffered, or what one read gets without waiting (b"" if
+        nothing); `consume` takes it out of the buffer."""
         if self._pos == len(self._data):
             try:
                 chunk = os.read(self._fd, READ_BUFFER)
             except BlockingIOError:
                 return b""
             self._data, self._pos = chunk, 0
-        return self._data[self._pos:]
+        data = self._data[self._pos:]
+        if consume:
+            self._data, self._pos = b"", 0
+        return data
 
-    def head_lines(self, size_max):
-        """If a whole request head of at most `size_max` bytes is buffered,
-        consume it and return its lines as readline() would have (each with
-        its line end, the blank line last); else None, nothing consumed.
-        With `size_max` no more than any line limit, no line can be over
-        its limit, so the caller parses the lines as it parses readline()'s.
-        """
-        data, pos = self._data, self._pos
-        end = data.find(b"\r\n\r\n", pos, pos + size_max)
-        if end < 0:
-            return None
-        head = data[pos:end + 4]
-        if head.count(b"\r") != head.count(b"\r\n"):
-            return None  # a bare CR: splitlines() would split where readline() does not
-        self._pos = end + 4
-        return head.splitlines(True)
+    def recv(self, wait_first=False):
+        """What is buffered, else one read's bytes, waiting for them (b"" at
+        EOF). `wait_first`: nothing is expected yet, so wait for readability
+        before trying (a keep-alive connection waiting for its next request)."""
+        data = self._data
+        if self._pos < len(data):
+            data = data[self._pos:]
+            self._data, self._pos = b"", 0
+            return data
+        if wait_first:
+            self._wait(self._readable)
+        while True:
+            try:
+                return os.read(self._fd, READ_BUFFER)
+            except BlockingIOError:
+                self._wait(self._readable)
 
     def peek(self, size=1, wait_first=False):
         """At least one byte (b"" at EOF), waiting for it if none is buffered."""
@@ -275,8 +272,8 @@ class Reader:
         self._data, self._pos = b"", 0
 
 
-def _timer(loop, seconds):
-    """A loop timer for _arm(), or None for 0 seconds. Armed with again(),
+def timer(loop, seconds):
+    """A loop timer, or None for 0 seconds. Armed with again(),
     which restarts the full interval: libev's stop() keeps only the time
     *remaining*, so a timer reused with start() would count down across
     requests and expire on a busy keep-alive connection."""

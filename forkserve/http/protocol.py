@@ -1,0 +1,516 @@
+"""One HTTP/1.1 server connection without I/O, in the manner of h11: bytes in,
+events out (a request head, body data, the end of the body); response parts
+in, bytes out. forkserve.http.handler drives it over a gevent socket, the
+stats endpoint over its select() loop, and the unit tests over plain bytes.
+
+The grammar is forkserve.http.h1's (pure functions of one line); this module
+owns what spans lines and requests: the head's rules, the body's framing
+(Content-Length, chunked, trailers), the limits, 100-continue and whether
+the connection is reused.
+
+States. The client's side (`their_state`):
+  IDLE   no byte of the next request yet (a keep-alive wait)
+  HEAD   part of a request head received
+  BODY   the head is parsed, its body is being received
+  DONE   the whole request was received
+  ERROR  the client broke the protocol: next_event raised RequestError; the
+         connection is answered with that status (`refusal`) and closed
+  CLOSED the client closed the connection between requests
+Our side (`our_state`): IDLE (no response started), SEND_BODY (the head went
+out), DONE (the response ended).
+
+Invariants, and why:
+- A request is produced only when its request line and every header field
+  matched the grammar and its framing is unambiguous (h1's invariants); the
+  first violation raises RequestError and puts the connection in ERROR,
+  from which nothing is parsed again: what follows could be a smuggled
+  request.
+- Keep-alive is decided once, in `response_head`, from the request (version,
+  Connection), the application (Connection: close), the framing of both
+  bodies, the server (keep_alive = 0, draining) and what was received: an
+  unread request body keeps the connection only if it arrived whole and is
+  small (DISCARD_BYTES), so skipping it cannot wait. The head says
+  `Connection: close` exactly when the connection will close; only a
+  response cut short (the application's fault) closes it later.
+- Limits are checked as bytes arrive, so a client cannot make the buffer
+  hold more than one line over its limit.
+"""
+
+from forkserve.http.h1 import (BLANK_LINES, CHUNK_LINE_MAX, DISCARD_BYTES, REASONS, RequestError,
+                               body_framing, chunk_size, escape, header_field, request_line,
+                               request_target, trailer_allowed, valid_host)
+from forkserve.http.response import encode_head, plan_head
+
+__all__ = ["Connection", "Request", "Data", "END", "NEED_DATA", "PEER_CLOSED",
+           "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED", "SEND_BODY"]
+
+IDLE, HEAD, BODY, DONE, ERROR, CLOSED = "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED"
+SEND_BODY = "SEND_BODY"
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class _Sentinel:
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+#: next_event(): nothing complete is buffered; receive_data() more
+NEED_DATA = _Sentinel("NEED_DATA")
+#: next_event(): the client closed the connection (between requests: a clean
+#: close; in a head or a body: the request is abandoned)
+PEER_CLOSED = _Sentinel("PEER_CLOSED")
+#: next_event(): the request body ended
+END = _Sentinel("END")
+
+
+class Request:
+    """A request head. `headers` are keyed as the WSGI environ keys them
+    (CONTENT_TYPE, HTTP_USER_AGENT; repeated fields joined with ",", Cookie
+    with "; "; names with "_" dropped, as Gunicorn drops them), because the
+    one consumer of a head is a WSGI environ."""
+
+    __slots__ = ("method", "target", "version", "line", "headers", "chunked", "length",
+                 "expect_continue", "path", "query", "authority")
+
+    def __init__(self, method, target, version, line, headers, chunked, length, expect_continue):
+        self.method = method
+        self.target = target
+        # the target split as RFC 9112 3.2 says (h1.request_target): `authority`
+        # is an absolute-form target's host, which replaces Host
+        self.path, self.query, self.authority = request_target(method, target)
+        self.version = version
+        self.line = line          # the request line as received, without CRLF (the access log's)
+        self.headers = headers
+        self.chunked = chunked
+        self.length = length      # the Content-Length, 0 without a body, None if chunked
+        self.expect_continue = expect_continue
+
+    def __repr__(self):
+        return f"Request({self.line!r}, {self.headers!r})"
+
+
+class Data:
+    """Some bytes of the request body (never empty)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = data
+
+    def __repr__(self):
+        return f"Data({self.data!r})"
+
+
+class Connection:
+    """The server side of one HTTP/1.1 connection; see the module's states.
+
+    receive_data(bytes) adds what the client sent (b"" once it closed);
+    next_event() returns a Request, Data, END, NEED_DATA or PEER_CLOSED, or
+    raises RequestError (status and reason) for a request to refuse.
+    response_head() / response_data() / response_end() turn the
+    application's response into bytes; start_next_cycle() readies the
+    connection for the next request once both sides are DONE.
+    """
+
+    def __init__(self, limits):
+        self.limits = limits
+        self.their_state = IDLE
+        self.our_state = IDLE
+        self.request = None
+        #: False once the connection must close after the current response
+        self.keep_alive = True
+        #: what the application did wrong with its body's framing (for the log)
+        self.response_problem = None
+        self._buf = b""
+        self._pos = 0
+        self._eof = False
+        self._requests = 0
+        self._lines = None        # the head so far: [request, headers, hosts, lengths, fields]
+        self._left = 0            # body bytes left (of the current chunk, if chunked)
+        self._chunk_state = None  # chunked: "size", "data", "crlf", "trailer"
+        self._body_total = 0
+        self._continue = False    # a 100 Continue is owed before the first body read
+        self._no_body = False     # HEAD, 204, 304: the response carries no body
+        self._declared = None     # bytes the response's Content-Length still expects
+        self._chunked = False     # the response body is chunked
+        self.sent = 0             # response body bytes sent (the access log's %(B)s)
+        self.code = None          # the response's status code, once its head is built
+
+    # --- bytes in ---------------------------------------------------------------
+
+    def receive_data(self, data):
+        """Add bytes the client sent; b"" means it closed its side."""
+        if not data:
+            self._eof = True
+            return
+        pos = self._pos
+        self._buf = self._buf[pos:] + data if pos < len(self._buf) else data
+        self._pos = 0
+
+    @property
+    def buffered(self):
+        """Bytes received and not consumed yet."""
+        return len(self._buf) - self._pos
+
+    @property
+    def trailing_data(self):
+        """The bytes received and not consumed yet (as h11 names them)."""
+        return self._buf[self._pos:]
+
+    @property
+    def continue_pending(self):
+        """True while the client waits for 100 Continue before sending the body."""
+        return self._continue
+
+    def send_continue(self):
+        """The 100 Continue to send before the first read of the body."""
+        self._continue = False
+        return _CONTINUE
+
+    def next_event(self, max_bytes=None):
+        """The next event from what was received; Data holds at most `max_bytes`."""
+        state = self.their_state
+        try:
+            if state is IDLE or state is HEAD:
+                return self._next_head()
+            if state is BODY:
+                return self._next_body(max_bytes)
+        except RequestError:
+            self.their_state = ERROR
+            self.keep_alive = False
+            raise
+        if state is DONE:
+            return END
+        if state is ERROR:
+            raise RuntimeError("the connection refused a request: answer refusal() and close")
+        return PEER_CLOSED
+
+    # --- the head
+
+    def _next_head(self):
+        buf, pos = self._buf, self._pos
+        if pos == len(buf):
+            if self._eof:
+                self.their_state = CLOSED
+                return PEER_CLOSED
+            return NEED_DATA
+        self.their_state = HEAD
+        limits = self.limits
+        if self._lines is None:
+            self._lines = [None, {}, 0, [], 0]
+            # the usual case: the whole head is here, no line is near a limit,
+            # and it starts with its request line
+            end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
+            if end >= 0 and buf[pos] != 13:
+                head = buf[pos:end + 2]
+                if head.count(b"\r") == head.count(b"\r\n"):  # else splitlines would split at CR
+                    self._pos = end + 4
+                    lines = head.splitlines(True)
+                    line = lines[0]
+                    self._lines[0] = request_line(line, limits.line_max) + (line[:-2].decode(
+                        "latin-1"),)
+                    del lines[0]
+                    self._fields(lines)
+                    return self._head_done()
+        while True:  # line by line, each checked against its limit as it comes
+            buf, pos = self._buf, self._pos
+            limit = limits.line_max + 2 if self._lines[0] is None else limits.field_size_max
+            found = buf.find(b"\n", pos, pos + limit)
+            if found < 0:
+                if len(buf) - pos < limit:
+                    if self._eof:
+                        self.their_state = CLOSED
+                        return PEER_CLOSED
+                    return NEED_DATA
+                end = pos + limit  # over its limit: the grammar refuses it
+            else:
+                end = found + 1
+            self._pos = end
+            line = buf[pos:end]
+            head = self._lines
+            if head[0] is None:
+                if line == b"\r\n" and head[4] < BLANK_LINES:
+                    head[4] += 1  # an empty line before the request line (RFC 9112 2.2)
+                    continue
+                head[0] = request_line(line, limits.line_max) + (line[:-2].decode("latin-1"),)
+                head[4] = 0
+            elif line == b"\r\n":
+                return self._head_done()
+            else:
+                self._fields((line,))
+
+    def _fields(self, lines):
+        """Add header lines (each with its CRLF) to the head being read."""
+        head = self._lines
+        headers = head[1]
+        count = head[4] + len(lines)
+        if count > self.limits.fields_max:
+            raise RequestError(431, f"more than {self.limits.fields_max} header fields")
+        head[4] = count
+        size_max = self.limits.field_size_max
+        for line in lines:
+            name, value = header_field(line, size_max)
+            if "_" in name:
+                continue  # dropped, as Gunicorn drops it: X_Forwarded_For must not pose as X-
+            key = name.upper().replace("-", "_")
+            if key == "HOST":
+                key = "HTTP_HOST"
+                head[2] += 1
+            elif key == "CONTENT_LENGTH":
+                head[3].append(value)
+                headers[key] = value
+                continue
+            elif key == "CONTENT_TYPE":
+                if key in headers:
+                    raise RequestError(400, "more than one Content-Type header")
+                headers[key] = value
+                continue
+            else:
+                key = "HTTP_" + key
+            if key in headers:
+                headers[key] += ("; " if key == "HTTP_COOKIE" else ",") + value
+            else:
+                headers[key] = value
+
+    def _head_done(self):
+        (method, target, version, text), headers, hosts, lengths, _ = self._lines
+        self._lines = None
+        request = Request(method, target, version, text, headers, False, 0, False)
+        if hosts > 1:
+            raise RequestError(400, "more than one Host header")
+        if hosts and not valid_host(headers["HTTP_HOST"]):
+            raise RequestError(400, f"invalid Host {escape(headers['HTTP_HOST'][:60])}")
+        if not hosts and version == "HTTP/1.1":
+            raise RequestError(400, "HTTP/1.1 request without a Host header")
+        transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
+        if transfer_encoding is None and not lengths:
+            chunked, length = False, 0
+        else:
+            chunked, length = body_framing(version, transfer_encoding, lengths,
+                                           self.limits.limit_request_body)
+        connection = headers.get("HTTP_CONNECTION")
+        if connection is None:
+            keep = version != "HTTP/1.0"
+        else:
+            tokens = {t.strip(" \t").lower() for t in connection.split(",")}
+            keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
+        self.keep_alive = keep and bool(self.limits.keep_alive)
+        self._continue = bool((chunked or length) and version == "HTTP/1.1"
+                              and headers.get("HTTP_EXPECT", "").lower() == "100-continue")
+        self._no_body = method == "HEAD"
+        self._body_total = 0
+        if chunked:
+            self.their_state, self._chunk_state, self._left = BODY, "size", 0
+        elif length:
+            self.their_state, self._left = BODY, length
+        else:
+            self.their_state = DONE
+        request.chunked, request.length = chunked, None if chunked else length
+        request.expect_continue = self._continue
+        self.request = request
+        return request
+
+    # --- the body
+
+    def _next_body(self, max_bytes):
+        if self._chunk_state is None:  # Content-Length
+            available = len(self._buf) - self._pos
+            if not available:
+                return PEER_CLOSED if self._eof else NEED_DATA
+            return self._take(min(available, self._left, max_bytes or self._left))
+        while True:
+            step = self._chunk_state
+            if step == "data":
+                available = len(self._buf) - self._pos
+                if not available:
+                    return PEER_CLOSED if self._eof else NEED_DATA
+                return self._take(min(available, self._left, max_bytes or self._left))
+            line = self._line(2 if step == "crlf" else CHUNK_LINE_MAX + 2 if step == "size"
+                              else self.limits.field_size_max, step)
+            if line is None:
+                return PEER_CLOSED if self._eof else NEED_DATA
+            if step == "crlf":
+                if line != b"\r\n":
+                    raise RequestError(400, "chunk data not followed by CRLF")
+                self._chunk_state = "size"
+            elif step == "size":
+                size = chunk_size(line)
+                if size == 0:
+                    self._chunk_state, self._left = "trailer", 0
+                    continue
+                self._body_total += size
+                body_max = self.limits.limit_request_body
+                if body_max and self._body_total > body_max:
+                    raise RequestError(413, f"chunked body over the {body_max}-byte limit")
+                self._chunk_state, self._left = "data", size
+            elif line == b"\r\n":
+                self.their_state, self._chunk_state = DONE, None
+                return END
+            else:  # a trailer field; _left counts them here
+                self._left += 1
+                if self._left > self.limits.fields_max:
+                    raise RequestError(431, "too many trailer fields")
+                name, _ = header_field(line, self.limits.field_size_max)
+                if not trailer_allowed(name):
+                    raise RequestError(400, f"{escape(name)} is not allowed in a trailer")
+                # any other trailer field is dropped: the environ was built from the head
+
+    def _line(self, limit, step):
+        """The next line, up to `limit` bytes; a longer one as `limit` bytes
+        (the grammar refuses it); None until it is all here."""
+        buf, pos = self._buf, self._pos
+        found = buf.find(b"\n", pos, pos + limit)
+        if found < 0:
+            if len(buf) - pos < limit:
+                return None
+            end = pos + limit
+            if step == "crlf":
+                raise RequestError(400, "chunk data not followed by CRLF")
+        else:
+            end = found + 1
+        self._pos = end
+        return buf[pos:end]
+
+    def _take(self, size):
+        pos = self._pos
+        self._pos = pos + size
+        self._left -= size
+        if not self._left:
+            if self._chunk_state is None:
+                self.their_state = DONE
+            else:
+                self._chunk_state = "crlf"
+        return Data(self._buf[pos:pos + size])
+
+    # --- bytes out --------------------------------------------------------------
+
+    def wants_peek(self, draining):
+        """True if the keep-alive decision depends on bytes that may be readable
+        now: the rest of a small unread body, or (draining) a pipelined request.
+        The driver then feeds what it can read without waiting."""
+        state = self.their_state
+        if state is BODY:
+            return (self._chunk_state is None and self._left <= DISCARD_BYTES
+                    and not self._continue and self.buffered < self._left)
+        return draining and state is DONE and not self.buffered
+
+    def response_head(self, status, headers, body, total, date, draining=False):
+        """The response head for the application's `status` and `headers`,
+        joined with the first body bytes `body`; `total` is the body's whole
+        length if known, `date` the Date value (used if the application gave
+        none). Decides keep-alive (see the module's invariants). Raises
+        ApplicationError for a status or header the application may not send.
+        """
+        request = self.request
+        code, lines, dated, self._declared, self._chunked, close = plan_head(
+            status, headers, total, request.version, self._no_body)
+        no_body = self._no_body = self._no_body or code in (204, 304)
+        if close or not (self.their_state is DONE and self.keep_alive and not draining
+                         or self._reusable(draining)):
+            self.keep_alive = False
+        head = encode_head(lines, not self.keep_alive, request.version, None if dated else date)
+        self.our_state = SEND_BODY
+        self.code = code
+        if no_body or not body:
+            return head
+        if self._declared is None and not self._chunked:  # the usual case: framed by total
+            self.sent += len(body)
+            return head + body
+        return head + self.response_data(body)
+
+    def _reusable(self, draining):
+        if not self.keep_alive:
+            return False
+        if self.their_state is BODY:
+            # the rest of the body must be here and small: skipping it can't wait
+            if self._chunk_state is not None or self._continue or self._left > DISCARD_BYTES \
+                    or self.buffered < self._left:
+                return False
+        elif self.their_state is not DONE:
+            return False
+        return not (draining and self.buffered <= (self._left if self.their_state is BODY else 0))
+
+    def response_data(self, data):
+        """`data` framed as the response head said (chunked, or counted
+        against the application's Content-Length and cut at it)."""
+        if self._no_body:
+            return b""
+        left = self._declared
+        if left is not None:
+            if len(data) > left:
+                self.response_problem = ("application sent more than its Content-Length; "
+                                         "truncated and closing")
+                self.keep_alive = False
+                data = data[:left]
+            self._declared = left - len(data)
+        self.sent += len(data)
+        if self._chunked:
+            return b"%x\r\n%b\r\n" % (len(data), data)
+        return data
+
+    def response_file(self, count):
+        """Account for `count` bytes of a file sent by the driver as they are
+        (sendfile); returns (prefix, count, suffix): the bytes before and after
+        them and how many of the file to send."""
+        if self._no_body:
+            return b"", 0, b""
+        if self._declared is not None:
+            count = min(count, self._declared)
+            self._declared -= count
+        self.sent += count
+        if self._chunked and count:
+            return b"%x\r\n" % count, count, b"\r\n"
+        return b"", count, b""
+
+    def response_end(self):
+        """The bytes that end the response body; the response is DONE."""
+        self.our_state = DONE
+        if self._declared:
+            self.response_problem = (f"application sent {self._declared} bytes fewer than its "
+                                     "Content-Length; closing")
+            self.keep_alive = False
+        return b"0\r\n\r\n" if self._chunked and not self._no_body else b""
+
+    def response_cut(self):
+        """The response ended early (an error after its head went out, or the
+        client left): the connection must close."""
+        self.our_state = DONE
+        self.keep_alive = False
+
+    def refusal(self, status):
+        """A complete plain-text error response that closes the connection."""
+        self.keep_alive = False
+        self.our_state = DONE
+        reason = REASONS[status]
+        return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n"
+                f"Content-Length: {len(reason)}\r\nConnection: close\r\n\r\n{reason}").encode()
+
+    @property
+    def unread_body(self):
+        """True if the request body was not received to its end."""
+        return self.their_state is BODY or self.their_state is ERROR
+
+    def start_next_cycle(self):
+        """After a response with keep_alive: skip what is left of the request
+        body (all buffered, see _reusable) and wait for the next request.
+        Returns False if the connection must close instead."""
+        if not self.keep_alive or self.our_state is not DONE:
+            return False
+        if self.their_state is BODY:
+            self._pos += self._left  # _reusable made sure it is all buffered
+            self._left = 0
+            self.their_state = DONE
+        if self.their_state is not DONE:
+            return False
+        self.their_state = self.our_state = IDLE
+        self.request = None
+        self.response_problem = None
+        self._declared, self._chunked, self.sent, self.code = None, False, 0, None
+        self._requests += 1
+        return True

@@ -1,0 +1,320 @@
+"""The workers' lifecycle as the master sees it: a pure state machine.
+
+Events in (a worker was forked, its scoreboard slot was read, it exited, the
+clock moved, a stop or a recycle was asked for), actions out (fork one,
+signal one, log, halt, announce readiness). No process, no clock, no
+scoreboard here: the master reads those and carries out the actions
+(forkserve.process.master), so every rule below is a unit test without
+fork (tests/test_lifecycle.py).
+
+A worker's states: booting (forked, has not said it serves), ready (serving,
+counted towards the target), retiring (to be replaced: --max-requests,
+--max-worker-memory, HUP under a supervisor; still serving until its
+replacement is up), stopping (sent TERM or QUIT, with a deadline after which
+it gets SIGKILL).
+
+A worker has two numbers. Its scoreboard slot (`index`) is wherever a slot
+was free when it was forked: a replacement starts while the worker it
+replaces still holds its slot. Its `number` (worker_id, shown in logs,
+process titles and Prometheus labels) is its place in the pool, 1 to the
+number of workers: a replacement takes the number of the worker it
+replaces, so a recycle leaves the set of numbers, and the metric series
+keyed by them, as they were.
+
+Invariants:
+- Booting and ready workers count towards the target, so a retiring one is
+  replaced before it is stopped ("replacement first").
+- A worker is ready once its own slot says so, whether the master reads the
+  slot on a turn or only after the worker has exited.
+- Only real boot failures (exit WORKER_BOOT_ERROR: the application or a
+  worker hook raised) count towards halting, `max_boot_failures` in a row.
+  Any exit before ready (a boot failure, a kill, a lack of descriptors)
+  delays the next fork by a backoff that doubles up to `max_backoff`; a
+  worker that has served is replaced at once. A worker ready resets both.
+"""
+
+import logging
+import signal
+
+from forkserve import exits
+
+__all__ = ["Lifecycle", "WorkerRecord", "Fork", "Kill", "Log", "Halt", "Announce"]
+
+
+class Fork:
+    """Fork one worker, then tell the lifecycle `forked()` (or stop forking for this turn)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return type(other) is Fork
+
+    def __repr__(self):
+        return "Fork()"
+
+
+class _Action:
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return type(other) is type(self) and all(
+            getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    def __repr__(self):
+        fields = ", ".join(repr(getattr(self, name)) for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class Kill(_Action):
+    """Send `signum` to worker `pid`."""
+
+    __slots__ = ("pid", "signum")
+
+    def __init__(self, pid, signum):
+        self.pid, self.signum = pid, signum
+
+
+class Log(_Action):
+    __slots__ = ("level", "message")
+
+    def __init__(self, level, message):
+        self.level, self.message = level, message
+
+
+class Halt(_Action):
+    """Stop the server with `status` (HaltServer)."""
+
+    __slots__ = ("reason", "status")
+
+    def __init__(self, reason, status=exits.WORKER_BOOT_ERROR):
+        self.reason, self.status = reason, status
+
+
+class Announce(_Action):
+    """Every worker of the target was ready once: tell systemd and the supervisor."""
+
+    __slots__ = ()
+
+
+class WorkerRecord:
+    """One forked worker, as the master knows it."""
+
+    __slots__ = ("index", "pid", "state", "ready", "deadline", "expected_exit", "generation",
+                 "number")
+
+    def __init__(self, index, pid, generation, number=None):
+        self.index = index
+        self.number = index + 1 if number is None else number
+        self.pid = pid
+        self.state = "booting"     # booting, ready, retiring, stopping
+        self.ready = False
+        self.deadline = None       # when a stopping worker gets SIGKILL
+        self.expected_exit = False
+        self.generation = generation
+
+    @property
+    def worker_id(self):
+        return self.number
+
+    @property
+    def counts_towards_target(self):
+        return self.state in ("booting", "ready")
+
+    def __str__(self):
+        return f"Worker {self.worker_id} (pid {self.pid})"
+
+
+class Lifecycle:
+    #: consecutive boot failures (workers exiting WORKER_BOOT_ERROR: the
+    #: application or a worker hook raised) after which the master gives up
+    max_boot_failures = 5
+    #: first delay before replacing a worker that ended before it was ready
+    #: (a boot failure, a kill, a lack of file descriptors); doubles each time
+    boot_backoff = 0.1
+    #: the longest such delay: workers killed as they start (the OOM killer)
+    #: are retried this often for as long as it lasts, never given up on
+    max_backoff = 2.0
+
+    def __init__(self, target, *, timeout, graceful_timeout, abort_first=False):
+        self.target = target
+        self.timeout = timeout                    # --timeout; 0: never
+        self.graceful_timeout = graceful_timeout
+        #: a worker_abort hook is installed: a stuck worker gets SIGABRT (its
+        #: handler runs the hook, then exits) and SIGKILL a second later
+        self.abort_first = abort_first
+        self.workers = {}          # pid -> WorkerRecord
+        self.boot_failures = 0     # WORKER_BOOT_ERROR exits in a row
+        self.early_exits = 0       # exits before ready in a row, whatever the cause
+        self.next_spawn_at = 0.0
+        self.stopping = None       # None, "graceful" or "fast"
+        self.stop_deadline = None
+        self.announced = False
+
+    # --- events ---
+
+    def forked(self, index, pid, generation, number=None):
+        self.workers[pid] = WorkerRecord(index, pid, generation, number)
+
+    def free_number(self):
+        """The lowest worker number no booting or ready worker holds: a retiring
+        worker's number goes to its replacement."""
+        taken = {r.number for r in self.workers.values() if r.counts_towards_target}
+        number = 1
+        while number in taken:
+            number += 1
+        return number
+
+    def observed(self, pid, now, *, beat, said_ready=False, asked_retire=False):
+        """Worker `pid`'s scoreboard slot, read on a turn: when it last beat,
+        whether it said it serves, whether it asked to be recycled."""
+        record = self.workers[pid]
+        if said_ready:
+            self._ready(record)
+        if asked_retire and record.state == "ready":
+            record.state = "retiring"  # --max-requests: it asked
+        if record.deadline is not None and now > record.deadline:
+            record.deadline = None
+            return [Log(logging.WARNING, f"{record} did not finish within the graceful "
+                                         "timeout; killing it"), Kill(pid, signal.SIGKILL)]
+        if self.timeout and record.state != "stopping" and now - beat > self.timeout:
+            record.state = "stopping"  # reaped on a later turn, then replaced
+            out = [Log(logging.ERROR, f"{record} timed out: its event loop was blocked for "
+                                      f"more than {self.timeout:g}s; killing it")]
+            if self.abort_first:
+                record.deadline = now + 1.0
+                return out + [Kill(pid, signal.SIGABRT)]
+            return out + [Kill(pid, signal.SIGKILL)]
+        return []
+
+    def exited(self, pid, outcome, now, *, said_ready=False, error=""):
+        """Worker `pid` was reaped: `outcome` is its exits.Exit, `said_ready`
+        whether its slot said it served, `error` what it left if it failed to
+        boot. None if `pid` is not a worker (the application's child)."""
+        record = self.workers.pop(pid, None)
+        if record is None:
+            return None
+        if said_ready:
+            self._ready(record)
+        if record.expected_exit or self.stopping:
+            return [Log(logging.INFO, f"{record} {outcome.description}")]
+        if record.ready:
+            return [Log(logging.ERROR, f"{record} {outcome.description}; "
+                                       "starting a replacement")]
+        self.early_exits += 1
+        delay = min(self.max_backoff, self.boot_backoff * 2 ** (self.early_exits - 1))
+        self.next_spawn_at = now + delay
+        if outcome.kind != "boot_error":
+            return [Log(logging.ERROR, f"{record} {outcome.description} before it was ready; "
+                                       f"starting a replacement in {delay:g}s")]
+        self.boot_failures += 1
+        out = [Log(logging.ERROR, f"{record} failed to boot ({self.boot_failures} in a row)"
+                                  + (f": {error}" if error else ""))]
+        if self.boot_failures >= self.max_boot_failures:
+            reason = (f"the last one's error: {error}" if error
+                      else "the worker's error is logged above")
+            out.append(Halt(f"workers failed to boot {self.boot_failures} times in a row; "
+                            f"{reason}"))
+        return out
+
+    def tick(self, now, *, replace=True):
+        """Reach the target, retire what was replaced, enforce the stop
+        deadline. Not `replace`: the workers drain for a new generation."""
+        if self.stopping:
+            if now > self.stop_deadline:
+                return [Kill(record.pid, signal.SIGKILL) for record in self.workers.values()]
+            return []
+        if not replace:
+            return []
+        out = []
+        serving = [r for r in self.workers.values() if r.counts_towards_target]
+        missing = self.target - len(serving)
+        if missing > 0 and now >= self.next_spawn_at:
+            out += [Fork()] * missing
+        if missing < 0:
+            for record in sorted(serving, key=lambda r: r.number, reverse=True)[:-missing]:
+                out += self._stop(record, now)
+        ready = sum(1 for r in serving if r.ready)
+        # A retiring worker (--max-requests) was ready and no longer accepts:
+        # it leaves (draining its open connections) once its replacement has
+        # started, even if that one recycles before it is seen ready.
+        retiring = [r for r in self.workers.values() if r.state == "retiring"]
+        if ready + len(retiring) >= self.target and not self.announced:
+            self.announced = True
+            out.append(Announce())
+        for record in retiring[:max(0, len(serving) + len(retiring) - self.target)]:
+            out += self._stop(record, now)
+        return out
+
+    def stop(self, mode, now):
+        """TERM ("graceful", within the graceful timeout) or QUIT ("fast",
+        within a second) to every worker; None if a stop as strong is under way."""
+        if self.stopping == "fast" or (self.stopping and mode == "graceful"):
+            return None
+        self.stopping = mode
+        if mode == "graceful":
+            self.stop_deadline = now + self.graceful_timeout
+            return self.signal_all(signal.SIGTERM)
+        self.stop_deadline = now + 1.0
+        return self.signal_all(signal.SIGQUIT)
+
+    def halt(self):
+        """The server halts: SIGKILL to every worker, whose exits are expected."""
+        self.stopping = self.stopping or "fast"
+        return self.signal_all(signal.SIGKILL)
+
+    def retire(self, pid):
+        """Replace worker `pid` (--max-worker-memory), then stop it."""
+        self.workers[pid].state = "retiring"
+
+    def retire_all(self):
+        """HUP under a supervisor: replace every worker, one for one."""
+        for record in self.workers.values():
+            if record.state in ("booting", "ready"):
+                record.state = "retiring"
+
+    def recycling(self):
+        """Some worker is being replaced or stopped (recycle one at a time)."""
+        return any(r.state in ("retiring", "stopping") for r in self.workers.values())
+
+    def drain(self, now):
+        """A new generation serves: every worker drains, each with its own
+        SIGKILL deadline (tick() with replace=False replaces none)."""
+        out = []
+        for record in list(self.workers.values()):
+            out += self._stop(record, now)
+        return out
+
+    def kill_draining(self, generation):
+        """SIGKILL to the workers still draining (the hand-over's time is up)."""
+        out = []
+        for record in self.workers.values():
+            if record.deadline is not None:
+                record.deadline = None
+                out += [Log(logging.WARNING, f"Sending SIGKILL to worker {record.worker_id} "
+                                             f"(pid {record.pid}) of generation {generation}"),
+                        Kill(record.pid, signal.SIGKILL)]
+        return out
+
+    def signal_all(self, signum):
+        out = []
+        for record in self.workers.values():
+            record.expected_exit = True
+            record.state = "stopping"
+            out.append(Kill(record.pid, signum))
+        return out
+
+    # --- inside ---
+
+    def _ready(self, record):
+        if record.ready:
+            return
+        record.ready = True
+        self.boot_failures = self.early_exits = 0
+        if record.state == "booting":
+            record.state = "ready"
+
+    def _stop(self, record, now):
+        record.state = "stopping"
+        record.expected_exit = True
+        record.deadline = now + self.graceful_timeout + 1.0
+        return [Kill(record.pid, signal.SIGTERM)]

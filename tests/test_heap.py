@@ -1,0 +1,83 @@
+"""forkserve.memory.heap.share_heap(), in a child interpreter (it marks the whole heap)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from test_share_heap_e2e import IMMORTAL, needs_immortal
+
+CHILD = textwrap.dedent("""
+    import gc, json, sys, weakref
+    from forkserve.memory import heap
+    from forkserve.memory._immortal import is_immortal
+
+    RATE = 0.25                      # a float held by a module
+    NAMES = ("alpha", "beta")        # an untracked tuple of str
+    class Record:                    # a heap type, and an instance with a __dict__
+        def total(self):
+            return self.n * RATE
+    record = Record()
+    record.n = 10 ** 30              # a big int (not a cached small int)
+    frame = sys._getframe()          # a frame object
+    runtime = sys.intern("".join(["forkserve", " heap ", "test"]))  # interned at run time
+
+    report = heap.share_heap()
+    later = Record()
+    gone = weakref.ref(later)
+    del later
+    marked = {name: is_immortal(value) for name, value in [
+        ("function", Record.total), ("code", Record.total.__code__),
+        ("code constant", Record.total.__code__.co_name), ("type", Record),
+        ("module", sys.modules[__name__]), ("float", RATE), ("tuple", NAMES),
+        ("tuple item", NAMES[0]), ("instance", record),
+        ("big int", record.n), ("json module function", json.dumps)]}
+    before = sys.getrefcount(record)
+    copies = [record] * 100
+    print(json.dumps({"objects": report.objects, "mb": report.bytes / 1e6, "marked": marked,
+                      "frame": is_immortal(frame), "runtime interned": is_immortal(runtime),
+                      "later freed": gone() is None, "frozen": gc.get_freeze_count() > 0,
+                      "refcount moved": sys.getrefcount(record) != before}))
+""")
+
+
+def _child(env=None):
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, **(env or {})})
+    return out
+
+
+@needs_immortal
+def test_share_heap_marks_code_functions_types_modules_and_the_leaves_they_hold():
+    out = _child()
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["objects"] > 10_000 and answer["mb"] > 1, answer
+    assert answer["marked"] == {name: True for name in answer["marked"]}
+    assert answer["frozen"] and not answer["refcount moved"]
+    assert answer["later freed"]  # objects made afterwards are ordinary
+    assert answer["frame"] is False
+    if sys.version_info >= (3, 13):  # 3.12 makes every interned str immortal itself
+        assert answer["runtime interned"] is False
+
+
+@needs_immortal
+def test_share_heap_is_refused_without_the_c_extension():
+    from forkserve.memory import heap
+    out = subprocess.run([sys.executable, "-c", "from forkserve.memory import heap; "
+                          "print(heap.refusal())"], capture_output=True, text=True,
+                         env={**os.environ, "FORKSERVE_NO_C": "1"}, timeout=60)
+    assert "the C extension forkserve.memory._immortal is not built" in out.stdout
+    assert heap.refusal() is None
+
+
+@pytest.mark.skipif(IMMORTAL, reason="for Pythons without immortal objects")
+def test_share_heap_refuses_without_immortal_objects():
+    from forkserve.memory import heap
+    reason = heap.refusal()
+    assert "Python 3.12+" in reason and "forkserve.store.Store" in reason
+    with pytest.raises(RuntimeError, match="needs immortal objects"):
+        heap.share_heap()

@@ -1,0 +1,194 @@
+"""The workers' lifecycle (forkserve.process.lifecycle): pure decisions, no process.
+
+Every test runs with os.fork forbidden: the state machine must decide
+without forking, signalling or reading a clock of its own.
+"""
+
+import logging
+import os
+import signal
+
+import pytest
+
+from forkserve import exits
+from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle
+
+KILLED = exits.classify(signal.SIGKILL)                       # a raw status: killed by a signal
+BOOT_ERROR = exits.classify(exits.WORKER_BOOT_ERROR << 8)
+OUT_OF_FDS = exits.classify(exits.WORKER_RESOURCE_ERROR << 8)
+CRASHED = exits.classify(exits.FAILURE << 8)
+
+
+@pytest.fixture(autouse=True)
+def no_fork(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the lifecycle must not fork")
+    monkeypatch.setattr(os, "fork", forbidden)
+    monkeypatch.setattr(os, "kill", forbidden)
+
+
+def machine(target=2, **kwargs):
+    kwargs.setdefault("timeout", 30.0)
+    kwargs.setdefault("graceful_timeout", 10.0)
+    return Lifecycle(target, **kwargs)
+
+
+def start(lifecycle, now=0.0, first_pid=100):
+    """Carry out the Forks of one tick: pids first_pid, first_pid + 1, ..."""
+    forks = [a for a in lifecycle.tick(now) if a == Fork()]
+    used = {r.index for r in lifecycle.workers.values()}
+    pids = []
+    for n in range(len(forks)):
+        index = min(set(range(64)) - used)
+        used.add(index)
+        lifecycle.forked(index, first_pid + n, generation=1)
+        pids.append(first_pid + n)
+    return pids
+
+
+def ready(lifecycle, now=0.0):
+    for pid in list(lifecycle.workers):
+        lifecycle.observed(pid, now, beat=now, said_ready=True)
+
+
+def kinds(actions):
+    return [type(a).__name__ for a in actions]
+
+
+def test_lifecycle_forks_up_to_the_target_and_announces_once_all_are_ready():
+    lifecycle = machine(target=3)
+    assert lifecycle.tick(0.0) == [Fork(), Fork(), Fork()]
+    for n in range(3):
+        lifecycle.forked(n, 100 + n, generation=1)
+    assert lifecycle.tick(0.1) == []  # booting ones count towards the target
+    ready(lifecycle)
+    assert lifecycle.tick(0.2) == [Announce()]
+    assert lifecycle.tick(0.3) == []  # once
+
+
+def test_lifecycle_worker_killed_before_ready_is_replaced_after_a_doubling_backoff_forever():
+    lifecycle = machine(target=1)
+    pid = start(lifecycle)[0]
+    now, delays = 0.0, []
+    for attempt in range(12):  # far more than max_boot_failures
+        actions = lifecycle.exited(pid, KILLED if attempt % 2 else OUT_OF_FDS, now)
+        assert kinds(actions) == ["Log"] and actions[0].level == logging.ERROR
+        delays.append(lifecycle.next_spawn_at - now)
+        assert lifecycle.tick(now) == []                       # not before the backoff
+        now = lifecycle.next_spawn_at
+        pid = start(lifecycle, now, first_pid=200 + attempt)[0]  # then one fork
+    assert delays[:4] == pytest.approx([0.1, 0.2, 0.4, 0.8])
+    assert max(delays) == pytest.approx(Lifecycle.max_backoff) == pytest.approx(delays[-1])
+    assert "was killed by SIGKILL before it was ready" in str(
+        lifecycle.exited(pid, KILLED, now)[0].message)
+
+
+def test_lifecycle_halts_after_five_boot_failures_in_a_row_quoting_the_last_error():
+    lifecycle = machine(target=1)
+    now = 0.0
+    for attempt in range(Lifecycle.max_boot_failures):
+        pid = start(lifecycle, now, first_pid=100 + attempt)[0]
+        actions = lifecycle.exited(pid, BOOT_ERROR, now, error=f"KeyError: 'DB_URL' ({attempt})")
+        now = lifecycle.next_spawn_at
+    assert actions[-1] == Halt("workers failed to boot 5 times in a row; the last one's "
+                               "error: KeyError: 'DB_URL' (4)")
+    assert Halt not in [type(a) for a in actions[:-1]]
+
+
+def test_lifecycle_a_worker_ready_resets_the_boot_failures_and_the_backoff():
+    lifecycle = machine(target=1)
+    now = 0.0
+    for attempt in range(Lifecycle.max_boot_failures - 1):
+        pid = start(lifecycle, now, first_pid=100 + attempt)[0]
+        lifecycle.exited(pid, BOOT_ERROR, now)
+        now = lifecycle.next_spawn_at
+    pid = start(lifecycle, now, first_pid=300)[0]
+    lifecycle.observed(pid, now, beat=now, said_ready=True)
+    assert (lifecycle.boot_failures, lifecycle.early_exits) == (0, 0)
+    actions = lifecycle.exited(pid, BOOT_ERROR, now, said_ready=True)
+    assert kinds(actions) == ["Log"]  # it had served: replaced at once, no backoff
+    assert lifecycle.tick(now) == [Fork()]
+
+
+def test_lifecycle_counts_a_worker_ready_from_its_slot_read_after_it_exited():
+    lifecycle = machine(target=1)
+    pid = start(lifecycle)[0]
+    # it said it serves, then crashed before any turn of the loop read its slot
+    actions = lifecycle.exited(pid, CRASHED, 0.0, said_ready=True)
+    assert "starting a replacement" in actions[0].message and lifecycle.early_exits == 0
+    assert lifecycle.tick(0.0) == [Fork()]
+
+
+def test_lifecycle_replaces_a_worker_that_asked_to_retire_before_stopping_it():
+    lifecycle = machine(target=1)
+    old = start(lifecycle)[0]
+    ready(lifecycle)
+    lifecycle.tick(0.0)
+    lifecycle.observed(old, 1.0, beat=1.0, said_ready=True, asked_retire=True)
+    assert lifecycle.tick(1.0) == [Fork()]  # the replacement first, the old one still serves
+    lifecycle.forked(1, 101, generation=1)
+    assert lifecycle.tick(1.1) == [Kill(old, signal.SIGTERM)]  # then it drains
+    assert lifecycle.workers[old].deadline == pytest.approx(1.1 + 10.0 + 1.0)
+
+
+def test_lifecycle_kills_a_worker_whose_beat_is_older_than_the_timeout():
+    lifecycle = machine(target=1, timeout=5.0)
+    pid = start(lifecycle)[0]
+    ready(lifecycle)
+    assert lifecycle.observed(pid, 4.0, beat=0.0) == []
+    actions = lifecycle.observed(pid, 6.0, beat=0.0)
+    assert kinds(actions) == ["Log", "Kill"] and actions[-1] == Kill(pid, signal.SIGKILL)
+    assert lifecycle.tick(6.0) == [Fork()]  # a stopping worker no longer counts
+
+
+def test_lifecycle_sends_abort_first_when_a_worker_abort_hook_is_installed():
+    lifecycle = machine(target=1, timeout=5.0, abort_first=True)
+    pid = start(lifecycle)[0]
+    assert lifecycle.observed(pid, 6.0, beat=0.0)[-1] == Kill(pid, signal.SIGABRT)
+    assert lifecycle.observed(pid, 7.5, beat=0.0)[-1] == Kill(pid, signal.SIGKILL)
+
+
+def test_lifecycle_graceful_stop_then_sigkill_after_the_deadline_and_exits_are_expected():
+    lifecycle = machine(target=2)
+    pids = start(lifecycle)
+    assert lifecycle.stop("graceful", 0.0) == [Kill(p, signal.SIGTERM) for p in pids]
+    assert lifecycle.stop("graceful", 1.0) is None  # already under way
+    assert lifecycle.tick(5.0) == []
+    assert lifecycle.tick(10.5) == [Kill(p, signal.SIGKILL) for p in pids]
+    actions = lifecycle.exited(pids[0], KILLED, 10.6)
+    assert kinds(actions) == ["Log"] and actions[0].level == logging.INFO
+    assert lifecycle.stop("fast", 11.0) == [Kill(pids[1], signal.SIGQUIT)]  # fast wins
+
+
+def test_lifecycle_more_workers_than_the_target_stops_the_highest_slots():
+    lifecycle = machine(target=3)
+    pids = start(lifecycle)
+    ready(lifecycle)
+    assert lifecycle.tick(0.5) == [Announce()]
+    lifecycle.target = 1  # TTOU twice
+    assert sorted(lifecycle.tick(1.0), key=lambda a: a.pid) == [
+        Kill(pids[1], signal.SIGTERM), Kill(pids[2], signal.SIGTERM)]
+
+
+def test_lifecycle_draining_for_a_new_generation_replaces_none():
+    lifecycle = machine(target=2)
+    pids = start(lifecycle)
+    ready(lifecycle)
+    assert lifecycle.drain(1.0) == [Kill(p, signal.SIGTERM) for p in pids]
+    lifecycle.exited(pids[0], KILLED, 1.5)
+    assert lifecycle.tick(2.0, replace=False) == []
+    assert kinds(lifecycle.kill_draining(generation=1)) == ["Log", "Kill"]
+    assert lifecycle.kill_draining(generation=1) == []  # each one once
+
+
+def test_lifecycle_recycles_one_worker_at_a_time():
+    lifecycle = machine(target=2)
+    pids = start(lifecycle)
+    ready(lifecycle)
+    assert not lifecycle.recycling()
+    lifecycle.retire(pids[0])  # --max-worker-memory
+    assert lifecycle.recycling()
+
+
+def test_lifecycle_ignores_the_exit_of_a_process_that_is_not_a_worker():
+    assert machine().exited(4242, KILLED, 0.0) is None
