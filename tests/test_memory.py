@@ -1324,6 +1324,12 @@ def test_why_walk_in_c_reports_progress_as_it_goes(monkeypatch):
     assert reported == sorted(reported) and 0 < reported[-1] <= walked
 
 
+def test_why_walks_in_python_when_forkserve_no_c_is_set(monkeypatch):
+    _c_walk_or_skip()
+    monkeypatch.setenv("FORKSERVE_NO_C", "1")
+    assert why._c_walk() is None
+
+
 def test_why_walk_in_c_refuses_a_page_shift_that_is_no_page_size():
     _c_walk_or_skip()
     from forkserve.memory import _whywalk
