@@ -30,6 +30,7 @@ import http.client
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -131,8 +132,8 @@ def fetch_pages(port, pages, requests, headers, clients=8):
 # -- the servers --------------------------------------------------------------------
 
 
-def commands(python, setup):
-    fs = [python, "-m", "forkserve", "-b", "127.0.0.1:0"]
+def commands(python, setup, extra=()):
+    fs = [python, "-m", "forkserve", "-b", "127.0.0.1:0", *extra]
     app = setup["app"]
     yield "gunicorn", None
     yield "forkserve", fs + ["-w", str(WORKERS), app]
@@ -273,6 +274,8 @@ def main(argv=None):
                    help="requests to the Flask and Django apps (20,000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--why", action="store_true", help="run forkserve memory --why after")
+    p.add_argument("--servers", default="", help="only these, comma-separated (default: all)")
+    p.add_argument("--forkserve-args", default="", help="more flags for every forkserve")
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"))
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "forkserve-share-heap"))
     args = p.parse_args(argv)
@@ -290,7 +293,9 @@ def main(argv=None):
     for app in args.apps.split(","):
         setup = APPS[app](args)
         rows = []
-        for name, argv in commands(args.python, setup):
+        for name, argv in commands(args.python, setup, shlex.split(args.forkserve_args)):
+            if args.servers and name not in args.servers.split(","):
+                continue
             started, times = time.monotonic(), cpu_times()
             rows.append(measure(name, argv, args.python, setup, args))
             print(f"  {app} / {name}: {time.monotonic() - started:.0f} s, {conditions(times)}",
