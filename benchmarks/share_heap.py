@@ -107,15 +107,11 @@ def fetch_pages(port, pages, requests, headers, clients=8):
         ok = other = 0
         try:
             for index in range(number, requests, clients):
-                connection.request("GET", pages[index % len(pages)], headers=headers)
-                response = connection.getresponse()
-                response.read()
-                if response.status == 200:
+                status = _get(connection, pages[index % len(pages)], headers)
+                if status == 200:
                     ok += 1
                 else:
                     other += 1
-                if response.getheader("Connection", "").lower() == "close":
-                    connection.close()
         finally:
             connection.close()
             with lock:
@@ -127,6 +123,25 @@ def fetch_pages(port, pages, requests, headers, clients=8):
     for thread in threads:
         thread.join()
     return counts["ok"], counts["other"]
+
+
+def _get(connection, path, headers):
+    """GET path on a keep-alive connection: the status. A server may close an
+    idle keep-alive connection (Gunicorn after --keep-alive, 2 s): then the
+    request is sent again once, on a new connection, as browsers do."""
+    for attempt in (1, 2):
+        try:
+            connection.request("GET", path, headers=headers)
+            response = connection.getresponse()
+            response.read()
+        except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+            connection.close()  # the next request() connects again
+            if attempt == 2:
+                raise
+            continue
+        if response.getheader("Connection", "").lower() == "close":
+            connection.close()
+        return response.status
 
 
 # -- the servers --------------------------------------------------------------------
