@@ -168,7 +168,8 @@ def gunicorn_argv(python, fd, app):
 
 
 def measure(name, argv, python, setup, args):
-    log_path = os.path.join(args.out, f"{name.replace(' ', '-')}.log")
+    app_name = setup["app"].split(":")[0].split(".")[0]
+    log_path = os.path.join(args.out, f"{app_name}-{name.replace(' ', '-')}.log")
     open(log_path, "wb").close()
     listener = fd = port = None
     if argv is None:
