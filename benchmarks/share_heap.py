@@ -14,7 +14,7 @@ For one Python, each app is served in turn, 4 workers, by:
 - one process: forkserve -w 0 (PersonDB only: the "x one process" base).
 
 Each server gets the same requests after it is ready: random PersonDB
-lookups with wrk (benchmarks/load.py), or for the Flask and Django test apps
+lookups with wrk (benchmarks/harness/wrk.py), or for the Flask and Django test apps
 (tests/apps/) a fixed mix of their pages from 8 keep-alive Python clients
 (Django's admin pages with a logged-in session). Then every process of the
 server is read from /proc: total PSS, and each worker's private memory
@@ -41,10 +41,11 @@ import time
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load  # noqa: E402
-from benchmarks.procs import Group, sample_group  # noqa: E402
-from benchmarks.run import http_status, log_tail, prepare_dataset  # noqa: E402
-from benchmarks.servers import HERE, REPO, bind_listener  # noqa: E402
+from benchmarks.harness import wrk as load  # noqa: E402
+from benchmarks.harness.datasets import prepare_dataset  # noqa: E402
+from benchmarks.harness.procs import Group, sample_group  # noqa: E402
+from benchmarks.harness.servers import HERE, REPO, bind_listener  # noqa: E402
+from benchmarks.harness.start import http_status, log_tail  # noqa: E402
 
 APPS_DIR = os.path.join(REPO, "tests", "apps")
 sys.path.insert(0, APPS_DIR)  # the Flask and Django test apps' client modules
