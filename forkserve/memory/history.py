@@ -19,7 +19,7 @@ Invariants, and why:
 - A process is a series by what survives churn, as in Prometheus
   (render.series_labels): "master", "worker 1", "worker 2 g3" under a
   supervisor. A recycled worker's replacement continues its number's
-  series (forkserve.process.workers); a generation is one series whether
+  series (forkserve.process.lifecycle); a generation is one series whether
   starting, serving or draining. Each series point is
   (private, shared): private is the process's own anonymous memory (copies
   and allocations, model's "private") and shared the rest of its PSS (its

@@ -187,7 +187,7 @@ def to_prometheus(report, prefix="forkserve"):
     """The report in Prometheus text exposition format 0.0.4.
 
     Per-process series are keyed by what survives churn: role, worker
-    number and generation (forkserve.process.workers: a recycled worker's
+    number and generation (forkserve.process.lifecycle: a recycled worker's
     replacement takes its number), so recycles do not start new series; a
     new generation (a reload) does. The pid and state are only in
     ``<prefix>_process_info``. Unknown values (requests, the ratio without
