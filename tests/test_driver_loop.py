@@ -13,6 +13,7 @@ import gevent
 import gevent.event
 import pytest
 
+from forkserve import exits
 from forkserve.config.settings import parse
 from forkserve.process.driver import Driver
 from forkserve.process.handover import Handover, Stop
@@ -50,6 +51,9 @@ class Recorder(Driver):
         self.generations = FakeGenerations()
         self.children = list(children)   # pids the next reap() collects, one per turn
         self.clock = lambda: 0.0
+
+    def begin(self):
+        self.steps.append("begin")
 
     def handle_term(self):
         self.steps.append("handle_term")
@@ -89,6 +93,24 @@ def test_driver_loop_ends_only_once_the_last_child_is_reaped():
     # stopping from the first turn: two reaps, one wait between them, no decision after
     assert driver.steps.count("reap") == 2 and driver.steps.count("wait") == 1
     assert driver.steps[-2:] == ["reap", "finished?"]
+
+
+def test_driver_loop_serves_until_finished_and_returns_ok():
+    driver = Recorder(signal.SIGTERM)
+    assert driver.serve() == exits.OK
+    assert driver.steps[:2] == ["begin", "handle_term"]
+
+
+def test_driver_loop_halt_stops_every_generation_fast_and_returns_the_halts_status():
+    driver = Recorder()
+    driver.generations.pids.update({2: 9002, 3: 9003})
+
+    def decide():
+        raise exits.HaltServer("no generation could start", exits.WORKER_BOOT_ERROR)
+
+    driver.decide = decide
+    assert driver.serve() == exits.WORKER_BOOT_ERROR
+    assert driver.generations.signalled == [(2, signal.SIGQUIT), (3, signal.SIGQUIT)]
 
 
 def test_driver_loop_runs_until_a_stop_is_asked():

@@ -49,6 +49,8 @@ class Driver:
     `pop_all()` gives the signals received since the last turn), and
     provides the steps of a turn:
 
+    - `begin()`: what comes before the first turn (a HaltServer it raises
+      halts, as one from a turn does);
     - `reap()`: collect the children that exited;
     - `decide()`: everything else a turn does (the clock, the workers);
     - `finished()`: True once stopped with nothing left to wait for;
@@ -65,6 +67,25 @@ class Driver:
     parent = None
 
     # --- the loop ---
+
+    def serve(self) -> int:
+        """begin(), then turn until finished: exits.OK; or, halted (a
+        HaltServer: no generation or no worker could start, a hook raised),
+        halt() and the HaltServer's status."""
+        try:
+            self.begin()
+            self.loop()
+        except exits.HaltServer as halt:
+            log.error("Shutting down: %s", halt.reason)
+            self.halt()
+            return halt.status
+        log.info("Shutting down: master")
+        return exits.OK
+
+    def halt(self):
+        """Giving up: every generation this process started stops fast."""
+        for number in list(self.generations.pids):
+            self.generations.signal(number, signal.SIGQUIT)
 
     def loop(self):
         """Turn until finished."""

@@ -114,19 +114,16 @@ class Master(Driver):
         self.why = why.listen(self.app_name, fork=self._fork)  # forkserve memory --why
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
-        try:
-            self.hooks.when_ready(self)
-            self.loop()
-        except HaltServer as halt:
-            log.error("Shutting down: %s", halt.reason)
-            self.halting = True  # a hook raising while the rest are reaped halts nothing more
-            self.carry_out(self.lifecycle.halt())
-            for number in list(self.generations.pids):  # a reload under way stops too
-                self.generations.signal(number, signal.SIGQUIT)
-            self.wait_all(deadline=self.clock() + 5)
-            return halt.status
-        log.info("Shutting down: master")
-        return exits.OK
+        return self.serve()
+
+    def begin(self):
+        self.hooks.when_ready(self)
+
+    def halt(self):
+        self.halting = True  # a hook raising while the rest are reaped halts nothing more
+        self.carry_out(self.lifecycle.halt())
+        super().halt()  # a reload under way stops too
+        self.wait_all(deadline=self.clock() + 5)
 
     # --- the steps of a turn (driver.Driver.turn) ---
 

@@ -72,15 +72,10 @@ class Supervisor(Driver):
         self.set_title()
         self.queue.install(MASTER_SIGNALS)
         signals.release()
-        try:
-            self.apply(self.handover.begin(self.clock()))
-            self.loop()
-        except exits.HaltServer as halt:
-            log.error("Shutting down: %s", halt.reason)
-            self.signal_all(signal.SIGQUIT)
-            return halt.status
-        log.info("Shutting down: master")
-        return exits.OK
+        return self.serve()
+
+    def begin(self):
+        self.apply(self.handover.begin(self.clock()))
 
     # --- the steps of a turn (driver.Driver.turn) ---
 
