@@ -107,6 +107,20 @@ class Driver:
         for signum in self.queue.pop_all():
             getattr(self, handler_name(signum))()
 
+    # --- the signals every driver handles alike (forkserve.process.signals) ---
+
+    def handle_term(self):
+        self.begin_stop("graceful")
+
+    def handle_int(self):
+        self.begin_stop("fast")
+
+    def handle_quit(self):
+        self.begin_stop("fast")
+
+    def handle_chld(self):
+        pass  # reap() runs on every turn
+
     @property
     def stopping(self):
         """None, or the stop under way: "graceful" or "fast" (the hand-over's)."""

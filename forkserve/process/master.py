@@ -161,17 +161,6 @@ class Master(Driver):
 
     # --- signal handlers (called from the loop, never from a signal) ---
 
-    def handle_chld(self):
-        pass  # reap() runs on every turn of the loop
-
-    def handle_term(self):
-        self.begin_stop("graceful")
-
-    def handle_int(self):
-        self.begin_stop("fast")
-
-    handle_quit = handle_int
-
     def handle_hup(self):
         if self.reloadable:
             self.apply(self.handover.hup(self.clock()))

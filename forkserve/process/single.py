@@ -196,15 +196,7 @@ class SingleServer(Driver):
         gevent.spawn(stats.sample_forever, history, self.report)
         return server
 
-    # --- signals (forkserve.process.signals), run on the event loop ---
-
-    def handle_term(self):
-        self.begin_stop("graceful")
-
-    def handle_int(self):
-        self.begin_stop("fast")
-
-    handle_quit = handle_int
+    # --- signals (forkserve.process.signals), dispatched from the loop ---
 
     def handle_hup(self):
         if self.role.supervised:

@@ -116,14 +116,6 @@ class Supervisor(Driver):
 
     handle_usr2 = handle_hup
 
-    def handle_term(self):
-        self.begin_stop("graceful")
-
-    def handle_int(self):
-        self.begin_stop("fast")
-
-    handle_quit = handle_int
-
     def begin_stop(self, mode):
         if not self.stopping:  # the stop state is the hand-over's
             systemd.notify("STOPPING=1")
@@ -140,9 +132,6 @@ class Supervisor(Driver):
     def handle_usr1(self):
         logs.reopen(self.cfg)
         self.signal_all(signal.SIGUSR1)
-
-    def handle_chld(self):
-        pass  # reap() runs every turn
 
     def _forward(self, signum):
         if self.handover.serving is not None:
