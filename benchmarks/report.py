@@ -32,7 +32,7 @@ fork):
   (every server) and the requests it served (forkserve's stats endpoint;
   n/a for the others); "max/mean" is the busiest process's figure over the
   mean, 1.00 being perfectly even.
-- probe p50/p99/max: latencies of benchmarks.load.LatencyProbe's lookups
+- probe p50/p99/max: latencies of benchmarks.harness.wrk.LatencyProbe's lookups
   (one at a time, at most one every 50 ms, each on a new connection,
   alongside wrk), the same samples
   plotted over time in latency.png; "probe failures" counts probes that got
@@ -83,7 +83,7 @@ class ServerRun:
     stop_s: float | None = None
     #: Dicts with SAMPLE_FIELDS keys (sizes in bytes).
     samples: list = dataclasses.field(default_factory=list)
-    #: benchmarks.load.PhaseResult-like objects, in order.
+    #: benchmarks.harness.wrk.PhaseResult-like objects, in order.
     phases: list = dataclasses.field(default_factory=list)
     #: LatencyProbe records: (seconds since start, latency s, status or 0).
     probes: list = dataclasses.field(default_factory=list)

@@ -14,7 +14,7 @@ For one Python, each app is served in turn, 4 workers, by:
 - one process: forkserve -w 0 (PersonDB only: the "x one process" base).
 
 Each server gets the same requests after it is ready: random PersonDB
-lookups with wrk (benchmarks/load.py), or for the Flask and Django test apps
+lookups with wrk (benchmarks/harness/wrk.py), or for the Flask and Django test apps
 (tests/apps/) a fixed mix of their pages from 8 keep-alive Python clients
 (Django's admin pages with a logged-in session). Then every process of the
 server is read from /proc: total PSS, and each worker's private memory
@@ -40,17 +40,18 @@ import time
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import load  # noqa: E402
-from benchmarks.procs import Group, sample_group  # noqa: E402
-from benchmarks.run import http_status, log_tail, prepare_dataset  # noqa: E402
-from benchmarks.servers import HERE, REPO, bind_listener  # noqa: E402
+from benchmarks.harness import wrk as load  # noqa: E402
+from benchmarks.harness.datasets import prepare_dataset  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.procs import sample_group  # noqa: E402
+from benchmarks.harness.servers import HERE, REPO, bind_listener  # noqa: E402
+from benchmarks.harness.start import start  # noqa: E402
 
 APPS_DIR = os.path.join(REPO, "tests", "apps")
 sys.path.insert(0, APPS_DIR)  # the Flask and Django test apps' client modules
 
 MIB = 2 ** 20
 WORKERS = 4
-_LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
 _LOADED = re.compile(rb"loaded \S+ in ([\d.]+) s")
 _SHARED = re.compile(rb"--share-heap: shared ([\d,]+) objects \(([\d,.]+) MB\) in ([\d.]+) s")
 _WARMED = re.compile(rb"--warmup: (\d+) requests \(.*?\) in ([\d.]+) s")
@@ -87,7 +88,7 @@ def django(args):
     def drive(port):
         return fetch_pages(port, PAGES, args.app_requests or args.requests, login(port))
     db = os.path.join(args.out, "django.sqlite3")
-    return dict(app="django_shop.wsgi:application", cwd=APPS_DIR, health="/",
+    return dict(app="django_shop.wsgi:application", cwd=APPS_DIR, health="/en/",
                 env={"DJANGO_SHOP_DB": db}, drive=drive, one_process=False,
                 warmup=sorted(set(PAGES) | {"/admin/login/"}))
 
@@ -153,28 +154,19 @@ def gunicorn_argv(python, fd, app):
 
 def measure(name, argv, python, setup, args):
     log_path = os.path.join(args.out, f"{name.replace(' ', '-')}.log")
-    open(log_path, "wb").close()
-    listener = fd = port = None
+    listener = None
     if argv is None:
         listener = bind_listener()
-        fd, port = listener.fileno(), listener.getsockname()[1]
-        argv = gunicorn_argv(python, fd, setup["app"])
+        argv = gunicorn_argv(python, listener.fileno(), setup["app"])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([setup["cwd"], REPO]), **setup["env"])
     started = time.monotonic()
-    try:
-        server = Group(argv, log_path=log_path, env=env, cwd=setup["cwd"],
-                       pass_fds=(fd,) if fd is not None else ())
-    finally:
-        if listener:
-            listener.close()
-    with server:
-        expected = 1 if name == "one process" else 1 + WORKERS
-        port = wait_ready(server, port, log_path, expected)
+    with start(argv, log_path=log_path, env=env, cwd=setup["cwd"], listener=listener,
+               processes=1 if name == "one process" else 1 + WORKERS,
+               probe_path=setup["health"], timeout=600) as server:
         ready_s = time.monotonic() - started
-        answered, failed = setup["drive"](port)
+        answered, failed = setup["drive"](server.port)
         samples = sample_group(server.pid, name == "one process")
-        with open(log_path, "rb") as handle:
-            text = handle.read()
+        text = server.log()
         workers = [s for s in samples if s.role == "worker"]
         figures = dict(server=name, ready_s=ready_s, answered=answered, failed=failed,
                        total_pss=sum(s.pss for s in samples),
@@ -187,21 +179,6 @@ def measure(name, argv, python, setup, args):
             busiest = max(workers, key=lambda s: s.private)
             figures["why"] = why(python, busiest.pid)
     return figures
-
-
-def wait_ready(server, port, log_path, expected, timeout=600):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not server.alive():
-            raise SystemExit(f"server exited while starting:\n{log_tail(log_path)}")
-        if port is None:
-            with open(log_path, "rb") as handle:
-                match = _LISTENING.search(handle.read())
-            port = match and int(match.group(1))
-        if port and len(server.members()) >= expected and http_status(port, "/") is not None:
-            return port
-        time.sleep(0.2)
-    raise SystemExit(f"not ready within {timeout}s:\n{log_tail(log_path)}")
 
 
 def _number(pattern, text, group):
@@ -218,22 +195,6 @@ def why(python, pid):
 
 
 # -- the report ----------------------------------------------------------------------
-
-
-def conditions(since=None):
-    """The load average, and the CPU steal share since `since` (cpu_times())."""
-    with open("/proc/loadavg") as handle:
-        loadavg = " ".join(handle.read().split()[:3])
-    if since is None:
-        return f"load average {loadavg}"
-    now = cpu_times()
-    spent = [b - a for a, b in zip(since, now)]
-    return f"load average {loadavg}, steal {100 * spent[7] / max(sum(spent), 1):.1f}%"
-
-
-def cpu_times():
-    with open("/proc/stat") as handle:
-        return [int(x) for x in handle.readline().split()[1:9]]
 
 
 def report(app, python_version, rows, base):
@@ -283,25 +244,25 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     version = subprocess.run([args.python, "-c", "import sys; print(sys.version.split()[0])"],
                              capture_output=True, text=True, check=True).stdout.strip()
+    run = Conditions()
     print(f"Python {version}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M:%S')}, "
-          f"{conditions()}", flush=True)
-    run_started = cpu_times()
+          f"load average {run.load_before:.2f}", flush=True)
     results = {}
     for app in args.apps.split(","):
         setup = APPS[app](args)
         rows = []
         for name, argv in commands(args.python, setup):
-            started, times = time.monotonic(), cpu_times()
+            started, server_run = time.monotonic(), Conditions()
             rows.append(measure(name, argv, args.python, setup, args))
-            print(f"  {app} / {name}: {time.monotonic() - started:.0f} s, {conditions(times)}",
-                  flush=True)
+            print(f"  {app} / {name}: {time.monotonic() - started:.0f} s, "
+                  f"{server_run.describe()}", flush=True)
         base = next((r["total_pss"] for r in rows if r["server"] == "one process"), None)
         print(report(app, version, rows, base), flush=True)
         for r in rows:
             if "why" in r:
                 print(why_summary(r["why"]), flush=True)
         results[app] = rows
-    print(f"whole run, {time.strftime('%H:%M:%S')}: {conditions(run_started)}", flush=True)
+    print(f"whole run, {time.strftime('%H:%M:%S')}: {run.describe()}", flush=True)
     with open(os.path.join(args.out, f"share_heap-{version}.json"), "w") as handle:
         json.dump(results, handle, indent=1)
 

@@ -136,17 +136,22 @@ def start_spec(spec, *, python, workers, log_path, env=None, cwd=REPO, cpus=None
 
 def _wait_until_ready(server, processes, probe_path, timeout):
     deadline = time.monotonic() + timeout
+    status = None
     while time.monotonic() < deadline:
         if not server.alive():
             raise ServerFailed(f"exited with status {server.group.popen.returncode} while "
                                "starting:\n" + log_tail(server.log_path))
         if server.port is None:
             server.port = port_from_log(server.log())
-        if (server.port is not None and len(server.members()) >= processes
-                and http_status(server.port, probe_path) == 200):
-            return
+        if server.port is not None and len(server.members()) >= processes:
+            status = http_status(server.port, probe_path)
+            if status == 200:
+                return
         time.sleep(POLL_S)
-    raise ServerFailed(f"not ready within {timeout:.0f}s:\n" + log_tail(server.log_path))
+    answered = (f"; GET {probe_path} last answered {status}, not 200: probe a path that "
+                "answers 200" if status is not None else "")
+    raise ServerFailed(f"not ready within {timeout:.0f}s{answered}:\n"
+                       + log_tail(server.log_path))
 
 
 def all_cpus():

@@ -130,7 +130,6 @@ class Connection:
         self._buf = b""
         self._pos = 0
         self._eof = False
-        self._requests = 0
         self._lines = None        # the head so far: [request, headers, hosts, lengths, fields]
         self._left = 0            # body bytes left (of the current chunk, if chunked)
         self._chunk_state = None  # chunked: "size", "data", "crlf", "trailer"
@@ -512,5 +511,4 @@ class Connection:
         self.request = None
         self.response_problem = None
         self._declared, self._chunked, self.sent, self.code = None, False, 0, None
-        self._requests += 1
         return True
