@@ -30,6 +30,7 @@ import http.client
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -107,15 +108,11 @@ def fetch_pages(port, pages, requests, headers, clients=8):
         ok = other = 0
         try:
             for index in range(number, requests, clients):
-                connection.request("GET", pages[index % len(pages)], headers=headers)
-                response = connection.getresponse()
-                response.read()
-                if response.status == 200:
+                status = _get(connection, pages[index % len(pages)], headers)
+                if status == 200:
                     ok += 1
                 else:
                     other += 1
-                if response.getheader("Connection", "").lower() == "close":
-                    connection.close()
         finally:
             connection.close()
             with lock:
@@ -129,11 +126,30 @@ def fetch_pages(port, pages, requests, headers, clients=8):
     return counts["ok"], counts["other"]
 
 
+def _get(connection, path, headers):
+    """GET path on a keep-alive connection: the status. A server may close an
+    idle keep-alive connection (Gunicorn after --keep-alive, 2 s): then the
+    request is sent again once, on a new connection, as browsers do."""
+    for attempt in (1, 2):
+        try:
+            connection.request("GET", path, headers=headers)
+            response = connection.getresponse()
+            response.read()
+        except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected):
+            connection.close()  # the next request() connects again
+            if attempt == 2:
+                raise
+            continue
+        if response.getheader("Connection", "").lower() == "close":
+            connection.close()
+        return response.status
+
+
 # -- the servers --------------------------------------------------------------------
 
 
-def commands(python, setup):
-    fs = [python, "-m", "forkserve", "-b", "127.0.0.1:0"]
+def commands(python, setup, extra=()):
+    fs = [python, "-m", "forkserve", "-b", "127.0.0.1:0", *extra]
     app = setup["app"]
     yield "gunicorn", None
     yield "forkserve", fs + ["-w", str(WORKERS), app]
@@ -153,7 +169,8 @@ def gunicorn_argv(python, fd, app):
 
 
 def measure(name, argv, python, setup, args):
-    log_path = os.path.join(args.out, f"{name.replace(' ', '-')}.log")
+    app_name = setup["app"].split(":")[0].split(".")[0]
+    log_path = os.path.join(args.out, f"{app_name}-{name.replace(' ', '-')}.log")
     listener = None
     if argv is None:
         listener = bind_listener()
@@ -234,6 +251,8 @@ def main(argv=None):
                    help="requests to the Flask and Django apps (20,000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--why", action="store_true", help="run forkserve memory --why after")
+    p.add_argument("--servers", default="", help="only these, comma-separated (default: all)")
+    p.add_argument("--forkserve-args", default="", help="more flags for every forkserve")
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"))
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "forkserve-share-heap"))
     args = p.parse_args(argv)
@@ -251,7 +270,9 @@ def main(argv=None):
     for app in args.apps.split(","):
         setup = APPS[app](args)
         rows = []
-        for name, argv in commands(args.python, setup):
+        for name, argv in commands(args.python, setup, shlex.split(args.forkserve_args)):
+            if args.servers and name not in args.servers.split(","):
+                continue
             started, server_run = time.monotonic(), Conditions()
             rows.append(measure(name, argv, args.python, setup, args))
             print(f"  {app} / {name}: {time.monotonic() - started:.0f} s, "

@@ -100,3 +100,12 @@ def test_docs_settings_table_is_generated_from_the_declarations():
     assert settings.settings_table() in page, (
         "docs/settings.md's table is stale: paste in the output of "
         "python -m forkserve.config.settings")
+
+
+def test_warmup_paths_come_space_separated_from_the_environment_and_start_with_a_slash():
+    cfg = settings.parse(["app:app"], environ={"FORKSERVE_WARMUP": "/ /products?page=2,3"})
+    assert cfg.warmup == ["/", "/products?page=2,3"]
+    assert settings.parse(["--warmup", "/a", "--warmup", "/b", "app:app"], environ={}).warmup \
+        == ["/a", "/b"]
+    with pytest.raises(settings.ConfigError, match="'products' is not a URL path"):
+        settings.parse(["--warmup", "products", "app:app"], environ={})

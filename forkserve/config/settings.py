@@ -154,7 +154,8 @@ SETTINGS = (
     Setting("warmup", ("--warmup",), values.url_path_list, lambda: [],
             "Before forking, the master GETs this path (e.g. /, /products?page=2) in-process, "
             "three times, so lazily built caches and specialised bytecode are built once and "
-            "shared. Repeat for several.", metavar="PATH", kind="append", section="memory"),
+            "shared. Repeat for several (space-separated in the environment).", metavar="PATH",
+            kind="append", section="memory"),
     Setting("limit_request_line", ("--limit-request-line",), values.whole(0), 4094,
             "Longest request line in bytes, CRLF not counted (as Gunicorn); longer gets 414. "
             "At most 8190; 0 means no limit (a 1 MiB ceiling remains).",

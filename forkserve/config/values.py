@@ -222,7 +222,8 @@ path_list.__name__ = "list"
 
 
 def url_path_list(value) -> list:
-    items = value if isinstance(value, (list, tuple)) else [value]
+    """URL paths; a string holds several separated by spaces (no path has one)."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split()
     paths = [text(item) for item in items]
     for path in paths:
         if not path.startswith("/"):
