@@ -24,6 +24,8 @@ from forkserve.process.scoreboard import READY, RETIRE
 from forkserve.process.signals import MASTER_SIGNALS
 from forkserve.process.supervisor import Supervisor
 
+from driver_fakes import FakeGenerations
+
 
 def _kinds(actions, *types):
     """The actions other than log lines (or only those of `types`)."""
@@ -253,38 +255,6 @@ class FakeOs:
 
     def clock(self):
         return self.now
-
-
-class FakeGenerations:
-    def __init__(self):
-        self.pids, self.spawned, self.signalled, self.ready = {}, [], [], []
-
-    def spawn(self, number):
-        self.pids[number] = 9000 + number
-        self.spawned.append(number)
-
-    def waiting_fds(self):
-        return []
-
-    def newly_ready(self):
-        ready, self.ready = self.ready, []
-        return ready
-
-    def signal(self, number, signum):
-        self.signalled.append((number, signum))
-
-    def force_out(self, number, hard=False):
-        self.signal(number, signal.SIGKILL if hard else signal.SIGQUIT)
-
-    def exited(self, pid):
-        for number, known in list(self.pids.items()):
-            if known == pid:
-                del self.pids[number]
-                return number
-        return None
-
-    def pid(self, number):
-        return self.pids.get(number)
 
 
 @pytest.fixture

@@ -1,26 +1,18 @@
-"""The I/O half of a reload: the generation processes a driver started, and
-the actions of forkserve.process.handover carried out.
-
-The master, the single-process server and the supervisor each are a Driver:
-they feed the hand-over events and `apply()` the actions it returns.
+"""The I/O half of a reload: the generation processes a driver started
+(spawn, ready byte, signal, reap). forkserve.process.driver carries out the
+hand-over's actions with it.
 """
 
-import errno
 import logging
 import os
 import signal
 
-from forkserve import exits
 from forkserve.memory import procfs
-from forkserve.process import handover, systemd
 from forkserve.process.reload import spawn_generation
 
-__all__ = ["Generations", "Driver"]
+__all__ = ["Generations", "reaped"]
 
 log = logging.getLogger("forkserve.error")
-
-#: what fork() raises when the system is out of processes or memory
-FORK_ERRNOS = {errno.EAGAIN, errno.ENOMEM}
 
 
 def reaped(waitpid):
@@ -124,91 +116,3 @@ class Generations:
         fd = self.ready_fds.pop(number, None)
         if fd is not None:
             os.close(fd)
-
-
-class Driver:
-    """Carries out forkserve.process.handover's actions, and feeds it what
-    happened to the generations: the part every driver shares.
-
-    A driver (master, single server, supervisor) has `self.handover`, `self.clock()`,
-    `self.hooks` (a forkserve.process.hooks.Hooks),
-    `self.generations` (a Generations) and its own `retire(number)`; the
-    master also `kill_own_workers()`; the master and the single server also
-    `become_supervisor(action)`.
-    """
-
-    #: a generation's supervisor (its pid): once it is gone (SIGKILL), this
-    #: generation stops; None when this process is not a supervised generation
-    parent = None
-
-    def apply(self, actions):
-        for action in actions:
-            getattr(self, _ACTIONS[type(action)])(action)
-
-    def follow_generations(self):
-        """The starting generations' ready bytes and the clock, to the hand-over."""
-        now = self.clock()
-        for _ in self.generations.newly_ready():
-            self.apply(self.handover.ready(now))
-        self.apply(self.handover.tick(now))
-
-    def generation_exited(self, pid, description):
-        """A reaped child: if it was a generation, the hand-over hears of it
-        (True); False for any other child."""
-        number = self.generations.exited(pid)
-        if number is None:
-            return False
-        self.apply(self.handover.gone(number, f"(pid {pid}) {description}", self.clock()))
-        return True
-
-    def supervisor_gone(self) -> bool:
-        """True, once and logged, when this generation's supervisor has died."""
-        if self.parent is None or os.getppid() == self.parent:
-            return False
-        log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
-        self.parent = None
-        return True
-
-    def _do_spawn(self, action):
-        self.hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
-        self.hooks.pre_exec()
-        try:
-            self.generations.spawn(action.number)
-        except OSError as exc:
-            if exc.errno not in FORK_ERRNOS:
-                raise
-            # a failed start, as if it had died loading: the serving one goes on
-            self.apply(self.handover.gone(
-                action.number, f"could not be started (fork: {exc.strerror}; free "
-                               "memory or raise the process limit)", self.clock()))
-
-    def _do_retire(self, action):
-        self.retire(action.number)
-
-    def _do_kill(self, action):
-        if action.number == self.handover.owner:
-            self.kill_own_workers()  # the master's own generation: its workers
-        else:
-            self.generations.force_out(action.number, action.hard)
-
-    def _do_stop(self, action):
-        self.generations.signal(action.number,
-                                signal.SIGTERM if action.mode == "graceful" else signal.SIGQUIT)
-
-    def _do_notify(self, action):
-        systemd.notify(action.state)
-
-    def _do_log(self, action):
-        log.log(action.level, "%s", action.message)
-
-    def _do_become_supervisor(self, action):
-        self.become_supervisor(action)
-
-    def _do_halt(self, action):
-        raise exits.HaltServer(action.reason, exits.WORKER_BOOT_ERROR)
-
-
-_ACTIONS = {handover.Spawn: "_do_spawn", handover.Retire: "_do_retire",
-            handover.Kill: "_do_kill", handover.Stop: "_do_stop",
-            handover.Notify: "_do_notify", handover.Log: "_do_log",
-            handover.BecomeSupervisor: "_do_become_supervisor", handover.Halt: "_do_halt"}

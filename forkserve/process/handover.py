@@ -183,6 +183,13 @@ class Handover:
         """A reload is under way (a generation starts or drains)."""
         return self.starting is not None or self.retiring is not None
 
+    def stop_under_way(self, mode) -> bool:
+        """A stop at least as strong as `mode` was asked for already (a second
+        TERM, a TERM after an INT), or this process's hand-over is done: a
+        stop(mode) now would change nothing."""
+        return self.stopping in ("fast", DONE) or (self.stopping is not None
+                                                   and mode == "graceful")
+
     # --- events ---
 
     def hup(self, now) -> list:
@@ -209,7 +216,7 @@ class Handover:
         The driver stops its own workers itself; this stops the generations
         that are separate processes, the starting one included.
         """
-        if self.stopping in ("fast", DONE) or (self.stopping and mode == "graceful"):
+        if self.stop_under_way(mode):
             return []
         self.stopping = mode
         self.reload_again = False

@@ -146,7 +146,9 @@ class Lifecycle:
         self.boot_failures = 0     # WORKER_BOOT_ERROR exits in a row
         self.early_exits = 0       # exits before ready in a row, whatever the cause
         self.next_spawn_at = 0.0
-        self.stopping = None       # None, "graceful" or "fast"
+        #: what the workers were told: None, "graceful" or "fast" (the
+        #: master's own stop state is its hand-over's; it tells this the same)
+        self.stopping = None
         self.stop_deadline = None
         self.announced = False
 

@@ -2,11 +2,13 @@
 reload; watch the workers' memory.
 
 The master has already loaded the application and hardened its memory
-(cow.harden) when it gets here; every worker is a fork of it. Its loop does
-no application work and allocates little, so the pages it shares with the
-workers stay clean:
+(cow.harden) when it gets here; every worker is a fork of it. Its loop (the
+one every driver runs, forkserve.process.driver) does no application work
+and allocates little, so the pages it shares with the workers stay clean:
 
-    dispatch signals -> reap -> murder (timeouts, memory) -> manage -> sleep
+    dispatch signals -> parent gone? -> reap (workers, generations)
+      -> finished? -> decide (murder: timeouts, memory; the reload; manage)
+      -> wait (select)
 
 Signal handlers only enqueue (forkserve.process.signals); `handle_<name>()`
 methods run from the loop. The master waits with the original select(),
@@ -21,7 +23,7 @@ feeds it the exits, and carry_out() does what it decides.
 
 A reload (HUP) is decided by forkserve.process.handover, shared with the
 single-process server and the supervisor; the master only carries out its
-actions (reload.Driver): spawn the generation, drain its own workers once it
+actions (driver.Driver): spawn the generation, drain its own workers once it
 serves, exec into the supervisor once they are gone.
 """
 
@@ -36,12 +38,13 @@ from forkserve.exits import HaltServer
 from forkserve.memory import reporter, why
 from forkserve.process import autoreload, procname, reload, signals, systemd
 from forkserve.process.boot_errors import BootErrors
-from forkserve.process.generations import Driver, Generations, reaped
+from forkserve.process.driver import Driver
+from forkserve.process.generations import Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle, Log
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
-from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
+from forkserve.process.signals import MASTER_SIGNALS, SignalQueue
 from forkserve.process.unpatched import original
 from forkserve.process.worker import Worker
 
@@ -102,10 +105,6 @@ class Master(Driver):
     def target(self):
         return self.lifecycle.target
 
-    @property
-    def stopping(self):
-        return self.lifecycle.stopping
-
     # --- the loop ---
 
     def run(self) -> int:
@@ -115,44 +114,31 @@ class Master(Driver):
         self.why = why.listen(self.app_name, fork=self._fork)  # forkserve memory --why
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
-        try:
-            self.hooks.when_ready(self)
-            while self.turn():
-                self.sleep()
-        except HaltServer as halt:
-            log.error("Shutting down: %s", halt.reason)
-            self.halting = True  # a hook raising while the rest are reaped halts nothing more
-            self.carry_out(self.lifecycle.halt())
-            for number in list(self.generations.pids):  # a reload under way stops too
-                self.generations.signal(number, signal.SIGQUIT)
-            self.wait_all(deadline=self.clock() + 5)
-            return halt.status
-        log.info("Shutting down: master")
-        return exits.OK
+        return self.serve()
 
-    def turn(self) -> bool:
-        """One turn of the loop, but the sleep; False once stopped with no child left."""
-        self.dispatch_signals()
-        self.check_parent()
-        self.reap()
-        if self.stopping and not self.workers and not self.generations.pids:
-            return False
+    def begin(self):
+        self.hooks.when_ready(self)
+
+    def halt(self):
+        self.halting = True  # a hook raising while the rest are reaped halts nothing more
+        self.carry_out(self.lifecycle.halt())
+        super().halt()  # a reload under way stops too
+        self.wait_all(deadline=self.clock() + 5)
+
+    # --- the steps of a turn (driver.Driver.turn) ---
+
+    def finished(self) -> bool:
+        """Stopped, with no worker and no generation left."""
+        return bool(self.stopping) and not self.workers and not self.generations.pids
+
+    def decide(self):
         self.murder()
         self.check_reload()
         self.manage()
         self.log_memory()
         autoreload.poll()
-        return True
 
-    def check_parent(self):
-        if self.supervisor_gone():
-            self.begin_stop("graceful")
-
-    def dispatch_signals(self):
-        for signum in self.queue.pop_all():
-            getattr(self, handler_name(signum))()
-
-    def sleep(self):
+    def wait(self):
         timeout = heartbeat_interval(self.cfg.timeout)
         now = self.clock()
         if self.lifecycle.next_spawn_at > now:
@@ -174,17 +160,6 @@ class Master(Driver):
             self.stats.service(readable, writable, self.report, self.serving)
 
     # --- signal handlers (called from the loop, never from a signal) ---
-
-    def handle_chld(self):
-        pass  # reap() runs on every turn of the loop
-
-    def handle_term(self):
-        self.begin_stop("graceful")
-
-    def handle_int(self):
-        self.begin_stop("fast")
-
-    handle_quit = handle_int
 
     def handle_hup(self):
         if self.reloadable:
@@ -220,11 +195,11 @@ class Master(Driver):
         self.signal_workers(signal.SIGUSR1)
 
     def begin_stop(self, mode):
+        if self.handover.stop_under_way(mode):
+            return  # the stop state is the hand-over's
         now = self.clock()
-        kills = self.lifecycle.stop(mode, now)
-        if kills is None:
-            return  # a stop as strong is under way
         self.apply(self.handover.stop(mode, now))
+        kills = self.lifecycle.stop(mode, now)  # the workers, told the same
         systemd.notify("STOPPING=1")
         if mode == "graceful":
             log.info("Handling signal: term (graceful stop, up to %gs)", self.cfg.graceful_timeout)

@@ -8,6 +8,17 @@ off, the process ends through cow.exit_process) and the master's signals
 (forkserve.process.handover): a new single-process generation loads the
 current code and data, and once it serves this one drains and becomes its
 supervisor.
+
+It runs the loop every driver runs (forkserve.process.driver), with its own
+steps: it reaps only generations (it has no workers), decides on the
+copy-on-write check, --reload, the memory log and the hand-over's clock,
+and waits on its gevent hub, which serves the requests meanwhile. Its signal
+handlers run on the hub (gevent.signal_handler, not in a signal context)
+and only enqueue, as in the master; the loop dispatches them. Draining is
+not a turn of the loop: the loop ends on a stop or when the hand-over
+retires this process, and run() drains the servers, dispatching the signals
+that come meanwhile (a HUP during a hand-over's drain makes the supervisor
+this process becomes reload again).
 """
 
 import logging
@@ -22,9 +33,10 @@ from forkserve.process import autoreload, procname, reload, signals, systemd
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
-from forkserve.process.generations import Driver, Generations
+from forkserve.process.driver import Driver
+from forkserve.process.generations import Generations
 from forkserve.process.serving import gevent_socket, make_servers
-from forkserve.process.signals import SINGLE_SIGNALS, handler_name
+from forkserve.process.signals import SINGLE_SIGNALS
 
 __all__ = ["SingleServer"]
 
@@ -33,7 +45,7 @@ log = logging.getLogger("forkserve.error")
 
 class SingleServer(Driver):
     def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *,
-                 stats_listener=None, hooks=None):
+                 stats_listener=None, hooks=None, waitpid=None):
         self.cfg = cfg
         self.hooks = hooks or Hooks()
         self.app = app
@@ -41,14 +53,15 @@ class SingleServer(Driver):
         self.app_name = app_name
         self.stats_listener = stats_listener
         self.requests = 0
-        self.stop_mode = None
-        self.wakeup = None
-        self.hups = 0
+        self.queue = HubSignals()
+        self.next_memory_log = 0.0
         self.role = role
         self.generation = role.generation
         self.handover = Handover(serving=self.generation, owner_serves=True,
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=original("os", "fork"))
+        self._waitpid = waitpid or original("os", "waitpid")
+        #: the hand-over retired this process: the loop ends, run() drains
         self.draining = False
         self.clock = _now
         #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
@@ -57,7 +70,8 @@ class SingleServer(Driver):
     def run(self) -> int:
         procname.set_title(self.cfg, f"generation {self.generation}" if self.role.supervised
                            else "single", self.app_name)
-        self._install_signal_handlers()
+        self.queue.install(SINGLE_SIGNALS)  # run on the event loop, not in a signal handler
+        signals.release()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
                                on_request=self._count_request, hooks=self.hooks)
         for server in servers:
@@ -67,8 +81,8 @@ class SingleServer(Driver):
         self.hooks.when_ready(single=self)
         reload.signal_ready(self.role)
         systemd.notify("READY=1")
-        self._serve_until_stop_or_handover()
-        if self.stop_mode == "fast":
+        self.loop()  # until a stop, or the hand-over retires this process
+        if self.stopping == "fast":
             log.info("Shutting down: fast stop")
             for server in servers:
                 server.close_now()
@@ -76,17 +90,25 @@ class SingleServer(Driver):
             log.info("%s: draining in-flight requests (up to %gs)",
                      "Handing over" if self.draining else "Shutting down",
                      self.cfg.graceful_timeout)
-            gevent.joinall([gevent.spawn(server.drain, self.cfg.graceful_timeout)
-                            for server in servers])
+            self._drain(servers)
         if stats_server is not None:  # it answered /health with 503 while draining
             stats_server.close_now()
         if self.draining:  # a new generation serves: supervise it, unless told to stop
-            self._dispatch_hups()  # one during the drain: the supervisor reloads again
-            if self.stop_mode is not None:
-                self.apply(self.handover.stop(self.stop_mode, _now()))
+            self.dispatch_signals()  # the last ones: a HUP makes the supervisor reload again
             self.apply(self.handover.gone(self.generation, "drained", _now()))
         self._wait_for_generations()
         return exits.OK
+
+    def _drain(self, servers):
+        """Let in-flight requests finish (up to --graceful-timeout), still
+        dispatching signals: a HUP during a hand-over's drain is remembered by
+        the hand-over, a USR1 reopens the logs, a TERM answers /health 503."""
+        drains = [gevent.spawn(server.drain, self.cfg.graceful_timeout) for server in servers]
+        for drain in drains:
+            drain.link(lambda _: self.queue.wakeup.set())
+        while not all(drain.dead for drain in drains):
+            self.queue.wait(1.0)  # a signal, or a drain that ended
+            self.dispatch_signals()
 
     def _wait_for_generations(self):
         """Stopping: boot.run leaves no child running. The generations told to
@@ -95,46 +117,38 @@ class SingleServer(Driver):
             self._reap_generations()
             self.apply(self.handover.tick(_now()))
             if self.generations.pids:
-                self.wakeup.wait(0.05)  # SIGCHLD is not watched: poll
-                self.wakeup.clear()
+                self.queue.wait(0.05)  # SIGCHLD is not watched: poll
 
-    def _install_signal_handlers(self):
-        self.wakeup = gevent.event.Event()
-        for signum in SINGLE_SIGNALS:  # run on the event loop, not in a signal handler
-            gevent.signal_handler(signum, getattr(self, handler_name(signum)))
-        signals.release()
+    # --- the steps of a turn (driver.Driver.turn) ---
 
-    def _serve_until_stop_or_handover(self):
-        next_memory_log = 0.0
-        while self.stop_mode is None and not self.draining:
-            cow.check()
-            autoreload.poll()
-            if self.supervisor_gone():
-                self._request_stop("graceful")
-                break
-            now = _now()
-            self._dispatch_hups()
-            self._reap_generations()
-            self.follow_generations()  # the clock: a generation that loads too long
-            interval = self.cfg.memory_log_interval
-            if interval and now >= next_memory_log:
-                next_memory_log = now + interval
-                reporter.log_report(log, self.report())
-            self.wakeup.wait(0.1 if self.handover.busy else min(1.0, interval or 1.0))
-            self.wakeup.clear()
-        if self.stop_mode is not None:
-            self.apply(self.handover.stop(self.stop_mode, _now()))
+    def finished(self) -> bool:
+        """A stop was asked for, or the hand-over retired this process: drain."""
+        return bool(self.stopping) or self.draining
 
-    def _dispatch_hups(self):
-        hups, self.hups = self.hups, 0
-        for _ in range(hups):
-            self.apply(self.handover.hup(_now()))
+    def decide(self):
+        cow.check()
+        autoreload.poll()
+        self.follow_generations()  # the clock: a generation that loads too long
+        interval = self.cfg.memory_log_interval
+        now = _now()
+        if interval and now >= self.next_memory_log:
+            self.next_memory_log = now + interval
+            reporter.log_report(log, self.report())
+
+    def wait(self):
+        interval = self.cfg.memory_log_interval
+        self.queue.wait(0.1 if self.handover.busy else min(1.0, interval or 1.0))
+
+    def reap(self):
+        if self.draining:
+            return  # the new generation's exit waits for the drain: the hand-over
+            # hears of it after this generation is gone (run())
+        self._reap_generations()
 
     def _reap_generations(self):
-        waitpid = original("os", "waitpid")
         for pid in list(self.generations.pids.values()):
             try:
-                reaped, status = waitpid(pid, os.WNOHANG)
+                reaped, status = self._waitpid(pid, os.WNOHANG)
             except ChildProcessError:  # no longer our child to wait for: it is gone
                 description = "is gone (its exit status was collected elsewhere)"
             else:
@@ -143,7 +157,7 @@ class SingleServer(Driver):
                 description = exits.classify(status).description
             self.generation_exited(pid, description)
 
-    # --- what the hand-over asks of this process (generations.Driver) ---
+    # --- what the hand-over asks of this process (driver.Driver) ---
 
     def retire(self, number):
         self.hooks.pre_retire(self.generation)
@@ -156,7 +170,7 @@ class SingleServer(Driver):
 
     def serving(self):
         """GET /health on --stats: this process serves and is not stopping."""
-        return self.stop_mode is None
+        return not self.stopping
 
     def report(self):
         if self.generations.pids:  # a reload: the tree has a generation under us
@@ -182,23 +196,14 @@ class SingleServer(Driver):
         gevent.spawn(stats.sample_forever, history, self.report)
         return server
 
-    # --- signals (forkserve.process.signals), run on the event loop ---
-
-    def handle_term(self):
-        self._request_stop("graceful")
-
-    def handle_int(self):
-        self._request_stop("fast")
-
-    handle_quit = handle_int
+    # --- signals (forkserve.process.signals), dispatched from the loop ---
 
     def handle_hup(self):
         if self.role.supervised:
             log.info("Reload signal ignored: this process is a generation; send it to the "
                      "master (the supervisor)")
-        else:  # the loop hands it to the hand-over, which remembers one during a reload
-            self.hups += 1
-            self.wakeup.set()
+        else:  # the hand-over remembers one during a reload
+            self.apply(self.handover.hup(_now()))
 
     handle_usr2 = handle_hup
 
@@ -211,10 +216,10 @@ class SingleServer(Driver):
     def handle_ttou(self):
         self._not_here("TTOU")
 
-    def _request_stop(self, mode):
-        if self.stop_mode != "fast":
-            self.stop_mode = mode
-        self.wakeup.set()
+    def begin_stop(self, mode):
+        """The stop state is the hand-over's; run() drains (graceful) or
+        closes (fast) the servers once the loop ends."""
+        self.apply(self.handover.stop(mode, _now()))
 
     def _not_here(self, name):
         log.info("%s ignored: a single-process server (-w 0) has no workers to change; "
@@ -222,6 +227,32 @@ class SingleServer(Driver):
 
     def _count_request(self):
         self.requests += 1
+
+
+class HubSignals:
+    """The single server's signal queue: gevent runs the handlers on its hub,
+    and they only record the signal and wake the loop's wait."""
+
+    def __init__(self):
+        self.pending = []
+        self.wakeup = gevent.event.Event()
+
+    def install(self, signals):
+        for signum in signals:
+            gevent.signal_handler(signum, self.push, signum)
+
+    def push(self, signum):
+        self.pending.append(signum)
+        self.wakeup.set()
+
+    def pop_all(self):
+        pending, self.pending = self.pending, []
+        return pending
+
+    def wait(self, timeout):
+        """Until a signal comes or `timeout` seconds pass (serving meanwhile)."""
+        self.wakeup.wait(timeout)
+        self.wakeup.clear()
 
 
 def _now():

@@ -6,7 +6,8 @@ serving, and during a reload a second one starting. Run as
 `python -m forkserve.process.supervisor` by reload.exec_supervisor(), never by hand.
 
 The hand-over decisions are forkserve.process.handover's (as in the master
-and the single server); this module carries them out. What each signal does
+and the single server); this module carries them out, in the loop every
+driver runs (forkserve.process.driver). What each signal does
 here is declared in forkserve.process.signals.
 
 A serving generation that dies is replaced by a new one; five that fail to
@@ -24,10 +25,11 @@ from forkserve.memory import cow, model, reporter
 from forkserve import exits, logs
 from forkserve.process import procname, reload, signals, systemd
 from forkserve.config.settings import Config
-from forkserve.process.generations import Driver, Generations, reaped
+from forkserve.process.driver import Driver
+from forkserve.process.generations import Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
-from forkserve.process.signals import MASTER_SIGNALS, SignalQueue, handler_name
+from forkserve.process.signals import MASTER_SIGNALS, SignalQueue
 from forkserve.process.unpatched import original
 
 __all__ = ["Supervisor"]
@@ -70,31 +72,24 @@ class Supervisor(Driver):
         self.set_title()
         self.queue.install(MASTER_SIGNALS)
         signals.release()
-        try:
-            self.apply(self.handover.begin(self.clock()))
-            while self.turn():
-                self.sleep()
-        except exits.HaltServer as halt:
-            log.error("Shutting down: %s", halt.reason)
-            self.signal_all(signal.SIGQUIT)
-            return halt.status
-        log.info("Shutting down: master")
-        return exits.OK
+        return self.serve()
 
-    def turn(self) -> bool:
-        """One turn of the loop, but the sleep; False once stopped with no generation left."""
-        for signum in self.queue.pop_all():
-            getattr(self, handler_name(signum))()
-        self.reap()
-        if self.handover.stopping and not self.generations.pids:
-            return False
+    def begin(self):
+        self.apply(self.handover.begin(self.clock()))
+
+    # --- the steps of a turn (driver.Driver.turn) ---
+
+    def finished(self) -> bool:
+        """Stopped, with no generation left."""
+        return bool(self.stopping) and not self.generations.pids
+
+    def decide(self):
         serving = self.handover.serving
         self.follow_generations()
         if self.handover.serving != serving:
             self.set_title()
-        return True
 
-    def sleep(self):
+    def wait(self):
         watched = [self.queue.wake_r, *self.generations.waiting_fds()]
         stats_r = self.stats.filenos() if self.stats else []
         stats_w = self.stats.writable_filenos() if self.stats else []
@@ -109,7 +104,7 @@ class Supervisor(Driver):
             # not a generation: a worker of the one this process used to be
             self.generation_exited(pid, exits.classify(status).description)
 
-    # --- what the hand-over asks (generations.Driver) ---
+    # --- what the hand-over asks (driver.Driver) ---
 
     def retire(self, number):
         self.generations.signal(number, signal.SIGTERM)
@@ -121,18 +116,11 @@ class Supervisor(Driver):
 
     handle_usr2 = handle_hup
 
-    def handle_term(self):
-        self._stop("graceful", "Handling signal: term (graceful stop)")
-
-    def handle_int(self):
-        self._stop("fast", "Handling signal: fast stop")
-
-    handle_quit = handle_int
-
-    def _stop(self, mode, message):
-        if not self.handover.stopping:  # the stop state is the hand-over's
+    def begin_stop(self, mode):
+        if not self.stopping:  # the stop state is the hand-over's
             systemd.notify("STOPPING=1")
-        log.info(message)
+        log.info("Handling signal: term (graceful stop)" if mode == "graceful"
+                 else "Handling signal: fast stop")
         self.apply(self.handover.stop(mode, self.clock()))
 
     def handle_ttin(self):
@@ -144,9 +132,6 @@ class Supervisor(Driver):
     def handle_usr1(self):
         logs.reopen(self.cfg)
         self.signal_all(signal.SIGUSR1)
-
-    def handle_chld(self):
-        pass  # reap() runs every turn
 
     def _forward(self, signum):
         if self.handover.serving is not None:
@@ -167,7 +152,7 @@ class Supervisor(Driver):
 
     def serving(self):
         """GET /health on --stats: a generation serves and no stop is under way."""
-        return self.handover.serving is not None and not self.handover.stopping
+        return self.handover.serving is not None and not self.stopping
 
     def report(self):
         handover = self.handover

@@ -1,0 +1,203 @@
+"""The loop every server process runs, and the hand-over's actions carried out.
+
+The master (-w N), the single-process server (-w 0) and the supervisor are
+each a Driver. They differ in what they reap (workers and generations, or
+generations only), what they decide on a turn (the workers' lifecycle, the
+memory log, the hand-over's clock) and how they wait (the master and the
+supervisor select() on the original syscalls; the single server waits on
+its gevent hub, which serves the requests meanwhile). The order of a turn is
+the same for all three, and written once here:
+
+    dispatch signals -> parent gone? -> reap -> finished? -> decide -> wait
+
+Invariants:
+- Signals are dispatched first, so a stop or a reload asked for before the
+  turn began is seen by every step after it; a handler only enqueues, the
+  turn calls `handle_<name>()`.
+- Reaping comes before the "finished?" check: a process stops once its last
+  child has been collected, never with a child it has not waited for.
+- The stop state is the hand-over's (`handover.stopping`): one per
+  process, None until a stop, then the mode of the strongest one asked for.
+- The decisions themselves are pure (forkserve.process.handover and
+  forkserve.process.lifecycle); a driver only reads the world for them and
+  carries out what they return (`apply`).
+"""
+
+import errno
+import logging
+import os
+import signal
+
+from forkserve import exits
+from forkserve.process import handover, systemd
+from forkserve.process.signals import handler_name
+
+__all__ = ["Driver"]
+
+log = logging.getLogger("forkserve.error")
+
+#: what fork() raises when the system is out of processes or memory
+FORK_ERRNOS = {errno.EAGAIN, errno.ENOMEM}
+
+
+class Driver:
+    """The loop, and what every driver does for forkserve.process.handover.
+
+    A driver has `self.handover`, `self.clock()`, `self.hooks` (a
+    forkserve.process.hooks.Hooks), `self.generations` (a
+    forkserve.process.generations.Generations) and `self.queue` (whose
+    `pop_all()` gives the signals received since the last turn), and
+    provides the steps of a turn:
+
+    - `begin()`: what comes before the first turn (a HaltServer it raises
+      halts, as one from a turn does);
+    - `reap()`: collect the children that exited;
+    - `decide()`: everything else a turn does (the clock, the workers);
+    - `finished()`: True once stopped with nothing left to wait for;
+    - `wait()`: sleep until a signal, a ready generation or the next deadline;
+    - `begin_stop(mode)`: a TERM ("graceful") or an INT/QUIT ("fast");
+
+    and what the hand-over asks: `retire(number)`; the master also
+    `kill_own_workers()`; the master and the single server also
+    `become_supervisor(action)`.
+    """
+
+    #: a generation's supervisor (its pid): once it is gone (SIGKILL), this
+    #: generation stops; None when this process is not a supervised generation
+    parent = None
+
+    # --- the loop ---
+
+    def serve(self) -> int:
+        """begin(), then turn until finished: exits.OK; or, halted (a
+        HaltServer: no generation or no worker could start, a hook raised),
+        halt() and the HaltServer's status."""
+        try:
+            self.begin()
+            self.loop()
+        except exits.HaltServer as halt:
+            log.error("Shutting down: %s", halt.reason)
+            self.halt()
+            return halt.status
+        log.info("Shutting down: master")
+        return exits.OK
+
+    def halt(self):
+        """Giving up: every generation this process started stops fast."""
+        for number in list(self.generations.pids):
+            self.generations.signal(number, signal.SIGQUIT)
+
+    def loop(self):
+        """Turn until finished."""
+        while self.turn():
+            self.wait()
+
+    def turn(self) -> bool:
+        """One turn of the loop, but the wait; False once finished."""
+        self.dispatch_signals()
+        if self.supervisor_gone():
+            self.begin_stop("graceful")
+        self.reap()
+        if self.finished():
+            return False
+        self.decide()
+        return True
+
+    def dispatch_signals(self):
+        for signum in self.queue.pop_all():
+            getattr(self, handler_name(signum))()
+
+    # --- the signals every driver handles alike (forkserve.process.signals) ---
+
+    def handle_term(self):
+        self.begin_stop("graceful")
+
+    def handle_int(self):
+        self.begin_stop("fast")
+
+    def handle_quit(self):
+        self.begin_stop("fast")
+
+    def handle_chld(self):
+        pass  # reap() runs on every turn
+
+    @property
+    def stopping(self):
+        """None, or the stop under way: "graceful" or "fast" (the hand-over's)."""
+        return self.handover.stopping
+
+    def supervisor_gone(self) -> bool:
+        """True, once and logged, when this generation's supervisor has died."""
+        if self.parent is None or os.getppid() == self.parent:
+            return False
+        log.warning("The supervisor (pid %d) is gone; stopping", self.parent)
+        self.parent = None
+        return True
+
+    # --- the generations: their ready bytes, exits and the clock to the hand-over ---
+
+    def follow_generations(self):
+        """The starting generations' ready bytes and the clock, to the hand-over."""
+        now = self.clock()
+        for _ in self.generations.newly_ready():
+            self.apply(self.handover.ready(now))
+        self.apply(self.handover.tick(now))
+
+    def generation_exited(self, pid, description):
+        """A reaped child: if it was a generation, the hand-over hears of it
+        (True); False for any other child."""
+        number = self.generations.exited(pid)
+        if number is None:
+            return False
+        self.apply(self.handover.gone(number, f"(pid {pid}) {description}", self.clock()))
+        return True
+
+    # --- the hand-over's actions, carried out ---
+
+    def apply(self, actions):
+        for action in actions:
+            getattr(self, _ACTIONS[type(action)])(action)
+
+    def _do_spawn(self, action):
+        self.hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
+        self.hooks.pre_exec()
+        try:
+            self.generations.spawn(action.number)
+        except OSError as exc:
+            if exc.errno not in FORK_ERRNOS:
+                raise
+            # a failed start, as if it had died loading: the serving one goes on
+            self.apply(self.handover.gone(
+                action.number, f"could not be started (fork: {exc.strerror}; free "
+                               "memory or raise the process limit)", self.clock()))
+
+    def _do_retire(self, action):
+        self.retire(action.number)
+
+    def _do_kill(self, action):
+        if action.number == self.handover.owner:
+            self.kill_own_workers()  # the master's own generation: its workers
+        else:
+            self.generations.force_out(action.number, action.hard)
+
+    def _do_stop(self, action):
+        self.generations.signal(action.number,
+                                signal.SIGTERM if action.mode == "graceful" else signal.SIGQUIT)
+
+    def _do_notify(self, action):
+        systemd.notify(action.state)
+
+    def _do_log(self, action):
+        log.log(action.level, "%s", action.message)
+
+    def _do_become_supervisor(self, action):
+        self.become_supervisor(action)
+
+    def _do_halt(self, action):
+        raise exits.HaltServer(action.reason, exits.WORKER_BOOT_ERROR)
+
+
+_ACTIONS = {handover.Spawn: "_do_spawn", handover.Retire: "_do_retire",
+            handover.Kill: "_do_kill", handover.Stop: "_do_stop",
+            handover.Notify: "_do_notify", handover.Log: "_do_log",
+            handover.BecomeSupervisor: "_do_become_supervisor", handover.Halt: "_do_halt"}
