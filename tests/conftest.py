@@ -8,11 +8,22 @@ deadline instead of sleeping, and kills the whole group in teardown.
 import pathlib
 
 import pytest
+import setproctitle
 
 from forkserve_testing import ServerProcess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 APPS = pathlib.Path(__file__).resolve().parent / "apps"
+
+
+@pytest.fixture(autouse=True)
+def _process_title_restored():
+    """Unit tests that build a Master or a worker in this process set its
+    title ("forkserve: master ..."); put it back, so that `forkserve memory`
+    never takes the test runner for a server."""
+    title = setproctitle.getproctitle()
+    yield
+    setproctitle.setproctitle(title)
 
 
 @pytest.fixture

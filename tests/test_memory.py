@@ -1400,7 +1400,15 @@ def test_worker_gc_idle_collects_only_when_no_request_came_since_the_last_tick()
 
 
 def test_memory_why_of_a_process_that_is_not_a_worker_says_what_to_give(capsys):
-    assert command.main(["--why", str(os.getpid())]) == 1
+    # A process of its own: this one's title may have been set by a test
+    # that built a Master in-process.
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        assert command.main(["--why", str(other.pid)]) == 1
+    finally:
+        other.stdin.close()
+        other.wait()
     assert "is not a forkserve worker" in capsys.readouterr().err
 
 
