@@ -418,10 +418,15 @@ class Connection:
         self.code = code
         if no_body or not body:
             return head
-        if self._declared is None and not self._chunked:  # the usual case: framed by total
-            self.sent += len(body)
-            return head + body
-        return head + self.response_data(body)
+        if self._chunked:
+            return head + self.response_data(body)
+        declared = self._declared  # framed by total (None), or by the application's length
+        if declared is not None:
+            if len(body) > declared:
+                return head + self.response_data(body)
+            self._declared = declared - len(body)
+        self.sent += len(body)
+        return head + body
 
     def _reusable(self, draining):
         if not self.keep_alive:
