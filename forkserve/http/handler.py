@@ -190,11 +190,14 @@ class Handler:
                 event = NEED_DATA if not first and not http.buffered else http.next_event()
                 while event is NEED_DATA:
                     if http.their_state is IDLE and not first:  # between requests
-                        if idle_timer is not None:
+                        if idle_timer is None:
+                            data = reader.recv(wait_first=True)
+                        else:
                             idle_timer.again(throw, Expired)
-                        data = reader.recv(wait_first=True)
-                        if idle_timer is not None:
-                            idle_timer.stop()
+                            try:
+                                data = reader.recv(wait_first=True)
+                            finally:
+                                idle_timer.stop()
                     else:
                         if not head_armed:
                             if head_timer is not None:
@@ -204,10 +207,8 @@ class Handler:
                     http.receive_data(data)
                     event = http.next_event()
             finally:
-                if head_timer is not None:
+                if head_armed and head_timer is not None:
                     head_timer.stop()
-                if idle_timer is not None:
-                    idle_timer.stop()
         except Expired:
             if http.their_state is not IDLE:  # quiet close unless part of a request arrived
                 self._refuse(RequestError(408, "request head not received in time"), linger=False)
