@@ -27,9 +27,9 @@ from httpcorpus import GOOD, LIMITS, REJECTED, chunked, post, request
 
 
 def test_request_line_parses_method_target_and_version():
-    assert request_line(b"GET /a?b HTTP/1.1\r\n", 100) == ("GET", "/a?b", "HTTP/1.1")
-    assert request_line(b"PATCH /%E9 HTTP/1.0\r\n", 100) == ("PATCH", "/%E9", "HTTP/1.0")
-    assert request_line(b"GET / HTTP/1.7\r\n", 100) == ("GET", "/", "HTTP/1.1")
+    assert request_line(b"GET /a?b HTTP/1.1\r\n", 100) == ("GET", "/a?b", "HTTP/1.1", "GET /a?b HTTP/1.1")
+    assert request_line(b"PATCH /%E9 HTTP/1.0\r\n", 100) == ("PATCH", "/%E9", "HTTP/1.0", "PATCH /%E9 HTTP/1.0")
+    assert request_line(b"GET / HTTP/1.7\r\n", 100) == ("GET", "/", "HTTP/1.1", "GET / HTTP/1.7")
 
 
 def test_request_line_cut_by_eof_is_not_a_request():

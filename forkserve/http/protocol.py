@@ -212,8 +212,7 @@ class Connection:
                     self._pos = end + 4
                     lines = head.splitlines(True)
                     line = lines[0]
-                    self._lines[0] = request_line(line, limits.line_max) + (line[:-2].decode(
-                        "latin-1"),)
+                    self._lines[0] = request_line(line, limits.line_max)
                     del lines[0]
                     self._fields(lines)
                     return self._head_done()
@@ -237,7 +236,7 @@ class Connection:
                 if line == b"\r\n" and head[4] < BLANK_LINES:
                     head[4] += 1  # an empty line before the request line (RFC 9112 2.2)
                     continue
-                head[0] = request_line(line, limits.line_max) + (line[:-2].decode("latin-1"),)
+                head[0] = request_line(line, limits.line_max)
                 head[4] = 0
             elif line == b"\r\n":
                 return self._head_done()
