@@ -120,6 +120,7 @@ class Connection:
 
     def __init__(self, limits):
         self.limits = limits
+        self._keep_alive_allowed = bool(limits.keep_alive)
         self.their_state = IDLE
         self.our_state = IDLE
         self.request = None
@@ -207,10 +208,10 @@ class Connection:
             # and it starts with its request line
             end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
             if end >= 0 and buf[pos] != 13:
-                head = buf[pos:end + 2]
-                if head.count(b"\r") == head.count(b"\r\n"):  # else splitlines would split at CR
+                lines = buf[pos:end + 2].splitlines(True)
+                # every line ends with CRLF (a bare CR or LF would make one more line)
+                if len(lines) == buf.count(b"\r\n", pos, end + 2):
                     self._pos = end + 4
-                    lines = head.splitlines(True)
                     line = lines[0]
                     self._lines[0] = request_line(line, limits.line_max)
                     del lines[0]
@@ -298,7 +299,7 @@ class Connection:
         else:
             tokens = {t.strip(" \t").lower() for t in connection.split(",")}
             keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
-        self.keep_alive = keep and bool(self.limits.keep_alive)
+        self.keep_alive = keep and self._keep_alive_allowed
         self._continue = bool((chunked or length) and version == "HTTP/1.1"
                               and headers.get("HTTP_EXPECT", "").lower() == "100-continue")
         self._no_body = method == "HEAD"
