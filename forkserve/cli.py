@@ -27,6 +27,10 @@ def main(argv=None) -> int:
     except settings.ConfigError as exc:
         print(f"forkserve: error: {exc}", file=sys.stderr)
         return exits.CONFIG_ERROR
+    if cfg.print_config:
+        from forkserve.config import effective
+        print(effective.render(cfg))
+        return 0
     if not cfg.app:
         print("forkserve: error: no application given. Usage: forkserve [OPTIONS] MODULE:APP, "
               "e.g. forkserve -w 4 myproject.wsgi:application (see forkserve --help)",

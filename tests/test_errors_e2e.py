@@ -54,9 +54,9 @@ def test_bad_flag_value(run_server):
            expect_text="--workers (workers): expected a whole number >= 0, got 'many'")
 
 
-def test_unknown_flag(run_server):
+def test_unknown_flag_gets_did_you_mean(run_server):
     _fails(run_server, "--wrokers", "2", app="basic:app", expect_status=2,
-           expect_text="unrecognized arguments")
+           expect_text="unknown option --wrokers; did you mean --workers?")
 
 
 def test_bad_config_file_key(run_server, tmp_path):
@@ -91,3 +91,12 @@ def test_check_config_loads_the_app_and_exits_zero(run_server):
     server = run_server("--check-config", app="basic:app", wait=False)
     assert server.wait_exit(15) == 0
     assert "configuration OK" in server.log()
+
+
+def test_the_config_file_read_is_named_in_the_log(run_server, tmp_path):
+    (tmp_path / "gunicorn.conf.py").write_text("keepalive = 3\n")
+    server = run_server("--check-config", app="basic:app", cwd=str(tmp_path), wait=False,
+                        env={"PYTHONPATH": os.path.join(os.path.dirname(__file__), "apps")})
+    assert server.wait_exit(15) == 0, server.log()
+    assert (f"Config file read: {tmp_path / 'gunicorn.conf.py'} (found in the working "
+            "directory)") in server.log()

@@ -57,3 +57,47 @@ def test_ctrl_c_pressed_any_number_of_times_stops_the_server(tmp_path, presses):
              message="forkserve's master and worker gone")
     finally:
         kill_group(locust, 10)
+
+
+def _locust(*args, cwd=APPS):
+    return subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", "locust_fast.py", "--headless", "-u", "8",
+         "-r", "8", "--forkserve-app", "basic:app", "--forkserve-workers", "2", *args],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, preexec_fn=ctrl_c_reaches_it)
+
+
+def test_ctrl_c_stops_the_users_before_the_server_and_the_run_exits_zero(tmp_path):
+    prefix = tmp_path / "run"
+    locust = _locust("-t", "120s", "--csv", str(prefix))
+    try:
+        history = tmp_path / "run_stats_history.csv"
+        poll(lambda: history.exists() and len(history.read_text().splitlines()) >= 4,
+             timeout=90, message="Locust's run under way (three rows of its stats history)")
+        locust.send_signal(signal.SIGINT)
+        output = locust.communicate(timeout=60)[0]
+    finally:
+        kill_group(locust, 10)
+    assert locust.returncode == 0, output
+    assert "Shutting down (exit code 0)" in output
+    aggregated = [line for line in (tmp_path / "run_stats.csv").read_text().splitlines()
+                  if ",Aggregated," in line][0].split(",")
+    header = (tmp_path / "run_stats.csv").read_text().splitlines()[0].split(",")
+    requests = int(aggregated[header.index("Request Count")])
+    assert requests > 0 and aggregated[header.index("Failure Count")] == "0", output
+    assert len((tmp_path / "run_failures.csv").read_text().splitlines()) == 1  # the header
+
+
+def test_memory_samples_are_kept_without_csv(tmp_path):
+    locust = _locust("-t", "4s", cwd=APPS)
+    try:
+        output = locust.communicate(timeout=120)[0]
+    finally:
+        kill_group(locust, 10)
+    assert locust.returncode == 0, output
+    path = re.search(r"samples: (\S+forkserve-memory-\S+\.csv)", output)
+    assert path, output
+    with open(path.group(1)) as samples:
+        rows = samples.read().splitlines()
+    os.unlink(path.group(1))
+    assert rows[0].startswith("time,") and any(",total," in row for row in rows[1:])

@@ -376,10 +376,41 @@ def test_cost_ratio_counts_anonymous_memory_where_the_kernel_splits_pss():
     assert (report.master_base, report.total_base) == (30 * MIB, 25 * MIB)
     assert report.cost_ratio == pytest.approx(25 / 30)
     assert report.workers_cost == -5 * MIB
-    assert reporter.format_table(report).splitlines()[-1] == (
-        "anonymous PSS 25.0 MiB = master anonymous 30.0 MiB x 0.83 (workers add -5.0 MiB; "
-        "serving workers hold 1.0 MiB of private copies); file PSS 305.0 MiB (page cache: "
-        "shared, reclaimable); total PSS 330.0 MiB")
+    assert reporter.format_table(report).splitlines()[-2:] == [
+        "2 processes use 330.0 MiB; without sharing they would use 370.0 MiB (1.1x less)",
+        "workers add -5.0 MiB to the master's 30.0 MiB of anonymous memory; serving workers "
+        "hold 1.0 MiB alone (their own allocations and any pages copied from the master); "
+        "file pages 305.0 MiB (page cache: shared, reclaimable)"]
+
+
+def _server(master, workers):
+    rows = [ProcessRow(ProcessInfo(100, "master"), master, 1.0)]
+    rows += [ProcessRow(ProcessInfo(101 + n, "worker", n + 1), workers, 1.0) for n in range(4)]
+    return Report(tuple(rows), 0.0)
+
+
+def test_headline_reads_the_server_that_shares_more_as_the_cheaper_one():
+    # dict mode: each worker copied most of the master's 800 MiB heap.
+    heap = make_memory(rss=800 * MIB, pss=300 * MIB, anonymous=800 * MIB, pss_anon=300 * MIB)
+    copied = make_memory(rss=800 * MIB, pss=600 * MIB, anonymous=800 * MIB, pss_anon=600 * MIB,
+                         private_dirty=500 * MIB)
+    # store mode: a 20 MiB heap and a 200 MiB mapped file, shared by all.
+    small = make_memory(rss=220 * MIB, pss=44 * MIB, anonymous=20 * MIB, pss_anon=4 * MIB,
+                        pss_file=40 * MIB)
+    reader = make_memory(rss=226 * MIB, pss=50 * MIB, anonymous=26 * MIB, pss_anon=10 * MIB,
+                         pss_file=40 * MIB, private_dirty=6 * MIB)
+    dict_mode = reporter.headline(_server(heap, copied))
+    store_mode = reporter.headline(_server(small, reader))
+    assert dict_mode == ("5 processes use 2.6 GiB; without sharing they would use 3.9 GiB "
+                         "(1.5x less)")
+    assert store_mode == ("5 processes use 244.0 MiB; without sharing they would use 1.1 GiB "
+                          "(4.6x less)")
+
+
+def test_workers_are_not_said_to_hold_copies_of_what_they_allocated_themselves():
+    text = reporter.format_table(make_report())
+    assert "copies" not in text
+    assert "hold 9.0 MiB alone (their own allocations and any pages copied" in text
 
 
 def test_report_without_a_master_has_no_cost_ratio():
@@ -430,7 +461,8 @@ def test_memory_without_an_anonymous_field_counts_private_dirty_as_private():
 @pytest.mark.parametrize("title, expected", [
     ("forkserve: master [app:app]", procfs.Title("master")),
     ("persondb: worker 12 [persondb.app:app] 3 req, 1.0 MiB private",
-     procfs.Title("worker", worker_id=12)),
+     procfs.Title("worker", worker_id=12, requests=3)),
+    ("forkserve: worker 2 [app:app]", procfs.Title("worker", worker_id=2)),
     ("forkserve: generation 3 [app:app]", procfs.Title("master", generation=3)),
     ("a: b: supervisor [app:app] serving generation 4", procfs.Title("supervisor", serving=4)),
     ("forkserve: single [x]", procfs.Title("single")),
@@ -452,6 +484,7 @@ def test_tree_after_a_reload_lists_supervisor_serving_then_draining_generation()
               30: "f: generation 3 [a]", 21: "f: worker 1 [a]", 31: "f: worker 1 [a]",
               32: "f: worker 2 [a] 5 req"}
     infos = model.tree_infos(1, **_tree(titles, {1: [20, 30], 20: [21], 30: [31, 32]}))
+    assert [i.requests for i in infos] == [None, None, None, 5, None, None]  # from the title
     assert [(i.pid, i.label) for i in infos] == [
         (1, "supervisor"), (30, "master g3"), (31, "worker 1 g3"), (32, "worker 2 g3"),
         (20, "master g2 draining"), (21, "worker 1 g2 draining"),
@@ -506,7 +539,7 @@ def test_ratio_after_a_reload_is_against_the_serving_master():
     report = Report(rows, 0.0)
     assert report.master.info.pid == 30
     assert report.cost_ratio == pytest.approx(160 / 100)
-    assert "master (g3) RSS 100.0 MiB x 1.60 (the other processes add" in \
+    assert "other processes add 60.0 MiB to the master's (g3) 100.0 MiB of memory" in \
         reporter.format_table(report)
     text = reporter.to_prometheus(report)
     assert 'forkserve_process_private_bytes{role="master",generation="2"}' in text
@@ -560,13 +593,16 @@ def test_table_has_a_row_per_process_a_total_row_and_a_summary():
         "total", "290.0", "MiB", "110.0", "MiB", "270.0", "MiB", "19.0", "MiB", "60.0", "MiB",
         "4.0", "KiB", "6350", "3", "1200",
     ]
-    assert lines[5] == ("total PSS 110.0 MiB = master RSS 100.0 MiB x 1.10 (workers add "
-                        "10.0 MiB; serving workers hold 9.0 MiB of private copies)")
-    assert len(lines) == 6
+    assert lines[5] == ("3 processes use 110.0 MiB; without sharing they would use 290.0 MiB "
+                        "(2.6x less)")
+    assert lines[6] == ("workers add 10.0 MiB to the master's 100.0 MiB of memory; serving "
+                        "workers hold 9.0 MiB alone (their own allocations and any pages copied "
+                        "from the master)")
+    assert len(lines) == 7
 
 
 def test_table_columns_line_up():
-    lines = reporter.format_table(make_report()).splitlines()[:-1]
+    lines = reporter.format_table(make_report()).splitlines()[:-2]
     header = lines[0]
     for column in ("RSS", "PSS", "SWAP", "MINFLT"):
         right_edge = header.index(column) + len(column)
@@ -579,7 +615,7 @@ def test_table_summary_of_a_single_process_mentions_no_workers():
     row = make_report().processes[0]
     single = Report((ProcessRow(ProcessInfo(100, "single"), row.memory, row.uptime),), 0.0)
     summary = reporter.format_table(single).splitlines()[-1]
-    assert summary == "total PSS 40.0 MiB: a single process, no workers"
+    assert summary == "1 process uses 40.0 MiB (a single process: nothing to share)"
 
 
 def test_table_of_an_empty_report_says_the_server_has_exited():
@@ -595,7 +631,8 @@ def test_log_report_logs_each_process_then_the_summary(caplog):
         "private 10.0 MiB, file 20.0 MiB, swap 0 B"
     )
     assert messages[1].startswith("Memory of worker 1 (pid 101): ")
-    assert messages[3] == "Memory: " + reporter.format_table(make_report()).splitlines()[-1]
+    assert messages[3] == "Memory: " + "; ".join(
+        reporter.format_table(make_report()).splitlines()[-2:])
     assert len(messages) == 4
 
 
@@ -957,7 +994,8 @@ def test_memory_command_prints_a_table_by_default(pid_file, server, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["PID", "ROLE", "RSS"]
     assert lines[1].split()[:2] == [str(server.pid), "master"]
-    assert lines[-1].startswith("anonymous PSS ")  # Linux >= 5.13; "total PSS " before
+    assert re.match(r"\d+ processes use .*; without sharing they would use ", lines[-2])
+    assert "of anonymous memory" in lines[-1]  # Linux >= 5.13; "of memory" before
 
 
 def test_memory_command_without_pid_file_asks_whether_the_server_runs_with_pid(tmp_path, capsys):
@@ -982,9 +1020,9 @@ def test_memory_command_with_a_pid_file_holding_garbage_fails(tmp_path, capsys):
     assert "does not hold a pid" in capsys.readouterr().err
 
 
-def test_memory_command_without_pid_or_stats_is_a_usage_error(capsys):
-    assert command.main([]) == 2
-    assert "--pid FILE" in capsys.readouterr().err
+def test_memory_command_naming_the_server_twice_is_a_usage_error(tmp_path, capsys):
+    assert command.main(["123", "--stats", "127.0.0.1:9100"]) == 2
+    assert "name the server once" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -1100,7 +1138,7 @@ def test_memory_command_accepts_an_http_url_for_stats(tmp_path, capsys):
     report = captured_report()
     with stats_endpoint(tmp_path, json.dumps(reporter.to_json(report)).encode()) as address:
         assert command.main(["--stats", f"http://{address}"]) == 0
-    assert "total PSS" in capsys.readouterr().out
+    assert "without sharing they would use" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -1136,7 +1174,7 @@ def test_memory_command_watch_refreshes_until_ctrl_c(tmp_path, monkeypatch, caps
         assert command.main(["--stats", address, "--watch", "0.5"]) == 0
     out = capsys.readouterr().out
     assert sleeps == [0.5, 0.5]
-    assert out.count("total PSS") == 2
+    assert out.count("without sharing they would use") == 2
     assert "\x1b[2J" not in out  # not a tty: no clearing
 
 

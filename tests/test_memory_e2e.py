@@ -384,7 +384,7 @@ def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
             report["totals"]["total_base"] / rows[g3_master]["anonymous"])
     table = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--pid", str(pidfile)],
                            capture_output=True, text=True, timeout=30).stdout
-    assert "master (g3) anonymous" in table and "worker 2 g3" in table
+    assert "the master's (g3)" in table and "worker 2 g3" in table
     metrics = _fetch(_stats_port(server), "/metrics")[2]
     assert re.search(rf'forkserve_process_info{{role="worker",worker="\d",generation="3",'
                      rf'pid="{g3_workers[0]}",state="serving"}} 1', metrics)

@@ -19,9 +19,11 @@ into forkserve settings and hooks, `translate` checks one Gunicorn value,
 forkserve.config.settings.
 """
 
+import argparse
 import dataclasses
 import difflib
 import inspect
+import textwrap
 import types
 
 __all__ = ["Row", "ROWS", "BY_NAME", "HOOKS", "FORKSERVE_HOOKS", "translate",
@@ -127,9 +129,8 @@ ROWS = (
              flags=("--spew",), switch=True, harmless=(False,)),
     _honoured("check_config", "Check the settings and load the application, then exit; "
               "exits non-zero when a setting would be ignored."),
-    _refused("print_config", "Use --check-config (it loads the application and reports "
-             "settings that would be ignored); forkserve --help lists every setting.",
-             flags=("--print-config",), switch=True, harmless=(False,)),
+    _honoured("print_config", "Print the effective settings and where each came from, then "
+              "exit; --check-config also loads the application."),
     _refused("preload_app", "forkserve always loads the application once, in the master, "
              "before forking: that is how workers share its data. Remove "
              "preload_app = False.", flags=("--preload",), switch=True, harmless=(True,)),
@@ -340,20 +341,27 @@ def settings_from_file(namespace: dict, known: set, path: str, *, python: bool):
 
 
 def add_arguments(parser, taken):
-    """Add Gunicorn's flags that forkserve's own settings do not already have."""
-    group = parser.add_argument_group(
-        "Gunicorn's flags", "Accepted so a Gunicorn command line works unchanged; each is "
-        "honoured or refused with the reason (see docs/gunicorn.md).")
+    """Add Gunicorn's flags that forkserve's own settings do not already have.
+
+    --help names them on one line instead of describing each: docs/gunicorn.md
+    says what forkserve does with every one."""
+    names = []
     for row in ROWS:
         flags = [flag for flag in row.flags if flag not in taken]
         if not flags:
             continue
+        names += flags
         dest = DEST_PREFIX + row.name
         if row.switch:
-            group.add_argument(*flags, dest=dest, action="store_const", const=True,
-                               default=None, help=row.note)
+            parser.add_argument(*flags, dest=dest, action="store_const", const=True,
+                                default=None, help=argparse.SUPPRESS)
         else:
-            group.add_argument(*flags, dest=dest, default=None, metavar="VALUE", help=row.note)
+            parser.add_argument(*flags, dest=dest, default=None, help=argparse.SUPPRESS)
+    text = ("Also accepted, so a Gunicorn command line works unchanged; each is honoured or "
+            "refused with the reason (docs/gunicorn.md): " + " ".join(names))
+    # The parser keeps descriptions as written: wrap here, never inside a flag's name.
+    parser.add_argument_group("Gunicorn's flags", textwrap.fill(
+        text, width=76, break_on_hyphens=False, break_long_words=False))
 
 
 def _check_hook(name, value, arity, path):

@@ -15,6 +15,7 @@ forkserve.config.files reads the config file it is asked to read.
 
 import argparse
 import dataclasses
+import difflib
 import os
 import shlex
 import sys
@@ -118,6 +119,9 @@ SETTINGS = (
             "Check the settings and load the application, then exit: 0 if all is well, 2 if "
             "a setting is invalid or would be ignored.",
             kind="flag"),
+    Setting("print_config", ("--print-config",), values.flag, False,
+            "Print every setting's effective value and where it came from (default, config "
+            "file, environment, command line), then exit 0.", kind="flag"),
     Setting("no_monkey_patch", ("--no-monkey-patch",), values.flag, False,
             "Do not call gevent.monkey.patch_all() before loading the application.",
             kind="flag"),
@@ -281,33 +285,50 @@ def _convert(setting: Setting, raw, where: str):
         raise ConfigError(f"{where}: {flag} ({setting.name}): {exc}") from None
 
 
+#: the --help sections, in this order (a section not named here comes after
+#: them, titled after its name)
+SECTION_TITLES = {"server": "Server", "http": "HTTP", "logging": "Logging",
+                  "memory": "Memory", "security": "Security"}
+
+
+def _section_title(section: str) -> str:
+    return SECTION_TITLES.get(section, section.capitalize())
+
+
 def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        usage=f"{prog} [OPTIONS] MODULE:APP\n       {prog} memory [--pid FILE | --stats ADDRESS] [--json] [--watch SECONDS]",
+        usage=f"{prog} [OPTIONS] MODULE:APP\n"
+              f"       {prog} memory [TARGET] [--why [TARGET]] [--json] [--watch SECONDS]\n"
+              f"       {prog} store {{build,info,get,shard}} ... (see {prog} store --help)",
         description="Pre-fork gevent WSGI server whose workers share the master's preloaded data.",
-        epilog="Every option can also be set in a config file (-c) by its name, or in the "
+        epilog="Every option can also be set in a config file (-c) by its name, or in the\n"
                "environment as FORKSERVE_<NAME>, e.g. FORKSERVE_WORKERS=4.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # gunicorn.add_arguments wraps
     )
     parser.add_argument("app", nargs="?", metavar="MODULE:APP",
                         help="The WSGI application: module:attribute, or module:factory() to "
                              "call a factory (literal arguments allowed).")
-    parser.add_argument("--version", action="version",
+    parser.add_argument("-V", "--version", action="version",
                         version="forkserve " + __import__("forkserve").__version__)
+    groups = {section: parser.add_argument_group(title)
+              for section, title in SECTION_TITLES.items()}
     for setting in SETTINGS:
-        dest = setting.name
+        if setting.section not in groups:
+            groups[setting.section] = parser.add_argument_group(_section_title(setting.section))
+        group, dest = groups[setting.section], setting.name
         if setting.kind in ("flag", "off"):
-            parser.add_argument(*setting.flags, dest=dest, action="store_const",
-                                const=setting.kind == "flag", default=None, help=setting.help)
+            group.add_argument(*setting.flags, dest=dest, action="store_const",
+                               const=setting.kind == "flag", default=None, help=setting.help)
         elif setting.kind == "optional":  # the flag alone means "auto"
-            parser.add_argument(*setting.flags, dest=dest, nargs="?", const="auto",
-                                default=None, metavar=setting.metavar, help=setting.help)
+            group.add_argument(*setting.flags, dest=dest, nargs="?", const="auto",
+                               default=None, metavar=setting.metavar, help=setting.help)
         elif setting.kind == "append":
-            parser.add_argument(*setting.flags, dest=dest, action="append", default=None,
-                                metavar=setting.metavar, help=setting.help)
+            group.add_argument(*setting.flags, dest=dest, action="append", default=None,
+                               metavar=setting.metavar, help=setting.help)
         else:
-            parser.add_argument(*setting.flags, dest=dest, default=None,
-                                metavar=setting.metavar, help=setting.help)
+            group.add_argument(*setting.flags, dest=dest, default=None,
+                               metavar=setting.metavar, help=setting.help)
     gunicorn.add_arguments(parser, {flag for setting in SETTINGS for flag in setting.flags})
     return parser
 
@@ -324,9 +345,10 @@ def parse(argv, environ=None, cwd=None) -> Config:
                             "environment FORKSERVE_CMD_ARGS")
 
     config_path = cli.get("config") or env_cli.get("config") or environ.get("FORKSERVE_CONFIG")
+    found = None
     for default_file in ("forkserve.conf.py", "gunicorn.conf.py"):  # Gunicorn reads the latter
         if config_path is None and os.path.isfile(os.path.join(cwd, default_file)):
-            config_path = os.path.join(cwd, default_file)
+            config_path = found = os.path.join(cwd, default_file)
     file_values = files.read_config_file(config_path, set(BY_NAME)) if config_path else {}
 
     values, sources = {}, {}
@@ -347,17 +369,27 @@ def parse(argv, environ=None, cwd=None) -> Config:
         sources[setting.name] = source
     if config_path:
         values["config"] = config_path
+    if found:
+        sources["config"] = "found in the working directory"
 
-    app = (cli.get("app") or env_cli.get("app") or environ.get("FORKSERVE_APP")
-           or file_values.get("app"))
+    for app, source in ((cli.get("app"), "command line"),
+                        (env_cli.get("app"), "environment FORKSERVE_CMD_ARGS"),
+                        (environ.get("FORKSERVE_APP"), "environment FORKSERVE_APP"),
+                        (file_values.get("app"), f"config file {config_path}"),
+                        (None, "not given")):
+        if app:
+            break
+    sources["app"] = source
     return Config(app=app, values=values, sources=sources,
                   hooks=file_values.get("hooks", {}))
 
 
 def _command_line(parser, argv, where) -> dict:
     """{setting: raw value} given on a command line, Gunicorn's flags translated."""
-    given = {name: value for name, value in vars(parser.parse_args(argv)).items()
-             if value is not None}
+    known, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise ConfigError(f"{where}: {_unknown_argument(unknown[0])}")
+    given = {name: value for name, value in vars(known).items() if value is not None}
     for dest in [dest for dest in given if dest.startswith(gunicorn.DEST_PREFIX)]:
         name = dest[len(gunicorn.DEST_PREFIX):]
         try:
@@ -369,12 +401,25 @@ def _command_line(parser, argv, where) -> dict:
     return given
 
 
+def _unknown_argument(argument: str) -> str:
+    """What to say about an argument the parser does not know."""
+    if not argument.startswith("-"):
+        return (f"unexpected argument {argument!r}: give one MODULE:APP, after the options "
+                "(see forkserve --help)")
+    flag = argument.partition("=")[0]
+    flags = ["--help", "--version", *(flag for setting in SETTINGS for flag in setting.flags),
+             *(flag for row in gunicorn.ROWS for flag in row.flags)]
+    close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.7)
+    hint = f"; did you mean {close[0]}?" if close else " (see forkserve --help)"
+    return f"unknown option {flag}{hint}"
+
+
 def settings_table() -> str:
     """docs/settings.md's settings tables, one per section, in Markdown."""
     sections = dict.fromkeys(setting.section for setting in SETTINGS)  # in declared order
     lines = []
     for section in sections:
-        title = "HTTP" if section == "http" else section.capitalize()
+        title = _section_title(section)
         lines += ["" if lines else None, f"**{title}**", "",
                   "| Setting (config key) | Flag | Environment | Default | What it does |",
                   "|---|---|---|---|---|"]

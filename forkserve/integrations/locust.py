@@ -16,10 +16,13 @@ Imported by examples/locustfile.py (or add it to any locustfile with
 
 While the test runs it reads the stats endpoint's JSON (per process RSS,
 PSS, USS, faults, requests) every interval and writes, next to Locust's
-``--csv PREFIX`` files, ``PREFIX_memory.csv``: one row per process per
-sample, plus a ``total`` row, each with Locust's request count at that
+``--csv PREFIX`` files, ``PREFIX_memory.csv`` (without ``--csv``, a
+``forkserve-memory-*.csv`` in the temporary directory): one row per process
+per sample, plus a ``total`` row, each with Locust's request count at that
 moment. The web UI gets a "forkserve memory" tab with the latest sample,
-and a download link for the CSV. At the end it prints the last reading in
+and a download link for the CSV (``/forkserve/memory.csv``). On Ctrl-C (or
+when ``-t`` ends) the users stop first, then the server it started, so the
+server's stop causes no failures. At the end it prints the last reading in
 ``forkserve memory``'s table format and how much each worker grew.
 
 Copy-on-write under load, in one command (from the repository root):
@@ -295,6 +298,13 @@ def _term_when_parent_dies():
 _state = {}
 
 
+def _scratch_file(prefix, suffix):
+    """A new file in the temporary directory (kept: its path is printed)."""
+    handle, path = tempfile.mkstemp(prefix=prefix, suffix=suffix)
+    os.close(handle)
+    return path
+
+
 @events.init.add_listener
 def _on_init(environment, **_kwargs):
     options = environment.parsed_options
@@ -303,8 +313,7 @@ def _on_init(environment, **_kwargs):
     stats_address = options.forkserve_stats
     prefix = options.csv_prefix
     if options.forkserve_app:
-        log_path = f"{prefix}_forkserve.log" if prefix else tempfile.mkstemp(
-            prefix="forkserve-", suffix=".log")[1]
+        log_path = f"{prefix}_forkserve.log" if prefix else _scratch_file("forkserve-", ".log")
         server = ForkserveProcess(options.forkserve_app, options.forkserve_workers,
                                   options.forkserve_args, log_path)
         _state["server"] = server
@@ -318,7 +327,9 @@ def _on_init(environment, **_kwargs):
         log.info("forkserve is serving at %s, stats at %s", url, stats_address)
     if not stats_address:
         return
-    csv_path = f"{prefix}_memory.csv" if prefix else None
+    # Without --csv the samples still go to a file, so the web UI's download
+    # (/forkserve/memory.csv) and the summary's pointer always work.
+    csv_path = f"{prefix}_memory.csv" if prefix else _scratch_file("forkserve-memory-", ".csv")
     sampler = MemorySampler(environment, stats_address, options.forkserve_interval, csv_path)
     _state["sampler"] = sampler
     if sampler.sample() is None:
@@ -341,6 +352,11 @@ def _on_test_stop(environment, **_kwargs):
 
 @events.quitting.add_listener
 def _on_quitting(environment, **_kwargs):
+    if "server" in _state and environment.runner is not None:
+        # Locust fires `quitting` (Ctrl-C, -t ending) before it stops the
+        # users: stop them first, so none sends to a server that is stopping
+        # and records its refusal as a failure of the run.
+        environment.runner.stop()
     sampler = _state.pop("sampler", None)
     if sampler is not None:
         sampler.stop()
@@ -366,16 +382,15 @@ def _extend_web_ui(web_ui, sampler):
         {"key": "file_mib", "title": "file (MiB)"},
         {"key": "minor_faults", "title": "minor faults"},
     ]}]
-    if sampler.csv_path:
-        web_ui.template_args["extended_csv_files"] = [
-            {"href": "./forkserve/memory.csv", "title": "Download forkserve memory samples CSV"}]
+    web_ui.template_args["extended_csv_files"] = [
+        {"href": "./forkserve/memory.csv", "title": "Download forkserve memory samples CSV"}]
 
-        @web_ui.app.route("/forkserve/memory.csv")
-        def forkserve_memory_csv():
-            with open(sampler.csv_path, "rb") as f:
-                body = f.read()
-            return Response(body, mimetype="text/csv", headers={
-                "Content-Disposition": "attachment; filename=forkserve_memory.csv"})
+    @web_ui.app.route("/forkserve/memory.csv")
+    def forkserve_memory_csv():
+        with open(sampler.csv_path, "rb") as f:
+            body = f.read()
+        return Response(body, mimetype="text/csv", headers={
+            "Content-Disposition": "attachment; filename=forkserve_memory.csv"})
 
     @web_ui.app.after_request
     def add_memory(response):

@@ -8,7 +8,8 @@ procfs    pure parsers of /proc/PID/smaps_rollup, smaps, stat and titles
 model     the report: the server's process tree, private vs file memory
 render    the report as a table, log lines or Prometheus text
 reporter  the report as JSON, and the names the rest of forkserve imports
-why       `forkserve memory --why PID`: which objects a worker copied
+why       `forkserve memory --why [TARGET]`: which objects a worker copied
+find      which server `forkserve memory` reports: the one named, or every one
 workergc  --worker-gc: when workers collect their own cyclic garbage
 command   `forkserve memory`, the command-line reporter
 """

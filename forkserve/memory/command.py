@@ -1,9 +1,10 @@
 """The `forkserve memory` command: find the server, read it, show it.
 
-The server is found either through its pid file (we read /proc ourselves)
-or through its stats endpoint, which serves forkserve.memory.to_json() and
-is read back with from_json(). Every failure to find the server ends in a
-message saying what to do next, and exit status 1; usage errors exit 2.
+The server is named by a pid or its pid file (we read /proc ourselves), or
+by its stats endpoint, which serves forkserve.memory.to_json() and is read
+back with from_json(); unnamed, it is found by its process title
+(forkserve.memory.find). Every failure to find the server ends in a message
+saying what to do next, and exit status 1; usage errors exit 2.
 """
 
 import argparse
@@ -17,7 +18,9 @@ import sys
 import time
 import urllib.parse
 
-from forkserve.memory.reporter import collect, discover, format_table, from_json, to_json
+from forkserve.memory import find, procfs
+from forkserve.memory.reporter import (collect, discover, format_table, from_json, headline,
+                                       to_json)
 
 #: Seconds to wait for the stats endpoint. It answers from memory, so
 #: anything slower means a wrong address or a stuck master.
@@ -29,7 +32,7 @@ class ServerNotFound(Exception):
 
 
 def main(argv=None):
-    """`forkserve memory [--pid FILE | --stats ADDRESS | --why PID] [--json] [--watch SECONDS]`.
+    """`forkserve memory [TARGET] [--why [TARGET]] [--json] [--watch SECONDS]`.
 
     Returns 0 on success, 1 when the server cannot be found or read, 2 on
     a usage error.
@@ -38,18 +41,23 @@ def main(argv=None):
         args = _parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # argparse printed the usage or --help
         return exc.code
-    if args.why is not None:
-        return _why(args.why, args.json)
-    if args.pid is not None:
-        load = functools.partial(report_from_pid_file, args.pid)
-    else:
-        load = functools.partial(report_from_stats, args.stats)
-    if args.json:
-        # Indented for people; one document per line when watching, for tools.
-        render = functools.partial(_render_json, indent=None if args.watch else 2)
-    else:
-        render = format_table
     try:
+        if args.why is not None:
+            return _why(_worker_to_explain(args.where), args.json)
+        if args.where is None:
+            servers, titles = find.servers()
+            if not servers:
+                raise ServerNotFound(_list_servers(servers, titles))
+            if len(servers) > 1:
+                print(_list_servers(servers, titles))
+                return 0
+            args.where = ("pid", servers[0])
+        load = functools.partial(_load, args.where)
+        if args.json:
+            # Indented for people; one document per line when watching, for tools.
+            render = functools.partial(_render_json, indent=None if args.watch else 2)
+        else:
+            render = format_table
         if args.watch is None:
             print(render(load()))
         else:
@@ -60,11 +68,63 @@ def main(argv=None):
     return 0
 
 
+def _load(where):
+    kind, value = where
+    if kind == "pidfile":
+        return report_from_pid_file(value)
+    if kind == "stats":
+        return report_from_stats(value)
+    return report_from_pid(find.root_of(value, find.titled_processes()))
+
+
+def _list_servers(servers, titles):
+    """The servers running, one line each with its headline, and how to pick one."""
+    if not servers:
+        return ("no forkserve server is running on this machine (no process is titled "
+                "'forkserve: master [APP]' or with another --name); start one, or give its "
+                "pid, pid file or --stats address")
+    lines = [f"{len(servers)} forkserve servers are running; name one, e.g. "
+             f"`forkserve memory {servers[0]}`:"]
+    for pid in servers:
+        try:
+            summary = headline(report_from_pid(pid))
+        except ServerNotFound as exc:
+            summary = str(exc)
+        lines.append(f"  {pid:>7}  {titles.get(pid, ('?',))[0]}: {summary}")
+    return "\n".join(lines)
+
+
+def _worker_to_explain(where):
+    """The pid of the worker --why explains: the one named, else the serving
+    worker with the most private memory of the server named (or the only
+    server running)."""
+    if where is None:
+        servers, titles = find.servers()
+        if len(servers) != 1:
+            raise ServerNotFound(_list_servers(servers, titles).replace(
+                "forkserve memory", "forkserve memory --why"))
+        where = ("pid", servers[0])
+    if where[0] == "pid":
+        title = procfs.parse_title(procfs.read_title(where[1]) or "")
+        if title is None or title.role == "worker":
+            return where[1]  # why.ask says what is wrong with a pid that is no worker
+    workers = [row for row in _load(where).processes
+               if row.info.role == "worker" and row.info.state in (None, "serving")]
+    if not workers:
+        raise ServerNotFound("the server has no worker to explain (--why explains a worker's "
+                             "private memory; a server started with -w 0 has none)")
+    return max(workers, key=lambda row: row.memory.private).info.pid
+
+
 def _why(pid, as_json):
     from forkserve.memory import why
 
+    def progress(figures):
+        print(f"forkserve memory --why: {figures['objects_walked']:,} objects walked, "
+              f"{figures['seconds']:.1f} s", file=sys.stderr, flush=True)
+
     try:
-        answer = why.ask(pid)
+        answer = why.ask(pid, progress=progress)
     except why.WhyError as exc:
         print(f"forkserve memory --why: {exc}", file=sys.stderr)
         return 1
@@ -89,35 +149,78 @@ def _watch(load, render, seconds, clear):
         pass
 
 
+_COLUMNS_HELP = """\
+The server is TARGET: a pid (of its master, a worker or its supervisor), the pid
+file it was started with (--pid FILE), or its stats address (--stats HOST:PORT
+or unix:PATH). Without TARGET: the one forkserve server running, or a list of
+all of them, found by their process titles.
+
+Columns (one row per process; sizes from /proc/PID/smaps_rollup):
+  RSS      memory the process has resident, counting every shared page in full
+           in each process that maps it; the sum over processes overstates
+  PSS      its fair share: each shared page divided among the processes sharing
+           it. The sum of PSS is what the server costs the machine
+  SHARED   resident memory it shares with at least one other process
+  PRIVATE  anonymous memory only this process holds: for a worker, its own
+           allocations and the master's pages it copied by writing to them
+           (--max-worker-memory limits this)
+  FILE     resident file-backed memory (a mapped store, libraries): page cache,
+           held once by the machine however many processes map it, and
+           reclaimable
+  SWAP     memory of the process swapped out
+  MINFLT   minor page faults: pages mapped without reading the disk (each
+           copy-on-write copy is one)
+  MAJFLT   major page faults: pages read from disk (a cold store, swap)
+  REQS     requests served (- where not known)
+  UPTIME   how long the process has run
+
+The first line under the table is the headline: what the processes use (sum of
+PSS) and what they would use without sharing (sum of RSS: each process holding
+its own copy of every page). The next line says where the memory is. See
+docs/memory.md.
+"""
+
+
 def _parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="forkserve memory",
+        usage="forkserve memory [TARGET] [--why [TARGET]] [--json] [--watch SECONDS]",
         description="Show how much memory a forkserve server and its workers use, "
         "and how much of it the workers share.",
+        epilog=_COLUMNS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("target", nargs="?", metavar="TARGET",
+                        help="the server: a pid, a pid file or a stats address (see below)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--pid", metavar="FILE",
                        help="the pid file the server was started with (--pid FILE)")
     where.add_argument("--stats", metavar="ADDRESS",
                        help="the server's stats endpoint (--stats ADDRESS): "
                        "HOST:PORT, http://HOST:PORT or unix:PATH")
-    where.add_argument("--why", metavar="PID", type=int,
-                       help="explain a worker's private memory: which of the master's objects "
-                       "it copied, by module-level name and by type")
+    parser.add_argument("--why", metavar="TARGET", nargs="?", const="",
+                        help="explain a worker's private memory: which of the master's objects "
+                        "it copied, by module-level name and by type. TARGET is the worker's "
+                        "pid, or a server (then its worker with the most private memory)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--watch", metavar="SECONDS", type=_positive_seconds,
                         help="refresh every SECONDS until Ctrl-C")
     args = parser.parse_args(argv)
-    if args.pid is None and args.stats is None and args.why is None:
-        parser.error(
-            "say where the server is: --pid FILE (the pid file it was started with) "
-            "or --stats ADDRESS (its stats endpoint), or --why PID (a worker)"
-        )
-    if args.stats is not None:
-        try:
-            parse_stats_address(args.stats)
-        except ValueError as exc:
-            parser.error(str(exc))
+    named = [value for value in (args.target, args.why or None) if value is not None]
+    if len(named) + (args.pid is not None) + (args.stats is not None) > 1:
+        parser.error("name the server once: TARGET, --why TARGET, --pid FILE or --stats ADDRESS")
+    args.where = None
+    try:
+        if args.pid is not None:
+            args.where = ("pidfile", args.pid)
+        elif args.stats is not None:
+            args.where = ("stats", args.stats)
+        elif named:
+            args.where = find.classify(named[0])
+        if args.where is not None and args.where[0] == "stats":
+            parse_stats_address(args.where[1])
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -147,10 +250,15 @@ def report_from_pid_file(path):
             f"{path} does not hold a pid (it starts {text[:20]!r}); give the file the server "
             "was started with --pid FILE"
         ) from None
-    stale = ServerNotFound(
+    return report_from_pid(pid, stale=(
         f"{path} names pid {pid}, which is not running: the server has stopped "
-        "(start it again, or remove the stale pid file)"
-    )
+        "(start it again, or remove the stale pid file)"))
+
+
+def report_from_pid(pid, stale=None):
+    """Discover and read the server whose root process is pid."""
+    stale = ServerNotFound(stale or f"no process {pid} is running: `forkserve memory` alone "
+                                    "lists the forkserve servers that are")
     try:
         report = collect(discover(pid))
     except ProcessLookupError:

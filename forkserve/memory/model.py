@@ -362,6 +362,7 @@ def _master_and_workers(pid, children, generation, state, title_of):
     for child in children:
         child_title = title_of(child)
         worker_id = child_title.worker_id if child_title else None
-        infos.append(ProcessInfo(child, "worker", worker_id=worker_id, generation=generation,
-                                 state=state))
+        requests = child_title.requests if child_title else None
+        infos.append(ProcessInfo(child, "worker", worker_id=worker_id, requests=requests,
+                                 generation=generation, state=state))
     return infos

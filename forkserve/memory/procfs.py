@@ -349,7 +349,7 @@ def read_title(pid, *, proc=PROC):
 # "worker N", and a supervisor's DETAIL is "serving generation N".
 _TITLE = re.compile(
     r"(?:supervisor|master|single|generation (?P<generation>\d+)|worker (?P<worker>\d+))"
-    r" \[[^\]]*\](?: serving generation (?P<serving>\d+))?")
+    r" \[[^\]]*\](?: serving generation (?P<serving>\d+)| (?P<requests>\d+) req\b)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,6 +360,7 @@ class Title:
     worker_id: int | None = None
     generation: int | None = None  # of a generation's master
     serving: int | None = None  # the generation a supervisor serves
+    requests: int | None = None  # a worker's, as its title last said
 
 
 def parse_title(text):
@@ -370,7 +371,8 @@ def parse_title(text):
             number = functools.partial(_optional_int, match)
             if role == "generation":
                 return Title("master", generation=number("generation"))
-            return Title(role, worker_id=number("worker"), serving=number("serving"))
+            return Title(role, worker_id=number("worker"), serving=number("serving"),
+                         requests=number("requests"))
     return None
 
 

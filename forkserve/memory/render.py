@@ -11,7 +11,8 @@ import math
 import operator
 import re
 
-__all__ = ["format_duration", "format_size", "format_table", "log_report", "to_prometheus"]
+__all__ = ["breakdown", "format_duration", "format_size", "format_table", "headline",
+           "log_report", "to_prometheus"]
 
 _COLUMNS = (
     "PID", "ROLE", "RSS", "PSS", "SHARED", "PRIVATE", "FILE", "SWAP",
@@ -60,31 +61,51 @@ def format_table(report):
         ).rstrip()
         for line in lines
     ]
-    return "\n".join(text + [_summary(report)])
+    return "\n".join(text + _summary_lines(report))
 
 
-def _summary(report):
-    if not report.processes:
+def headline(report):
+    """What the server costs, and what it would cost without sharing:
+    "5 processes use 219.1 MiB; without sharing they would use 1.4 GiB (6.4x less)".
+
+    "Use" is the sum of PSS (each shared page split among its sharers: what
+    the machine pays). "Without sharing" is the sum of RSS: each process
+    holding its own copy of every page it has resident. The more the
+    processes share, the larger the factor; it is 1.0x when nothing is shared.
+    """
+    count = report.process_count
+    if not count:
         return "no processes: the server has exited"
-    if report.master is None:
-        return f"total PSS {format_size(report.total_pss)} (no master process, so no cost ratio)"
-    if report.master.info.role == "single":
-        return f"total PSS {format_size(report.total_pss)}: a single process, no workers"
-    master = report.master.info
-    which = f"master (g{master.generation})" if master.state else "master"
-    others = "workers" if all(row.info.role == "worker" or row.info is master
-                              for row in report.processes) else "the other processes"
-    added = (f"({others} add {format_size(report.workers_cost)}; serving workers hold "
-             f"{format_size(report.copied)} of private copies)")
-    if report.ratio_basis == "all":
-        return (f"total PSS {format_size(report.total_pss)} = {which} RSS "
-                f"{format_size(report.master_rss)} x {report.cost_ratio:.2f} {added}")
-    return (
-        f"anonymous PSS {format_size(report.total_base)} = {which} anonymous "
-        f"{format_size(report.master_base)} x {report.cost_ratio:.2f} {added}; file PSS "
-        f"{format_size(report.total_pss_file)} (page cache: shared, reclaimable); total PSS "
-        f"{format_size(report.total_pss)}"
-    )
+    used, alone = report.total_pss, report.total_rss
+    if count == 1:
+        return f"1 process uses {format_size(used)} (a single process: nothing to share)"
+    factor = f"{alone / used:.1f}x less" if used else "nothing resident"
+    return (f"{count} processes use {format_size(used)}; without sharing they would use "
+            f"{format_size(alone)} ({factor})")
+
+
+def breakdown(report):
+    """Where the headline's memory is: the master's, what the workers add,
+    what they hold alone, and the page cache; None without a master."""
+    master = report.master
+    if master is None or master.info.role == "single":
+        return None
+    which = f"the master's (g{master.info.generation})" if master.info.state else "the master's"
+    others = "workers" if all(row.info.role == "worker" or row is master
+                              for row in report.processes) else "other processes"
+    kind = "anonymous memory" if report.ratio_basis == "anonymous" else "memory"
+    text = (f"{others} add {format_size(report.workers_cost)} to {which} "
+            f"{format_size(report.master_base)} of {kind}; serving workers hold "
+            f"{format_size(report.copied)} alone (their own allocations and any pages "
+            "copied from the master)")
+    if report.ratio_basis == "anonymous":
+        text += (f"; file pages {format_size(report.total_pss_file)} (page cache: shared, "
+                 "reclaimable)")
+    return text
+
+
+def _summary_lines(report):
+    return [line for line in (headline(report), breakdown(report)) if line]
 
 
 def log_report(logger, report, level=logging.INFO):
@@ -98,7 +119,7 @@ def log_report(logger, report, level=logging.INFO):
             format_size(memory.shared), 100 * memory.shared_fraction,
             format_size(memory.private), format_size(memory.file), format_size(memory.swap),
         )
-    logger.log(level, "Memory: %s", _summary(report))
+    logger.log(level, "Memory: %s", "; ".join(_summary_lines(report)))
 
 
 def _or_dash(value):

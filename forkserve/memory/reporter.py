@@ -25,9 +25,11 @@ from forkserve.memory.procfs import (
     read_process,
 )
 from forkserve.memory.render import (
+    breakdown,
     format_duration,
     format_size,
     format_table,
+    headline,
     log_report,
     to_prometheus,
 )
@@ -38,12 +40,14 @@ __all__ = [
     "ProcessMemory",
     "ProcessRow",
     "Report",
+    "breakdown",
     "collect",
     "discover",
     "format_duration",
     "format_size",
     "format_table",
     "from_json",
+    "headline",
     "log_report",
     "parse_smaps",
     "parse_smaps_rollup",

@@ -1,0 +1,116 @@
+"""`forkserve memory` finds its server: by pid, pid file, stats address or title."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from forkserve.memory import find, why
+
+GUNICORN = "gunicorn: master [app:app]"
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("7831", ("pid", 7831)),
+    (" 7831 ", ("pid", 7831)),
+    ("127.0.0.1:9100", ("stats", "127.0.0.1:9100")),
+    ("localhost:9100", ("stats", "localhost:9100")),
+    ("http://[::1]:9100", ("stats", "http://[::1]:9100")),
+    ("unix:/run/app/stats.sock", ("stats", "unix:/run/app/stats.sock")),
+])
+def test_a_target_is_a_pid_or_a_stats_address(target, expected):
+    assert find.classify(target, isfile=lambda path: False) == expected
+
+
+def test_an_existing_file_is_a_pid_file(tmp_path):
+    pidfile = tmp_path / "app.pid"
+    pidfile.write_text("7831\n")
+    assert find.classify(str(pidfile)) == ("pidfile", str(pidfile))
+
+
+def test_a_target_that_is_none_of_them_says_what_to_give(tmp_path):
+    with pytest.raises(ValueError, match="not a pid, an existing pid file or a stats address: "
+                                         "give the server's pid"):
+        find.classify(str(tmp_path / "missing.pid"))
+
+
+def _tree():
+    return {
+        100: ("forkserve: master [app:app]", 1),
+        101: ("forkserve: worker 1 [app:app]", 100),
+        102: ("forkserve: worker 2 [app:app]", 100),
+        200: ("forkserve: supervisor [b:app] serving generation 2", 50),
+        201: ("forkserve: generation 2 [b:app]", 200),
+        202: ("forkserve: worker 1 [b:app]", 201),
+        300: (GUNICORN, 1),
+        301: ("gunicorn: worker [app:app]", 300),
+        400: ("shop: master [shop:app]", 1),
+        401: ("shop: worker 1 [shop:app]", 400),
+        500: ("shop: supervisor [shop:app] serving generation 3", 1),
+        503: ("shop: generation 3 [shop:app]", 500),
+    }
+
+
+def test_the_servers_are_the_titled_processes_whose_parent_is_not_titled():
+    # gunicorn's titles look the same: a root with another --name counts
+    # when it, or a generation under it, listens for --why.
+    assert find.roots(_tree(), listeners={400, 503}) == [100, 200, 400, 500]
+
+
+def test_a_worker_or_a_generations_master_leads_to_its_servers_root():
+    tree = _tree()
+    assert [find.root_of(pid, tree) for pid in (101, 100, 202, 201, 7)] == [100, 100, 200, 200, 7]
+
+
+def test_why_listeners_are_read_from_proc_net_unix(tmp_path):
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "unix").write_text(
+        "Num       RefCount Protocol Flags    Type St Inode Path\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 55219 @forkserve-why-4242\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 55220 /run/other.sock\n")
+    assert find.why_listeners(str(tmp_path)) == {4242}
+
+
+def test_walk_reports_progress_as_it_goes(monkeypatch):
+    monkeypatch.setattr(why, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(why, "_CLOCK_EVERY", 1000)
+    seen = []
+    _, _, walked = why.walk([__name__], set(), 12, progress=seen.append)
+    assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] <= walked
+
+
+@pytest.mark.e2e
+def test_memory_finds_a_server_started_without_pid_or_stats_by_its_pid(run_server):
+    server = run_server("-w", "2", app="basic:app")
+    workers = server.wait_workers(2)
+    for target in (server.pid, workers[0]):  # a worker's pid leads to its master
+        out = subprocess.run([sys.executable, "-m", "forkserve", "memory", str(target), "--json"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert {row["pid"] for row in json.loads(out.stdout)["processes"]} == {
+            server.pid, *workers}
+
+
+@pytest.mark.e2e
+def test_memory_without_a_target_finds_every_server_running(run_server):
+    servers = [run_server("-w", "1", app="basic:app") for _ in range(2)]
+    for server in servers:
+        server.wait_workers(1)
+    out = subprocess.run([sys.executable, "-m", "forkserve", "memory"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "forkserve servers are running; name one" in out.stdout
+    for server in servers:
+        assert f"{server.pid}  forkserve: master [basic:app]: 2 processes use " in out.stdout
+
+
+@pytest.mark.e2e
+def test_why_of_a_master_explains_its_worker_and_reports_progress(run_server):
+    server = run_server("-w", "1", app="basic:app")
+    worker, = server.wait_workers(1)
+    out = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--why", str(server.pid),
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["pid"] == worker
+    assert "forkserve memory --why: 0 objects walked, " in out.stderr
