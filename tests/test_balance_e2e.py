@@ -116,10 +116,11 @@ def test_balance_survives_a_worker_kill_and_a_reload_with_no_connection_refused(
              len(worker_connections(stats_port)) == 4, message="the replacement to be ready")
         poll(lambda: sum(worker_connections(stats_port).values()) <= 6 + 1,
              message="the killed worker's connections to be gone")
-        # The others hold 2 each (and the churn's one at times): the next
-        # connections are the replacement's.
+        # The others hold 2 each: the replacement, under its share, takes the
+        # next connection (the churn's own connection, counted on some worker,
+        # can let a worker at its share take the second one).
         more = hold(server.port, 2)
-        assert [pid for _, pid in more] == [replacement, replacement]
+        assert replacement in [pid for _, pid in more], (replacement, more)
         close_all(held + more)
 
         handovers = len(HANDED_OVER.findall(server.log()))

@@ -931,10 +931,13 @@ def test_prefetch_reads_the_file_into_the_page_cache_and_populate_maps_it(tmp_pa
         assert store["person7@example.com"]["n"] == "7" * 40
     assert evict(path)
     with Store.open(path, prefetch=True) as store:
+        # The kernel reads it in the background. WILLNEED is a hint it may
+        # drop a few of under I/O load (seen: 99.7% cached after 30 s on a
+        # machine running several test suites), so the deadline asks for most.
         deadline = time.monotonic() + 30
-        while cached_bytes(path) < size:  # the kernel reads it in the background
-            assert time.monotonic() < deadline, f"{cached_bytes(path)} of {size} bytes cached"
+        while cached_bytes(path) < size and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert cached_bytes(path) >= 0.95 * size, f"{cached_bytes(path)} of {size} bytes cached"
         assert mapping_of(os.getpid(), path)["Rss"] < size // 4  # cached, not mapped here
     assert evict(path)
     with Store.open(path, populate=True) as store:  # read and mapped before it returns
