@@ -51,6 +51,6 @@ def test_parser_micro_parses_both_heads_with_h1():
     from benchmarks import parser_micro
 
     wrk = parser_micro.parse_h1(parser_micro.HEADS["wrk"])
-    assert wrk == [("GET", "/", "HTTP/1.1"), ("Host", "127.0.0.1:8000")]
+    assert wrk == [("GET", "/", "HTTP/1.1", "GET / HTTP/1.1"), ("Host", "127.0.0.1:8000")]
     browser = parser_micro.parse_h1(parser_micro.HEADS["browser"])
     assert len(browser) == 11 and browser[-1] == ("Sec-Fetch-Mode", "navigate")

@@ -27,9 +27,12 @@ from httpcorpus import GOOD, LIMITS, REJECTED, chunked, post, request
 
 
 def test_request_line_parses_method_target_and_version():
-    assert request_line(b"GET /a?b HTTP/1.1\r\n", 100) == ("GET", "/a?b", "HTTP/1.1")
-    assert request_line(b"PATCH /%E9 HTTP/1.0\r\n", 100) == ("PATCH", "/%E9", "HTTP/1.0")
-    assert request_line(b"GET / HTTP/1.7\r\n", 100) == ("GET", "/", "HTTP/1.1")
+    assert request_line(b"GET /a?b HTTP/1.1\r\n", 100) == (
+        "GET", "/a?b", "HTTP/1.1", "GET /a?b HTTP/1.1")
+    assert request_line(b"PATCH /%E9 HTTP/1.0\r\n", 100) == (
+        "PATCH", "/%E9", "HTTP/1.0", "PATCH /%E9 HTTP/1.0")
+    assert request_line(b"GET / HTTP/1.7\r\n", 100) == (
+        "GET", "/", "HTTP/1.1", "GET / HTTP/1.7")
 
 
 def test_request_line_cut_by_eof_is_not_a_request():
@@ -612,6 +615,56 @@ def test_access_log_escapes_client_text_and_never_logs_credentials(fresh_server)
     everything = live.access() + live.errors() + live.stderr()
     for secret in ("AUTH-SECRET", "COOKIE-SECRET", "PROXY-SECRET"):
         assert secret not in everything
+
+
+def test_access_log_time_of_a_keep_alive_request_leaves_out_the_idle_wait_before_it():
+    """The request time given to the access log (%(D)s, %(T)s, %(L)s) starts
+    when the request's bytes arrive, not when the connection began to wait
+    for them: a client that idles between requests does not make them slow."""
+    import logging
+    from wsgiref.validate import validator
+
+    import gevent
+    from gevent import socket as gsocket
+
+    from forkserve.http.server import Server
+
+    idle = 1.0
+    logged = []
+
+    def sink(environ, line, status, headers, sent, started):
+        logged.append(time.perf_counter() - started)
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+        return [b"ok"]
+
+    listener = gsocket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    server = Server(listener, validator(app), access_log=logging.getLogger("test.idle"),
+                    access_sink=sink)
+    server.start()
+    client = gsocket.create_connection(listener.getsockname())
+    try:
+        for n in range(2):
+            if n:
+                gevent.sleep(idle)  # the client idles on its keep-alive connection
+            client.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            received = b""
+            while not received.endswith(b"\r\n\r\nok"):
+                data = client.recv(4096)
+                assert data, received
+                received += data
+            deadline = time.monotonic() + 10
+            while len(logged) <= n and time.monotonic() < deadline:
+                gevent.sleep(0.01)
+    finally:
+        client.close()
+        server.stop_accepting()
+        server.close_now()
+    assert len(logged) == 2, logged
+    assert logged[1] < idle / 2, logged
 
 
 # --- e2e: the WSGI contract (PEP 3333) --------------------------------------------

@@ -160,7 +160,8 @@ FORBIDDEN_TRAILERS = frozenset({
 def request_line(line, line_max):
     """Parse a request line read with readline(line_max + 2).
 
-    Returns (method, target, version) or None if the client closed the
+    Returns (method, target, version, text), `text` the line as received
+    without its CRLF (the access log's), or None if the client closed the
     connection mid-line; raises RequestError for anything else invalid.
     """
     text = line.decode("latin-1")
@@ -170,7 +171,7 @@ def request_line(line, line_max):
         if major != "1":
             raise RequestError(505, f"unsupported version HTTP/{major}.{minor}")
         # RFC 9110 6.2: a higher minor version is processed as the highest we know.
-        return method, target, "HTTP/1.0" if minor == "0" else "HTTP/1.1"
+        return method, target, "HTTP/1.0" if minor == "0" else "HTTP/1.1", text[:-2]
     if len(line) > line_max + 2 or (len(line) == line_max + 2 and not text.endswith("\n")):
         raise RequestError(414, f"request line longer than {line_max} bytes")
     if not text.endswith("\n"):

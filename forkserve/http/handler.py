@@ -101,6 +101,9 @@ class Handler:
         self._idle_timer = timer(server.loop, limits.keep_alive)
         self._body_deadline = None
         self._proxy_info = None   # what a PROXY protocol header said, if one came
+        #: time.perf_counter() when the current request began: its first byte
+        #: after a keep-alive wait, else when its head was looked for
+        self._started = 0.0
         #: the environ's part that is the same for every request on this connection
         self.base_env = env = server.base_env.copy()
         env["wsgi.errors"] = ErrorStream(server.logger, self)
@@ -130,7 +133,6 @@ class Handler:
     def _next_request(self, first):
         """Read, run and answer one request; True if the connection stays open."""
         server, http = self.server, self.http
-        started = time.perf_counter()
         request = self._receive_head(first)
         if request is None:
             return False
@@ -160,7 +162,7 @@ class Handler:
         if sink is not None:  # the access log: a line for a request the application saw
             code = responder.code
             sink(env, request.line, code, responder.headers if responder.headers_sent else (),
-                 http.sent if code else None, started)
+                 http.sent if code else None, self._started)
         if body.error is not None:
             if isinstance(body.error, RequestError):
                 self._log_refusal(body.error)
@@ -178,6 +180,7 @@ class Handler:
         throw = self.transport.throw
         head_timer, idle_timer = self._head_timer, self._idle_timer
         head_armed = False
+        self._started = time.perf_counter()
         try:
             try:
                 if first:
@@ -190,11 +193,16 @@ class Handler:
                 event = NEED_DATA if not first and not http.buffered else http.next_event()
                 while event is NEED_DATA:
                     if http.their_state is IDLE and not first:  # between requests
-                        if idle_timer is not None:
+                        if idle_timer is None:
+                            data = reader.recv(wait_first=True)
+                        else:
                             idle_timer.again(throw, Expired)
-                        data = reader.recv(wait_first=True)
-                        if idle_timer is not None:
-                            idle_timer.stop()
+                            try:
+                                data = reader.recv(wait_first=True)
+                            finally:
+                                idle_timer.stop()
+                        # the request begins now: the keep-alive wait is not part of it
+                        self._started = time.perf_counter()
                     else:
                         if not head_armed:
                             if head_timer is not None:
@@ -204,10 +212,8 @@ class Handler:
                     http.receive_data(data)
                     event = http.next_event()
             finally:
-                if head_timer is not None:
+                if head_armed and head_timer is not None:
                     head_timer.stop()
-                if idle_timer is not None:
-                    idle_timer.stop()
         except Expired:
             if http.their_state is not IDLE:  # quiet close unless part of a request arrived
                 self._refuse(RequestError(408, "request head not received in time"), linger=False)

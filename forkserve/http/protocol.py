@@ -120,6 +120,7 @@ class Connection:
 
     def __init__(self, limits):
         self.limits = limits
+        self._keep_alive_allowed = bool(limits.keep_alive)
         self.their_state = IDLE
         self.our_state = IDLE
         self.request = None
@@ -207,13 +208,12 @@ class Connection:
             # and it starts with its request line
             end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
             if end >= 0 and buf[pos] != 13:
-                head = buf[pos:end + 2]
-                if head.count(b"\r") == head.count(b"\r\n"):  # else splitlines would split at CR
+                lines = buf[pos:end + 2].splitlines(True)
+                # every line ends with CRLF (a bare CR or LF would make one more line)
+                if len(lines) == buf.count(b"\r\n", pos, end + 2):
                     self._pos = end + 4
-                    lines = head.splitlines(True)
                     line = lines[0]
-                    self._lines[0] = request_line(line, limits.line_max) + (line[:-2].decode(
-                        "latin-1"),)
+                    self._lines[0] = request_line(line, limits.line_max)
                     del lines[0]
                     self._fields(lines)
                     return self._head_done()
@@ -237,7 +237,7 @@ class Connection:
                 if line == b"\r\n" and head[4] < BLANK_LINES:
                     head[4] += 1  # an empty line before the request line (RFC 9112 2.2)
                     continue
-                head[0] = request_line(line, limits.line_max) + (line[:-2].decode("latin-1"),)
+                head[0] = request_line(line, limits.line_max)
                 head[4] = 0
             elif line == b"\r\n":
                 return self._head_done()
@@ -299,7 +299,7 @@ class Connection:
         else:
             tokens = {t.strip(" \t").lower() for t in connection.split(",")}
             keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
-        self.keep_alive = keep and bool(self.limits.keep_alive)
+        self.keep_alive = keep and self._keep_alive_allowed
         self._continue = bool((chunked or length) and version == "HTTP/1.1"
                               and headers.get("HTTP_EXPECT", "").lower() == "100-continue")
         self._no_body = method == "HEAD"
@@ -418,10 +418,15 @@ class Connection:
         self.code = code
         if no_body or not body:
             return head
-        if self._declared is None and not self._chunked:  # the usual case: framed by total
-            self.sent += len(body)
-            return head + body
-        return head + self.response_data(body)
+        if self._chunked:
+            return head + self.response_data(body)
+        declared = self._declared  # framed by total (None), or by the application's length
+        if declared is not None:
+            if len(body) > declared:
+                return head + self.response_data(body)
+            self._declared = declared - len(body)
+        self.sent += len(body)
+        return head + body
 
     def _reusable(self, draining):
         if not self.keep_alive:

@@ -82,7 +82,9 @@ def plan_head(status, headers, total, version, head_request):
     close = dated = False
     try:
         for name, value in headers:
-            if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
+            # printable ASCII is the usual value, checked without the regex
+            if not _NAME.fullmatch(name) or not (value.isascii() and value.isprintable()
+                                                 or _VALUE.fullmatch(value)):
                 raise ApplicationError(f"invalid response header {name!r}: {value!r}")
             lname = name.lower()
             if lname in _SPECIAL:
@@ -98,7 +100,7 @@ def plan_head(status, headers, total, version, head_request):
                     close = close or (lname == "connection" and "close" in value.lower())
                     continue
             lines += (name, ": ", value, "\r\n")
-    except (TypeError, ValueError) as ex:
+    except (TypeError, ValueError, AttributeError) as ex:
         if isinstance(ex, ApplicationError):
             raise
         raise ApplicationError(f"response headers must be (str, str) tuples: {ex}") from ex
