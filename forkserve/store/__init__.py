@@ -395,6 +395,3 @@ class _ValuesView(collections.abc.ValuesView):
     def __iter__(self):
         for _, value in self._mapping._records():
             yield value
-
-
-# -- command line ----------------------------------------------------------
