@@ -890,3 +890,48 @@ def test_unread_body_not_yet_received_gets_connection_close(fresh_server):
         sock.sendall(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
         reply = read_response(sock)
         assert (reply.status, reply.headers["connection"]) == (200, "close")
+
+
+def test_a_small_body_still_arriving_when_the_head_goes_out_is_read_whole():
+    """The response head goes out (start_response, then write()) while part
+    of a small Content-Length body is still on its way: the server's look at
+    what already arrived must not take "nothing yet" for the client's close,
+    so the application reads the whole body once the rest comes."""
+    from wsgiref.validate import validator
+
+    import gevent
+    from gevent import socket as gsocket
+
+    from forkserve.http.server import Server
+
+    read = []
+    head_sent = gevent.event.Event()
+
+    def app(environ, start_response):
+        write = start_response("200 OK", [("Content-Type", "text/plain")])
+        write(b"head ")  # the head goes out before the body is read
+        head_sent.set()
+        read.append(environ["wsgi.input"].read(10))
+        return [b"got " + read[-1]]
+
+    listener = gsocket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    server = Server(listener, validator(app))
+    server.start()
+    client = gsocket.create_connection(listener.getsockname())
+    try:
+        client.sendall(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n01234")
+        assert head_sent.wait(10), "the application never sent its head"
+        client.sendall(b"56789")
+        received = b""
+        with gevent.Timeout(10, AssertionError(f"no whole answer: {received!r}")):
+            while b"got 0123456789" not in received:
+                data = client.recv(4096)
+                assert data, received
+                received += data
+        assert read == [b"0123456789"]
+    finally:
+        client.close()
+        server.stop_accepting()
+        server.close_now()

@@ -132,7 +132,9 @@ class Responder:
         http, server = self.http, self.server
         draining = server.keep_alive_ended
         if http.wants_peek(draining):
-            http.receive_data(self.transport.read_now())
+            arrived = self.transport.read_now()
+            if arrived is not None:  # b"" is the client's close; None, nothing yet
+                http.receive_data(arrived)
         head = http.response_head(status, self.headers, data, total, server.http_date(), draining)
         self.code = http.code
         self.headers_sent = True

@@ -57,11 +57,13 @@ class Transport:
         self._send_timer = timer(loop, send_timeout)
 
     def read_now(self):
-        """What the client already sent, without waiting (b"" if nothing)."""
+        """What the client already sent, without waiting: its bytes, b"" once
+        it has closed, or None if nothing has arrived (or the read failed, which
+        the next wait on the socket will meet again)."""
         try:
             return self.reader.buffered(consume=True)
         except OSError:
-            return b""
+            return None
 
     def sendfile(self, fileno, offset, count):
         """Send `count` bytes of the file `fileno` from `offset`, under send_timeout."""
@@ -195,13 +197,13 @@ class Reader:
         return True
 
     def buffered(self, consume=False):
-        """What is buffered, or what one read gets without waiting (b"" if
-        nothing); `consume` takes it out of the buffer."""
+        """What is buffered, or what one read gets without waiting: b"" at
+        EOF, None if nothing has arrived; `consume` takes it out of the buffer."""
         if self._pos == len(self._data):
             try:
                 chunk = os.read(self._fd, READ_BUFFER)
             except BlockingIOError:
-                return b""
+                return None
             self._data, self._pos = chunk, 0
         data = self._data[self._pos:]
         if consume:
