@@ -6,6 +6,7 @@ tests mock os.fork), its generations replaced by a fake that records.
 """
 
 import errno
+import logging
 import os
 import signal
 import time
@@ -20,7 +21,7 @@ from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, 
                                         Spawn, Stop)
 from forkserve.process.lifecycle import Lifecycle
 from forkserve.process.master import Master
-from forkserve.process.scoreboard import READY, RETIRE
+from forkserve.process.scoreboard import FREE, READY, RETIRE
 from forkserve.process.signals import MASTER_SIGNALS
 from forkserve.process.supervisor import Supervisor
 
@@ -660,3 +661,32 @@ def test_master_accounts_for_every_exited_worker_before_a_raising_child_exit_hal
         _exit(master, pid)
     master.reap()
     assert master.workers == {}
+
+
+def test_master_keeps_serving_when_a_worker_fork_fails_for_lack_of_memory(master, caplog):
+    # Under memory or process-limit pressure fork() fails with ENOMEM or
+    # EAGAIN: the master logs it and tries again after the backoff, as it
+    # does for a generation, instead of dying with a traceback.
+    _turn(master)
+    _make_ready(master)
+    fork = master.fake.fork
+    failing = [True]
+
+    def fork_once_out_of_memory():
+        if failing:
+            failing.clear()
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return fork()
+
+    master._fork = fork_once_out_of_memory
+    victim = next(iter(master.workers))
+    _exit(master, victim, signal.SIGKILL)
+    with caplog.at_level(logging.ERROR, logger="forkserve.error"):
+        _turn(master)  # reaps, tries to replace: the fork fails
+    assert "could not fork a worker (Cannot allocate memory)" in caplog.text
+    assert len(master.workers) == 1
+    assert all(master.scoreboard.read(i).state == FREE for i in range(2)
+               if i not in {r.index for r in master.workers.values()})
+    master.fake.now = master.lifecycle.next_spawn_at
+    _turn(master)
+    assert len(master.workers) == 2

@@ -83,6 +83,28 @@ def test_lifecycle_worker_killed_before_ready_is_replaced_after_a_doubling_backo
         lifecycle.exited(pid, KILLED, now)[0].message)
 
 
+def test_lifecycle_backoff_stays_at_its_cap_after_thousands_of_early_exits():
+    # Workers killed as they start for hours (the OOM killer) must not
+    # overflow the doubling: 2 ** 1024 x 0.1 s is past a float.
+    lifecycle = machine(target=1)
+    pid = start(lifecycle)[0]
+    now = 0.0
+    for attempt in range(1100):
+        lifecycle.exited(pid, KILLED, now)
+        now = lifecycle.next_spawn_at
+        pid = start(lifecycle, now, first_pid=1000 + attempt)[0]
+    lifecycle.exited(pid, KILLED, now)
+    assert lifecycle.next_spawn_at - now == pytest.approx(Lifecycle.max_backoff)
+
+
+def test_lifecycle_a_failed_fork_waits_the_longest_backoff_before_the_next():
+    lifecycle = machine(target=1)
+    actions = lifecycle.fork_failed(5.0, "Cannot allocate memory")
+    assert kinds(actions) == ["Log"] and "could not fork a worker" in actions[0].message
+    assert lifecycle.tick(5.0) == []
+    assert lifecycle.tick(5.0 + Lifecycle.max_backoff) == [Fork()]
+
+
 def test_lifecycle_halts_after_five_boot_failures_in_a_row_quoting_the_last_error():
     lifecycle = machine(target=1)
     now = 0.0

@@ -38,6 +38,10 @@ import signal
 
 from forkserve import exits
 
+#: Doublings of the boot backoff counted at most (2**30 x 0.1 s is far past
+#: any max_backoff).
+_MAX_DOUBLINGS = 30
+
 __all__ = ["Lifecycle", "WorkerRecord", "Fork", "Kill", "Log", "Halt", "Announce"]
 
 
@@ -157,6 +161,13 @@ class Lifecycle:
     def forked(self, index, pid, generation, number=None):
         self.workers[pid] = WorkerRecord(index, pid, generation, number)
 
+    def fork_failed(self, now, reason):
+        """fork() failed for lack of memory or processes: try again after the
+        longest backoff, and say so (the server keeps serving meanwhile)."""
+        self.next_spawn_at = now + self.max_backoff
+        return [Log(logging.ERROR, f"could not fork a worker ({reason}); trying again in "
+                                   f"{self.max_backoff:g}s")]
+
     def free_number(self):
         """The lowest worker number no booting or ready worker holds: a retiring
         worker's number goes to its replacement."""
@@ -203,7 +214,10 @@ class Lifecycle:
             return [Log(logging.ERROR, f"{record} {outcome.description}; "
                                        "starting a replacement")]
         self.early_exits += 1
-        delay = min(self.max_backoff, self.boot_backoff * 2 ** (self.early_exits - 1))
+        # The exponent stops growing once the delay is at its cap: a worker
+        # killed as it starts, for hours, must not overflow the float.
+        delay = min(self.max_backoff,
+                    self.boot_backoff * 2 ** min(self.early_exits - 1, _MAX_DOUBLINGS))
         self.next_spawn_at = now + delay
         if outcome.kind != "boot_error":
             return [Log(logging.ERROR, f"{record} {outcome.description} before it was ready; "

@@ -38,7 +38,7 @@ from forkserve.exits import HaltServer
 from forkserve.memory import reporter, why
 from forkserve.process import autoreload, procname, reload, signals, systemd
 from forkserve.process.boot_errors import BootErrors
-from forkserve.process.driver import Driver
+from forkserve.process.driver import FORK_ERRNOS, Driver
 from forkserve.process.generations import Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
@@ -296,6 +296,12 @@ class Master(Driver):
             pid = self._fork()
             if pid == 0:
                 worker.start()  # never returns
+        except OSError as exc:
+            if exc.errno not in FORK_ERRNOS:
+                raise
+            self.scoreboard.release(index)
+            self.carry_out(self.lifecycle.fork_failed(self.clock(), exc.strerror))
+            return None
         finally:
             signals.release()
         self.lifecycle.forked(index, pid, self.generation, number)
