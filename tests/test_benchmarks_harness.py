@@ -64,7 +64,7 @@ def test_a_server_that_exits_while_starting_fails_with_the_end_of_its_log(tmp_pa
 
 def test_group_cpu_seconds_count_every_live_process_of_the_group(tmp_path):
     busy = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass\n"
-    argv = [sys.executable, "-c", busy + "import time; time.sleep(60)"]
+    argv = [sys.executable, "-c", busy + "import signal; signal.pause()"]  # alive until the group ends
     with procs.Group(argv) as group:
         deadline = time.monotonic() + 30
         while procs.group_cpu_seconds(group.pid) < 0.2:

@@ -60,6 +60,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import importlib
 import os
 import sys
 import sysconfig
@@ -162,14 +163,19 @@ class _Support:
     reason: str    # why not, when value is None
 
 
-def _accelerator():
+def c_extension(name):
+    """The optional C extension forkserve.memory.<name>, or None where it did
+    not build or FORKSERVE_NO_C is set (then the pure-Python code runs)."""
     if os.environ.get(NO_C_ENV):
         return None
     try:
-        from forkserve.memory import _immortal
+        return importlib.import_module(f"forkserve.memory.{name}")
     except ImportError:
         return None
-    return _immortal
+
+
+def _accelerator():
+    return c_extension("_immortal")
 
 
 @functools.cache

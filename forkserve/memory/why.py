@@ -50,6 +50,8 @@ import struct
 import sys
 import time
 
+from forkserve.memory import sharing
+
 __all__ = ["WhyError", "WhyListener", "ask", "listen", "attribute", "decode_pagemap", "explain", "format_why",
            "parse_maps", "socket_name"]
 
@@ -154,9 +156,7 @@ def walk(first_modules, pages, page_shift, progress=None, in_c=True):
     roots, modules = _roots(first_modules)
     barrier = {id(module) for _, module in modules} | {id(vars(module)) for _, module in modules}
     c_walk = _c_walk() if in_c else None
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with sharing.gc_paused():
         if c_walk is None:
             counts, walked = _walk(roots, barrier, pages, page_shift, progress)
         else:
@@ -166,22 +166,12 @@ def walk(first_modules, pages, page_shift, progress=None, in_c=True):
             for (page, index, kind), n in found.items():
                 counts[page][index, kind.__name__] += n
         return roots, counts, walked
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _c_walk():
     """forkserve.memory._whywalk.walk, or None if unbuilt or disabled."""
-    from forkserve.memory.sharing import NO_C_ENV
-
-    if os.environ.get(NO_C_ENV):
-        return None
-    try:
-        from forkserve.memory import _whywalk
-    except ImportError:
-        return None
-    return _whywalk.walk
+    extension = sharing.c_extension("_whywalk")
+    return None if extension is None else extension.walk
 
 
 def _walk(roots, barrier, pages, page_shift, progress):
