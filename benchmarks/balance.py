@@ -4,6 +4,8 @@
     python benchmarks/balance.py --quick               # 8, 64 connections x 3 s
     python benchmarks/balance.py --also before=/tmp/main --rounds 3
     python benchmarks/balance.py --also "reuseport=/tmp/rp --reuse-port" --also "race=. --no-balance"
+    python benchmarks/balance.py --connections 64 --perf --also "race=. --no-balance" \
+        --also "two=. -w 2" --also "two-race=. -w 2 --no-balance"
 
 Every server runs benchmarks/balance_app.py (a small JSON lookup) with 4
 workers, unpinned on all CPUs. For each connection count, wrk (one thread,
@@ -27,12 +29,22 @@ once as it is and once with --no-balance (workers racing on accept(), the
 accept loop before forkserve.process.balance); requests per worker are the
 plugin's last stats-endpoint sample.
 
+- context switches: voluntary + involuntary, from /proc/PID/status, per
+  response;
+- with --perf, the workers' epoll_wait() calls (perf stat, the
+  syscalls:sys_enter_epoll_wait tracepoint), given as responses per loop
+  wake: how many requests a worker's gevent loop serves each time it wakes.
+  A worker holding fewer connections finds fewer ready at each wake and
+  pays the wake (syscall, loop pass, often a process switch) for fewer.
+
 "busiest/mean" is the busiest worker's requests (CPU for Gunicorn) over the
-mean of the 4; 1.00 is perfectly even, 4.00 is one worker doing everything.
+mean of the workers; 1.00 is perfectly even, 4.00 is one of 4 doing everything.
 `--also "NAME=TREE [ARGS]"` adds forkserve-NAME: forkserve imported from
 TREE (a checkout, e.g. `git archive main | tar -x -C TREE`; copy the built
 forkserve/memory/_immortal*.so into it) with ARGS added, so the code
-before a change, or another mechanism, is measured in the same run. Every
+before a change, or another mechanism, is measured in the same run; `-w N`
+in ARGS runs that variant with N workers instead of 4 (`--also "two=. -w 2"`:
+is a cost the balance's, or that of more busy workers than CPUs?). Every
 server runs with `python -P` (no current directory on sys.path) and
 PYTHONPATH=TREE:benchmarks/. The machine's load average and CPU steal
 (from /proc/stat) over the run are printed with the table; result.json
@@ -40,12 +52,16 @@ PYTHONPATH=TREE:benchmarks/. The machine's load average and CPU steal
 """
 
 import argparse
+import contextlib
 import csv
 import datetime
 import os
 import re
 import shlex
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,11 +75,14 @@ from benchmarks.harness.results import Result, command_line  # noqa: E402
 from benchmarks.harness.servers import HERE, REPO, ServerSpec  # noqa: E402
 from benchmarks.harness.start import start_spec  # noqa: E402
 
-__all__ = ["busiest_ratio", "parse_variant", "requests_from_title", "summarize"]
+__all__ = ["busiest_ratio", "parse_variant", "perf_count", "requests_from_title", "split_workers",
+           "summarize", "switches_from_status"]
 
 APP = "balance_app:app"  # benchmarks/ is on PYTHONPATH
 WORKERS = 4
 _TITLE_REQUESTS = re.compile(rb"worker \d+ .*?(\d+) req")
+_SWITCHES = re.compile(r"^(?:non)?voluntary_ctxt_switches:\s+(\d+)$", re.M)
+EPOLL_WAIT = "syscalls:sys_enter_epoll_wait"
 
 
 def _forkserve(extra):
@@ -89,17 +108,37 @@ def parse_variant(text):
     return name, os.path.abspath(words[0]), words[1:]
 
 
+def split_workers(args):
+    """(workers, the other ARGS): a variant's `-w N` / `--workers N` taken out
+    of its arguments (WORKERS if it has none)."""
+    workers, rest, words = WORKERS, [], iter(args)
+    for word in words:
+        if word in ("-w", "--workers"):
+            value = next(words, "")
+        elif word.startswith("--workers="):
+            value = word.partition("=")[2]
+        else:
+            rest.append(word)
+            continue
+        if not value.isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"--also: {word} {value!r} is not a worker "
+                                             "count; give a whole number, e.g. -w 2")
+        workers = int(value)
+    return workers, rest
+
+
 def servers(variants):
-    """[(ServerSpec, tree)]: forkserve from this tree, each variant, Gunicorn."""
+    """[(ServerSpec, tree, workers)]: forkserve from this tree, each variant, Gunicorn."""
     fork = ("import forkserve.cli",)
-    specs = [(ServerSpec("forkserve", "forkserve -w 4 (this tree)", "", _forkserve([]),
-                         requires=fork, needs_fd=False), REPO)]
+    specs = [(ServerSpec("forkserve", f"forkserve -w {WORKERS} (this tree)", "", _forkserve([]),
+                         requires=fork, needs_fd=False), REPO, WORKERS)]
     for name, tree, extra in variants:
-        specs.append((ServerSpec(f"forkserve-{name}", f"forkserve -w 4 {shlex.join(extra)} "
-                                 f"({tree})", "", _forkserve(extra), requires=fork,
-                                 needs_fd=False), tree))
-    specs.append((ServerSpec("gunicorn", "gunicorn -k gevent -w 4", "", _gunicorn,
-                             requires=("import gunicorn", "import gevent")), REPO))
+        workers, extra = split_workers(extra)
+        specs.append((ServerSpec(f"forkserve-{name}", f"forkserve -w {workers} "
+                                 f"{shlex.join(extra)} ({tree})", "", _forkserve(extra),
+                                 requires=fork, needs_fd=False), tree, workers))
+    specs.append((ServerSpec("gunicorn", f"gunicorn -k gevent -w {WORKERS}", "", _gunicorn,
+                             requires=("import gunicorn", "import gevent")), REPO, WORKERS))
     return specs
 
 
@@ -107,6 +146,20 @@ def requests_from_title(cmdline):
     """The request count in a forkserve worker's title, or None if it is not one."""
     found = _TITLE_REQUESTS.search(cmdline)
     return int(found.group(1)) if found else None
+
+
+def switches_from_status(text):
+    """Voluntary + involuntary context switches in a /proc/PID/status text."""
+    return sum(int(n) for n in _SWITCHES.findall(text))
+
+
+def perf_count(csv_text, event=EPOLL_WAIT):
+    """The count of `event` in `perf stat -x,` output (None if not counted)."""
+    for line in csv_text.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[2] == event and fields[0].strip().isdigit():
+            return int(fields[0])
+    return None
 
 
 def busiest_ratio(values):
@@ -131,10 +184,18 @@ def workers(server):
     return titled or pids
 
 
+def _switches(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return switches_from_status(f.read())
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+
+
 def readings(pids):
-    """{pid: (requests or None, CPU seconds)} for each worker."""
-    return {pid: (requests_from_title(_cmdline(pid)), procs.cpu_seconds(pid) or 0.0)
-            for pid in pids}
+    """{pid: (requests or None, CPU seconds, context switches)} for each worker."""
+    return {pid: (requests_from_title(_cmdline(pid)), procs.cpu_seconds(pid) or 0.0,
+                  _switches(pid)) for pid in pids}
 
 
 def settled_readings(pids, timeout=5.0):
@@ -144,16 +205,46 @@ def settled_readings(pids, timeout=5.0):
     while time.monotonic() < deadline:
         time.sleep(1.1)
         now = readings(pids)
-        if [r for r, _ in now.values()] == [r for r, _ in last.values()]:
+        if [r[0] for r in now.values()] == [r[0] for r in last.values()]:
             return now
         last = now
     return last
 
 
-def measure(name, server, connections, seconds, workdir):
+class LoopWakes:
+    """perf stat counting the workers' epoll_wait() calls while it is open."""
+
+    def __init__(self, pids, workdir):
+        self.path = os.path.join(workdir, "perf-stat.csv")
+        self.proc = subprocess.Popen(
+            ["perf", "stat", "-x,", "-e", EPOLL_WAIT, "-o", self.path,
+             "-p", ",".join(map(str, pids))], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.count = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.proc.send_signal(signal.SIGINT)  # perf stat writes its counts on SIGINT
+        _, err = self.proc.communicate(timeout=30)
+        try:
+            with open(self.path) as f:
+                self.count = perf_count(f.read())
+        except FileNotFoundError:
+            pass
+        if self.count is None:
+            raise RuntimeError(f"perf stat counted no {EPOLL_WAIT}: {err.decode().strip()!r}; "
+                               "run as root (or lower kernel.perf_event_paranoid), or drop --perf")
+
+
+def measure(name, server, connections, seconds, workdir, perf=False):
     pids = workers(server)
-    before = settled_readings(pids)
-    out = wrk.run(f"{server.url}/", seconds, connections, None, workdir)
+    # perf starts before the idle readings: it then counts a few idle wakes
+    # (timers) rather than miss busy ones while it attaches
+    wakes = LoopWakes(pids, workdir) if perf else None
+    with wakes or contextlib.nullcontext():
+        before = settled_readings(pids)
+        out = wrk.run(f"{server.url}/", seconds, connections, None, workdir)
     after = settled_readings(pids)
     result = wrk.parse_result(out)
     requests = [after[p][0] - before[p][0] for p in pids
@@ -161,6 +252,8 @@ def measure(name, server, connections, seconds, workdir):
     cpu = [after[p][1] - before[p][1] for p in pids]
     return {"server": name, "connections": connections, "rps": result.rate,
             "responses": result.responses,
+            "switches": sum(after[p][2] - before[p][2] for p in pids),
+            "wakes": wakes and wakes.count,
             "p99_ms": result.p99_us / 1000, "errors": result.errors,
             "requests": requests if len(requests) == len(pids) else None, "cpu": cpu}
 
@@ -181,6 +274,10 @@ def summarize(rows):
                     "p99_ms": median(r["p99_ms"] for r in group),
                     "cpu_us": median(sum(r["cpu"]) / r["responses"] * 1e6
                                      for r in group if r["responses"]),
+                    "switches_per_response": median(r.get("switches", 0) / r["responses"]
+                                                    for r in group if r["responses"]),
+                    "responses_per_wake": median(r["responses"] / r["wakes"] for r in group
+                                                 if r.get("wakes")),
                     "busiest_requests": median(busiest_ratio(r["requests"])
                                                for r in group if r["requests"]),
                     "busiest_cpu": median(busiest_ratio(r["cpu"]) for r in group),
@@ -219,12 +316,14 @@ def _f(value, spec):
 
 def render_summary(rows):
     lines = ["| connections | server | rounds | req/s | p99 ms | worker CPU µs/req | "
+             "context switches/req | req per loop wake | "
              "busiest/mean (requests) | busiest/mean (CPU) | most idle workers in a round |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in summarize(rows):
         lines.append(f"| {r['connections']} | {r['server']} | {r['rounds']} | "
                      f"{_f(r['rps'], ',.0f')} | {_f(r['p99_ms'], '.1f')} | "
-                     f"{_f(r['cpu_us'], '.1f')} | "
+                     f"{_f(r['cpu_us'], '.1f')} | {_f(r['switches_per_response'], '.2f')} | "
+                     f"{_f(r['responses_per_wake'], '.1f')} | "
                      f"{_f(r['busiest_requests'], '.2f')} | {_f(r['busiest_cpu'], '.2f')} | "
                      f"{r['idle_workers']} |")
     return "\n".join(lines) + "\n"
@@ -264,6 +363,9 @@ def parse_args(argv):
     p.add_argument("--locust", type=int, metavar="SECONDS", default=0,
                    help="also run Locust (10 users) this long, with and without balance")
     p.add_argument("--rounds", type=int, default=1, help="times to repeat all (default 1)")
+    p.add_argument("--perf", action="store_true",
+                   help="count the workers' epoll_wait() calls with perf stat (needs perf "
+                        "and root): requests served per event-loop wake")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--out", help="directory for results.md and the logs (default: a temp dir)")
     args = p.parse_args(argv)
@@ -271,6 +373,13 @@ def parse_args(argv):
         args.connections, args.duration = "8,64", 3
     args.levels = [int(c) for c in args.connections.split(",") if c.strip()]
     args.out = args.out or tempfile.mkdtemp(prefix="forkserve-balance-")
+    if args.perf and not shutil.which("perf"):
+        p.error("--perf needs perf on PATH (apt-get install linux-perf), or drop --perf")
+    for _, _, extra in args.also:
+        try:
+            split_workers(extra)
+        except argparse.ArgumentTypeError as ex:
+            p.error(str(ex))
     return args
 
 
@@ -284,10 +393,10 @@ def main(argv=None):
     rows, running = [], []
     with stop_on_signals():
         try:
-            for spec, tree in servers(args.also) if args.levels else ():
+            for spec, tree, count in servers(args.also) if args.levels else ():
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE]),
                            PYTHONUNBUFFERED="1")
-                server = start_spec(spec, python=args.python, workers=WORKERS, env=env,
+                server = start_spec(spec, python=args.python, workers=count, env=env,
                                     log_path=os.path.join(args.out, "logs", f"{spec.name}.log"),
                                     probe_path="/")
                 running.append((spec.name, server))
@@ -295,7 +404,8 @@ def main(argv=None):
             for round_no in range(1, args.rounds + 1):
                 for connections in args.levels:
                     for name, server in running:
-                        row = measure(name, server, connections, args.duration, args.out)
+                        row = measure(name, server, connections, args.duration, args.out,
+                                      perf=args.perf)
                         row["round"] = round_no
                         say(f"round {round_no}, {connections} connections, {name}: "
                             f"{row['rps']:,.0f} req/s, {row['errors']} errors, "

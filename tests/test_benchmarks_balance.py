@@ -38,3 +38,33 @@ def test_the_summary_takes_medians_over_rounds_and_the_most_idle_workers():
     assert summary["busiest_requests"] == 2.0  # ratios 1.0, 2.0, 2.5
     assert summary["idle_workers"] == 2
     assert summary["cpu_us"] == 4000  # 4 CPU s over 1000 responses (the median)
+
+
+def test_a_variant_may_name_its_own_worker_count():
+    assert balance.split_workers(["-w", "2", "--no-balance"]) == (2, ["--no-balance"])
+    assert balance.split_workers(["--workers=3"]) == (3, [])
+    assert balance.split_workers(["--no-balance"]) == (balance.WORKERS, ["--no-balance"])
+    with pytest.raises(argparse.ArgumentTypeError, match="give a whole number"):
+        balance.split_workers(["-w", "two"])
+
+
+def test_context_switches_add_the_voluntary_and_involuntary_ones():
+    status = ("Name:\tpython\nvoluntary_ctxt_switches:\t120\n"
+              "nonvoluntary_ctxt_switches:\t35\n")
+    assert balance.switches_from_status(status) == 155
+
+
+def test_loop_wakes_are_read_from_perf_stat_csv():
+    text = ("# started on Thu Nov 26 00:40:00 2026\n\n"
+            "91234,,syscalls:sys_enter_epoll_wait,8012345678,100.00,,\n")
+    assert balance.perf_count(text) == 91234
+    assert balance.perf_count("<not counted>,,syscalls:sys_enter_epoll_wait,0,0.00,,\n") is None
+
+
+def test_the_summary_gives_switches_and_responses_per_loop_wake():
+    rows = [{"connections": 64, "server": "x", "rps": 10, "p99_ms": 1.0, "responses": 1000,
+             "requests": [500, 500], "cpu": [1.0, 1.0], "switches": 600, "wakes": wakes}
+            for wakes in (50, 100, None)]
+    (summary,) = balance.summarize(rows)
+    assert summary["switches_per_response"] == 0.6
+    assert summary["responses_per_wake"] == 15.0  # 20 and 10; the run without perf is left out
