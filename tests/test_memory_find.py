@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from forkserve.memory import find, why
+from forkserve.memory import copied_objects, find
 
 GUNICORN = "gunicorn: master [app:app]"
 
@@ -73,10 +73,10 @@ def test_why_listeners_are_read_from_proc_net_unix(tmp_path):
 
 
 def test_walk_reports_progress_as_it_goes(monkeypatch):
-    monkeypatch.setattr(why, "PROGRESS_EVERY", 0.0)
-    monkeypatch.setattr(why, "_CLOCK_EVERY", 1000)
+    monkeypatch.setattr(copied_objects, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(copied_objects, "_CLOCK_EVERY", 1000)
     seen = []
-    _, _, walked = why.walk([__name__], set(), 12, progress=seen.append)
+    _, _, walked = copied_objects.walk([__name__], set(), 12, progress=seen.append)
     assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] <= walked
 
 

@@ -8,7 +8,7 @@ ROLE [APP]"): a titled process whose parent is not titled is a server's root
 (a supervisor, a master or a single process), the others belong to it.
 Gunicorn titles its processes the same way, so a root counts as forkserve's
 when its title starts "forkserve: " (the default --name) or when it, or a
-child, is a master listening for `--why` (forkserve.memory.why's abstract
+child, is a master listening for `--why` (forkserve.memory.copied_objects's abstract
 socket, listed in /proc/net/unix).
 
 `classify`, `roots` and `root_of` only decide; `titled_processes` and
