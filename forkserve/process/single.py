@@ -52,6 +52,7 @@ class SingleServer(Driver):
         self.listeners = listeners
         self.app_name = app_name
         self.stats_listener = stats_listener
+        self.history = None  # the stats dashboard's, once its server runs
         self.requests = 0
         self.queue = HubSignals()
         self.next_memory_log = 0.0
@@ -166,7 +167,7 @@ class SingleServer(Driver):
     def become_supervisor(self, action):
         generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
                                action.number, self.listeners, self.stats_listener,
-                               reload_again=action.reload_again)
+                               reload_again=action.reload_again, history=self.history)
 
     def serving(self):
         """GET /health on --stats: this process serves and is not stopping."""
@@ -188,7 +189,7 @@ class SingleServer(Driver):
         from forkserve.http.server import Server
         from forkserve.memory.history import History
 
-        history = History()
+        history = self.history = History()
         server = Server(gevent_socket(self.stats_listener),
                         stats.wsgi_app(self.report, self.serving, history),
                         error_log=logs.error_log, multiprocess=False, worker_connections=16)
