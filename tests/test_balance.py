@@ -4,7 +4,7 @@ forkserve.process.balance against a real scoreboard, a fake select and clock."""
 import gevent
 import pytest
 
-from forkserve.process.balance import Admission, fair_share, may_accept
+from forkserve.process.balance import Admission, ceiling, fair_share, may_accept
 from forkserve.process.scoreboard import READY, RETIRE, Scoreboard
 
 
@@ -39,6 +39,24 @@ def test_eight_connections_taken_one_at_a_time_by_the_first_allowed_end_two_each
         taker = next(i for i in range(4) if may_accept(loads[i], loads[:i] + loads[i + 1:]))
         loads[taker] += 1
     assert loads == [2, 2, 2, 2]
+
+
+def test_a_worker_may_run_an_eighth_of_its_share_ahead_of_the_others():
+    assert ceiling(64, 2) == 36 and ceiling(64, 4) == 18 and ceiling(8, 4) == 2
+    assert may_accept(32, [28])  # 61 open with this one: share 31, ceiling 34
+    assert not may_accept(37, [28])
+    assert not may_accept(2, [1, 2, 1])  # below 8 a share, no slack
+
+
+def test_sixty_four_connections_land_in_runs_but_no_worker_passes_the_ceiling():
+    loads, takers = [0, 0], []
+    for _ in range(64):
+        taker = next(i for i in range(2) if may_accept(loads[i], loads[:i] + loads[i + 1:]))
+        loads[taker] += 1
+        takers.append(taker)
+    runs = "".join(map(str, takers)).replace("01", "0 1").replace("10", "1 0").split()
+    assert max(len(run) for run in runs) > 1  # not strictly in turn
+    assert max(loads) <= ceiling(64, 2) and min(loads) >= 64 - ceiling(64, 2)
 
 
 def test_the_scoreboard_gives_the_loads_of_the_other_accepting_workers_only():

@@ -10,10 +10,21 @@ again when one of its own connections ends or after `Admission.tick`
 seconds (for its peers' changes), and the connection goes to a worker
 below its share, which is waiting in accept().
 
+A worker may run an eighth of its share ahead (`ceiling()`): taking
+connections strictly in turn (A, B, A, B, ...) measured several times the
+p99 of racing workers, and of workers capped at the same even count, with
+2 workers and 64 wrk connections (docs/http.md has the figures); with the
+slack a client's connections land in short runs per worker, as they do
+when workers race.
+
 Invariants:
 - Some accepting worker may always accept: the least loaded one holds at
-  most total/n, below the share ceil((total + 1) / n). Pausing never
-  leaves a connection without a taker, only waiting for one to run.
+  most total/n, below the share ceil((total + 1) / n), and the ceiling is
+  at least the share. Pausing never leaves a connection without a
+  taker, only waiting for one to run.
+- No worker holds more than ceiling(total, n) (+1, below): the share plus
+  an eighth of it, so at most ~1.13x the mean and one more, and exactly the
+  share while it is below 8 (few connections).
 - A connection is never refused or dropped by this module: a paused worker
   only defers its accept(). If a connection has waited in the listen queue
   `Admission.patience` seconds while this worker was paused (the worker
@@ -26,7 +37,7 @@ Invariants:
   generation's workers have stopped accepting.
 """
 
-__all__ = ["Admission", "fair_share", "may_accept"]
+__all__ = ["Admission", "ceiling", "fair_share", "may_accept"]
 
 
 def fair_share(total, workers):
@@ -34,10 +45,21 @@ def fair_share(total, workers):
     return -(-total // workers)
 
 
+#: a worker may hold its share plus 1/SLACK of it (rounded down)
+SLACK = 8
+
+
+def ceiling(total, workers):
+    """The most connections one of `workers` may hold once `total` are open:
+    its fair share, plus an eighth of it."""
+    share = fair_share(total, workers)
+    return share + share // SLACK
+
+
 def may_accept(mine, others):
     """True if this worker, holding `mine` open connections while the other
     accepting workers hold `others` (a list of counts), may take one more."""
-    return mine < fair_share(mine + sum(others) + 1, len(others) + 1)
+    return mine < ceiling(mine + sum(others) + 1, len(others) + 1)
 
 
 class Admission:
