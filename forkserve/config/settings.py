@@ -79,7 +79,8 @@ SETTINGS = (
             metavar="N"),
     Setting("no_balance", ("--no-balance",), values.flag, False,
             "Let workers race for new connections instead of each pausing accept() while it "
-            "holds more than its share of the workers' open connections.", kind="flag"),
+            "holds more than its share (plus an eighth) of the workers' open connections.",
+            kind="flag"),
     Setting("backlog", ("--backlog",), values.whole(1), 2048,
             "Listen queue length: connections the kernel holds while workers are busy.",
             metavar="N"),
