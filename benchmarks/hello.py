@@ -70,6 +70,15 @@ from benchmarks.harness.servers import (  # noqa: E402
 from benchmarks.harness.start import ServerFailed, all_cpus, start_spec  # noqa: E402
 from benchmarks.hello_report import parse_wrk, render_markdown, summary  # noqa: E402
 
+#: the figures benchmarks/README.md shows of a run's rows (all are in summary.csv)
+RESULT_COLUMNS = (
+    ("server", "server"), ("rps", "req/s (median)"), ("rps_vs_gunicorn", "×gunicorn", "×"),
+    ("rps_vs_gevent-pywsgi", "×gevent", "×"), ("p99_ms", "p99"), ("p999_ms", "p99.9"),
+    ("cpu_us", "CPU/req"), ("overhead_us", "server overhead/req"),
+    ("overhead_vs_gevent-pywsgi", "overhead ×gevent", "×"), ("closed", "closed by server"),
+    ("rounds_rps", "req/s per round"),
+)
+
 DEFAULTS = {"duration": 10, "rounds": 3, "warmup": 2}
 QUICK = {"duration": 3, "rounds": 1, "warmup": 1}
 

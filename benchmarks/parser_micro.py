@@ -13,9 +13,9 @@ requests, as uvicorn does) is fed the whole head, with callbacks that
 collect the URL and the fields. Neither number includes building the
 WSGI environ. The median of 5 batches, CPU time per head.
 
-This measures only parsing. How much of a request it is: see the hot path
-table in benchmarks/README.md (the h1 grammar was ~3% of a hello-world
-request). Whether llhttp keeps every strictness guarantee of the test
+This measures only parsing. How much of a request it is: see
+benchmarks/hotpath.py, whose py-spy window puts the grammar's share of a
+whole request. Whether llhttp keeps every strictness guarantee of the test
 corpus (tests/httpcorpus.py) is a separate question this does not answer.
 """
 

@@ -10,7 +10,7 @@ process in its process group, then drive --phases phases of random lookups
 with wrk, sampling during and after each phase; then stop it and time the
 stop. Results go to --out: samples.csv (every process at every sample),
 summary.csv, results.md, memory.png, latency.png and probes.csv (the latency
-probe, load.LatencyProbe). See benchmarks/README.md.
+probe, load.LatencyProbe).
 
 Every process started here runs in its own process group and is stopped
 (SIGTERM, then SIGKILL) on the way out, also on Ctrl-C or SIGTERM.
@@ -44,6 +44,16 @@ from benchmarks.harness.servers import REPO, persondb_servers, python_version  #
 from benchmarks.harness.start import ServerFailed, all_cpus, log_tail, start_spec  # noqa: E402
 
 #: Settings of the default run and of --quick (each overridable by its flag).
+#: the figures benchmarks/README.md and docs/benchmarks.md show of a run's
+#: rows (benchmarks.harness.index; every figure is in summary.csv and results.md)
+RESULT_COLUMNS = (
+    ("description", "server"), ("master_rss", "master RSS", "MiB"),
+    ("pss_final", "total PSS after the lookups", "MiB"), ("ratio_pss_final", "×gunicorn", "×"),
+    ("worker_private", "private per worker", "MiB"), ("worker_file", "file per worker", "MiB"),
+    ("rps", "req/s"), ("ratio_rps", "×gunicorn", "×"), ("cpu_us", "CPU per request"),
+    ("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9"),
+)
+
 DEFAULTS = {
     "rows": 300_000, "phases": 4, "requests": 20_000, "phase_timeout": 45.0,
     "workers": 4, "connections": 32, "budget": 570.0,
@@ -103,7 +113,7 @@ def parse_args(argv):
                         "see load.LatencyProbe")
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"),
                    help="where the generated dataset is cached (default: %(default)s)")
-    p.add_argument("--out", help="results directory (default: benchmarks/results, "
+    p.add_argument("--out", help="results directory (default: benchmarks/results/run, "
                                  "or a temp dir with --quick)")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
@@ -112,7 +122,7 @@ def parse_args(argv):
             setattr(args, key, value)
     if args.out is None:
         args.out = (os.path.join(tempfile.gettempdir(), "forkserve-bench-quick") if args.quick
-                    else os.path.join(REPO, "benchmarks", "results"))
+                    else os.path.join(REPO, "benchmarks", "results", "run"))
     known = {s.name for s in persondb_servers()}
     if args.servers != "all":
         wanted = [name.strip() for name in args.servers.split(",") if name.strip()]

@@ -45,6 +45,8 @@ class Result:
     machine: str = dataclasses.field(default_factory=machine)
     conditions: dict = dataclasses.field(default_factory=dict)
     versions: dict = dataclasses.field(default_factory=dict)
+    #: what a reader needs besides the figures (e.g. where a converted result came from)
+    note: str = ""
 
     @classmethod
     def measured(cls, scenario, command, rows, conditions: Conditions, **fields):
