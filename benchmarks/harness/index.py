@@ -35,7 +35,7 @@ import dataclasses
 import glob
 import os
 
-from benchmarks.harness.results import FILENAME, Result, replace_between
+from benchmarks.harness.results import FILENAME, UNITS, Result, replace_between, table
 from benchmarks.harness.servers import HERE
 
 __all__ = ["Scenario", "docs_table", "readme", "render", "results_by_scenario", "scenarios"]
@@ -77,25 +77,6 @@ hand-written version of it.
 NO_RESULT = ("No result.json for this scenario in benchmarks/results/ yet: run the "
              "command above with `--out benchmarks/results/{stem}` (or its default) and "
              f"then `{COMMAND}`.")
-
-#: the units a RESULT_COLUMNS entry may give a figure, and how it is shown
-UNITS = {
-    "": lambda v: _number(v),
-    "MiB": lambda v: f"{v / 2**20:,.0f} MiB",  # the value is in bytes
-    "%": lambda v: f"{v:.0%}",  # the value is a fraction
-    "×": lambda v: f"{v:.2f}×",
-    "s": lambda v: f"{_number(v)} s",
-    "ms": lambda v: f"{_number(v)} ms",
-    "µs": lambda v: f"{_number(v)} µs",
-}
-
-#: the headers of the figures most scenarios have, where RESULT_COLUMNS names none
-HEADERS = {"rps": "req/s", "p50_ms": "p50", "p99_ms": "p99", "p999_ms": "p99.9",
-           "cpu_us": "CPU/req"}
-
-#: a key's suffix gives its unit when RESULT_COLUMNS does not
-SUFFIXES = (("_ms", "ms"), ("_us", "µs"), ("_s", "s"), ("_seconds", "s"))
-
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
@@ -185,54 +166,6 @@ def result_files(results_dir=RESULTS):
 def _belongs(path, stem):
     top = path.split(os.sep)[1]
     return top == stem or top.startswith((stem + "_", stem + "."))
-
-
-def _number(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int) or abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if abs(value) >= 100:
-        return f"{value:.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    return f"{value:#.3g}"
-
-
-def _cell(value, unit):
-    if value is None or value == "":
-        return "—"
-    if isinstance(value, list):
-        return ", ".join(_number(v) for v in value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return UNITS[unit](value)
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _unit(key):
-    return next((unit for suffix, unit in SUFFIXES if key.endswith(suffix)), "")
-
-
-def _numeric(rows, key):
-    values = [row.get(key) for row in rows if row.get(key) not in (None, "")]
-    return bool(values) and all(isinstance(v, (int, float, list)) and not isinstance(v, bool)
-                                for v in values)
-
-
-def table(rows, columns=()):
-    """A Markdown table of a result's rows: `columns` (key, header[, unit]),
-    or every key the rows have, in the order they first appear."""
-    if not columns:
-        keys = list(dict.fromkeys(key for row in rows for key in row))
-        columns = [(key, HEADERS.get(key, key)) for key in keys]
-    columns = [(c[0], c[1], c[2] if len(c) > 2 else _unit(c[0])) for c in columns]
-    lines = ["| " + " | ".join(header for _, header, _ in columns) + " |",
-             "|" + "|".join("---:" if _numeric(rows, key) else "---" for key, _, _ in columns)
-             + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(_cell(row.get(key), unit) for key, _, unit in columns)
-                     + " |")
-    return lines
 
 
 def _load(value):
