@@ -10,7 +10,7 @@ import pytest
 from forkserve import exits
 from forkserve.config import loader
 from forkserve.process import sockets, systemd
-from forkserve.process.reload import Role
+from forkserve.process.generation_protocol import Role
 from forkserve.process.master import Master
 from forkserve.config.settings import parse
 from forkserve.process.signals import (MASTER_SIGNALS, SINGLE_SIGNALS, SignalQueue,

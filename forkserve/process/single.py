@@ -27,15 +27,15 @@ import os
 import gevent
 import gevent.event
 
-from forkserve.memory import cow, reporter
+from forkserve.memory import cow, model, render
 from forkserve import exits, logs
-from forkserve.process import autoreload, procname, reload, signals, systemd
+from forkserve.process import generation_protocol, procname, signals, source_watch, systemd
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
 from forkserve.process.driver import Driver
 from forkserve.process.generations import Generations
-from forkserve.process.serving import gevent_socket, make_servers
+from forkserve.process.gevent_servers import gevent_socket, make_servers
 from forkserve.process.signals import SINGLE_SIGNALS
 
 __all__ = ["SingleServer"]
@@ -44,7 +44,7 @@ log = logging.getLogger("forkserve.error")
 
 
 class SingleServer(Driver):
-    def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *,
+    def __init__(self, cfg, app, listeners, app_name, role=generation_protocol.Role(), *,
                  stats_listener=None, hooks=None, waitpid=None):
         self.cfg = cfg
         self.hooks = hooks or Hooks()
@@ -79,7 +79,7 @@ class SingleServer(Driver):
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
         self.hooks.when_ready(single=self)
-        reload.signal_ready(self.role)
+        generation_protocol.signal_ready(self.role)
         systemd.notify("READY=1")
         self.loop()  # until a stop, or the hand-over retires this process
         if self.stopping == "fast":
@@ -127,13 +127,13 @@ class SingleServer(Driver):
 
     def decide(self):
         cow.check()
-        autoreload.poll()
+        source_watch.poll()
         self.follow_generations()  # the clock: a generation that loads too long
         interval = self.cfg.memory_log_interval
         now = _now()
         if interval and now >= self.next_memory_log:
             self.next_memory_log = now + interval
-            reporter.log_report(log, self.report())
+            render.log_report(log, self.report())
 
     def wait(self):
         interval = self.cfg.memory_log_interval
@@ -164,7 +164,7 @@ class SingleServer(Driver):
         self.draining = True  # the loop ends; run() drains, then hands over
 
     def become_supervisor(self, action):
-        reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
+        generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
                                action.number, self.listeners, self.stats_listener,
                                reload_again=action.reload_again)
 
@@ -174,8 +174,8 @@ class SingleServer(Driver):
 
     def report(self):
         if self.generations.pids:  # a reload: the tree has a generation under us
-            return reporter.collect(reporter.discover(os.getpid()))
-        return reporter.collect([reporter.ProcessInfo(pid=os.getpid(), role="single",
+            return model.collect(model.discover(os.getpid()))
+        return model.collect([model.ProcessInfo(pid=os.getpid(), role="single",
                                                       worker_id=None, requests=self.requests,
                                                       generation=self.generation)])
 
