@@ -18,7 +18,8 @@ examples/deploy/nginx.conf (one nginx worker), all pinned to CPU 0; wrk
    record each request's shard, status and time); shard 1's process group
    gets SIGKILL, is started again on the same port, and serves again.
 
-Writes a Markdown report (and the raw JSON) to --out.
+Writes result.json (the harness's schema: the latency rows), a Markdown
+report and the raw JSON to --out (benchmarks/results/deploy_nginx).
 """
 
 import argparse
@@ -35,6 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.results import Result, command_line  # noqa: E402
 from benchmarks.harness.wrk import LoadSpec, run_phase  # noqa: E402
 from deploy_cluster import (  # noqa: E402
     Instance, Load, Nginx, emails_by_shard, rolling_reload, start_instances,
@@ -158,14 +160,14 @@ def report(args, latency, reload, kill, steal):
     return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=30_000)
     parser.add_argument("--requests", type=int, default=30_000,
                         help="wrk responses per latency measurement and for the reload")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "deploy_nginx"))
     parser.add_argument("--only-kill", action="store_true", help="skip phases 1 and 2")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from examples.persondb import generate
     with open("/proc/loadavg") as handle:
         args.loadavg = " ".join(handle.read().split()[:3])
@@ -197,6 +199,13 @@ def main():
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "deploy.md").write_text(text)
+    Result.measured("deploy_nginx.py", command_line("deploy_nginx.py", argv), latency,
+                    conditions, title="three shards behind nginx",
+                    note=(f"The rows are the latency phase. Rolling reload: "
+                          f"{reload['ok']:,} of {reload['responses']:,} responses 200; "
+                          f"shard 1 killed: unavailable for "
+                          f"{kill['shard1_unavailable_seconds']:.1f} s; deploy.md has "
+                          "the rest.")).write(str(out))
     (out / "deploy.json").write_text(json.dumps(
         {"rows": args.rows, "latency": latency, "reload": reload, "kill": kill,
          "steal": steal}, indent=1))
