@@ -26,7 +26,7 @@ import urllib.request
 
 from benchmarks.harness.machine import Conditions
 from benchmarks.harness.procs import cpu_seconds
-from benchmarks.harness.results import Result, command_line
+from benchmarks.harness.results import write_result
 from benchmarks.harness.start import start
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,10 +84,9 @@ def main(argv=None):
              "report_ms_median": round(statistics.median(reports) * 1000),
              "report_cpu_ms": round(report_cpu * 1000)},
             {"server": "forkserve (no --stats)", "master_cpu_s": round(used[plain.pid], 3)}]
-    os.makedirs(args.out, exist_ok=True)
-    Result.measured("dashboard_sampling.py", command_line("dashboard_sampling.py", argv), rows,
-                    conditions, title=f"history sampling, {args.workers} workers x "
-                    f"{args.ballast_mb} MiB, {elapsed:.0f} s").write(args.out)
+    write_result("dashboard_sampling.py", argv, rows, conditions, args.out,
+                 title=f"history sampling, {args.workers} workers x {args.ballast_mb} MiB, "
+                 f"{elapsed:.0f} s")
     print(f"{args.workers} workers x {args.ballast_mb} MiB shared, {os.cpu_count()} CPUs, "
           f"{elapsed:.0f} s; {conditions.describe()}")
     print(f"  master CPU with --stats (sampling): {used[sampled.pid]:.2f} s "

@@ -36,7 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from benchmarks.harness.machine import Conditions  # noqa: E402
-from benchmarks.harness.results import Result, command_line  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.wrk import LoadSpec, run_phase  # noqa: E402
 from deploy_cluster import (  # noqa: E402
     Instance, Load, Nginx, emails_by_shard, rolling_reload, start_instances,
@@ -199,13 +199,12 @@ def main(argv=None):
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "deploy.md").write_text(text)
-    Result.measured("deploy_nginx.py", command_line("deploy_nginx.py", argv), latency,
-                    conditions, title="three shards behind nginx",
-                    note=(f"The rows are the latency phase. Rolling reload: "
-                          f"{reload['ok']:,} of {reload['responses']:,} responses 200; "
-                          f"shard 1 killed: unavailable for "
-                          f"{kill['shard1_unavailable_seconds']:.1f} s; deploy.md has "
-                          "the rest.")).write(str(out))
+    write_result("deploy_nginx.py", argv, latency, conditions, str(out),
+                 title="three shards behind nginx",
+                 note=(f"The rows are the latency phase. Rolling reload: {reload['ok']:,} of "
+                       f"{reload['responses']:,} responses 200; shard 1 killed: unavailable "
+                       f"for {kill['shard1_unavailable_seconds']:.1f} s; deploy.md has the "
+                       "rest."))
     (out / "deploy.json").write_text(json.dumps(
         {"rows": args.rows, "latency": latency, "reload": reload, "kill": kill,
          "steal": steal}, indent=1))

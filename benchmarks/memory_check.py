@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import wrk  # noqa: E402
 from benchmarks.harness.machine import Conditions  # noqa: E402
 from benchmarks.harness.procs import cpu_seconds  # noqa: E402
-from benchmarks.harness.results import Result, command_line  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.servers import HERE  # noqa: E402
 from benchmarks.harness.start import start  # noqa: E402
 from forkserve.memory import limit  # noqa: E402
@@ -92,9 +92,8 @@ def main(argv=None):
              "rps": statistics.median(r[1] for r in rounds)}
             for name, rounds in results.items()]
     rows.append({"setting": "the check alone, in this process", "cpu_us": alone})
-    os.makedirs(args.out, exist_ok=True)
-    Result.measured("memory_check.py", command_line("memory_check.py", argv), rows, conditions,
-                    title="--max-worker-memory's check").write(args.out)
+    write_result("memory_check.py", argv, rows, conditions, args.out,
+                 title="--max-worker-memory's check")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
           f"{conditions.describe()}")
     print("| setting | worker CPU per response (us), each round | median | req/s median |")

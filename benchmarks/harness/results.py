@@ -25,7 +25,7 @@ import sys
 from benchmarks.harness.machine import Conditions, machine
 
 __all__ = ["Result", "command_line", "render_meta", "replace_between", "show_or_write",
-           "table"]
+           "table", "write_result"]
 
 FILENAME = "result.json"
 
@@ -79,6 +79,14 @@ def command_line(script, argv=None):
     return f"python benchmarks/{script} {shlex.join(args)}".strip()
 
 
+def write_result(script, argv, rows, conditions, out, **fields):
+    """Write a run of benchmarks/`script` (argv as given to its main) to
+    `out`/result.json, `out` made if missing; its path."""
+    os.makedirs(out, exist_ok=True)
+    return Result.measured(script, command_line(script, argv), rows, conditions,
+                           **fields).write(out)
+
+
 def replace_between(text, begin, end, lines):
     """`text` with the lines between the marker lines `begin` and `end`
     replaced by `lines`: how a generated table is kept in a page."""
@@ -107,7 +115,7 @@ def render_meta(meta, default_title):
 #: the units a column may give a figure, and how it is shown
 UNITS = {
     "": lambda v: _number(v),
-    "MiB": lambda v: f"{v / 2**20:,.0f} MiB",  # the value is in bytes
+    "MiB": lambda v: f"{_number(v / 2**20)} MiB",  # the value is in bytes
     "%": lambda v: f"{v:.0%}",  # the value is a fraction
     "×": lambda v: f"{v:.2f}×",
     "s": lambda v: f"{_number(v)} s",
