@@ -43,6 +43,12 @@ from deploy_cluster import (  # noqa: E402
 )
 from forkserve_testing import poll  # noqa: E402
 
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("connections", "connections"), ("path", "path"), ("rounds", "rounds"), ("rate", "req/s"),
+    ("p50_us", "p50"), ("p99_us", "p99"), ("errors", "errors"),
+)
+
 
 def write_emails(path, emails):
     pathlib.Path(path).write_text("".join(f"{email}\n" for email in emails))
