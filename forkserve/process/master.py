@@ -374,7 +374,8 @@ class Master(Driver):
         generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
                                action.number, self.listeners,
                                self.stats.listener if self.stats else None,
-                               reload_again=action.reload_again, queue=self.queue)
+                               reload_again=action.reload_again, queue=self.queue,
+                               history=self.stats.history if self.stats else None)
 
     # --- memory: --max-worker-memory, --memory-log-interval, the stats report ---
 

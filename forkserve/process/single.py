@@ -52,7 +52,9 @@ class SingleServer(Driver):
         self.listeners = listeners
         self.app_name = app_name
         self.stats_listener = stats_listener
+        self.history = None  # the stats dashboard's, once its server runs
         self.requests = 0
+        self.titled = None  # the request count the process title shows
         self.queue = HubSignals()
         self.next_memory_log = 0.0
         self.role = role
@@ -68,8 +70,7 @@ class SingleServer(Driver):
         self.parent = os.getppid() if role.supervised else None
 
     def run(self) -> int:
-        procname.set_title(self.cfg, f"generation {self.generation}" if self.role.supervised
-                           else "single", self.app_name)
+        self.update_title()
         self.queue.install(SINGLE_SIGNALS)  # run on the event loop, not in a signal handler
         signals.release()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
@@ -128,12 +129,22 @@ class SingleServer(Driver):
     def decide(self):
         cow.check()
         source_watch.poll()
+        self.update_title()
         self.follow_generations()  # the clock: a generation that loads too long
         interval = self.cfg.memory_log_interval
         now = _now()
         if interval and now >= self.next_memory_log:
             self.next_memory_log = now + interval
             render.log_report(log, self.report())
+
+    def update_title(self):
+        """Show the requests served in ps/top, as workers do (if the count
+        changed): a supervisor reads them there for the dashboard's rate."""
+        if self.titled == self.requests:
+            return
+        self.titled = self.requests
+        procname.set_title(self.cfg, f"generation {self.generation}" if self.role.supervised
+                           else "single", self.app_name, f"{self.requests} req")
 
     def wait(self):
         interval = self.cfg.memory_log_interval
@@ -166,7 +177,7 @@ class SingleServer(Driver):
     def become_supervisor(self, action):
         generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
                                action.number, self.listeners, self.stats_listener,
-                               reload_again=action.reload_again)
+                               reload_again=action.reload_again, history=self.history)
 
     def serving(self):
         """GET /health on --stats: this process serves and is not stopping."""
@@ -188,7 +199,7 @@ class SingleServer(Driver):
         from forkserve.http.server import Server
         from forkserve.memory.history import History
 
-        history = History()
+        history = self.history = History()
         server = Server(gevent_socket(self.stats_listener),
                         stats.wsgi_app(self.report, self.serving, history),
                         error_log=logs.error_log, multiprocess=False, worker_connections=16)

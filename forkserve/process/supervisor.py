@@ -52,7 +52,7 @@ class Supervisor(Driver):
             from forkserve.http.stats import StatsEndpoint
             stats_sock = socket.socket(fileno=state["stats_fd"])
             stats_sock.set_inheritable(False)
-            self.stats = StatsEndpoint(stats_sock)
+            self.stats = StatsEndpoint(stats_sock, generation_protocol.taken_history(state))
         self._waitpid = waitpid or original("os", "waitpid")
         self._select = select or original("select", "select")
         self.clock = clock
