@@ -47,6 +47,16 @@ set it on theirs. --budget (570 s, 110 s with --quick) is shared out among
 the phases still to run; a phase that hits its time cap serves fewer
 lookups, and the table says so.
 
+What copy-on-write copies depends on what a lookup writes. The PersonDB
+handler hands Bottle a copy of the row (`dict(row)`), as services do, which
+takes a reference to every field: each lookup writes the reference counts
+of a row dict and its ~30 strings, and every page holding one is copied
+into the worker that served it. The gc recipe (gunicorn-gc) keeps the pages
+a collection would write shared, but cannot stop reference counting.
+forkserve-share and forkserve-store write no page of the dataset; the
+store's pages are the file's, in the page cache once, so its PSS grows with
+the pages read, shared by every process.
+
 Results go to --out (benchmarks/results/run): result.json (the harness's
 schema, from which benchmarks/README.md and docs/benchmarks.md are
 rendered), samples.csv (every process at every sample), summary.csv,

@@ -19,7 +19,8 @@ benchmarks/lookup.lua, 5% unknown people, connections re-opened now and
 then so every worker serves), and every process of every instance is read
 from /proc/PID/smaps_rollup. PSS splits each shared page among the
 processes that map it, so the sum over all processes counts every page once:
-it is what the host pays. Prints a markdown table with ratios to one
+it is what the host pays; RSS, which counts the shared file pages in every
+process, is printed beside it to show how it misleads here. Prints a markdown table with ratios to one
 instance, and writes result.json (the harness's schema) in --out.
 """
 
