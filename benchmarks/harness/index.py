@@ -69,9 +69,10 @@ apt-get install wrk util-linux # wrk and taskset; some scenarios also want perf,
 python benchmarks/run.py --quick
 ```
 
-A figure measured without a script here, or by a script before it wrote
-result.json, is not on this page; the git history keeps the earlier,
-hand-written version of it.
+A run made before its script wrote result.json is here only as a link to
+the page it was written to (results/*.md, each with its command and
+conditions); figures that were typed into this page with no file behind
+them were dropped when it became generated (the git history keeps them).
 """
 
 NO_RESULT = ("No result.json for this scenario in benchmarks/results/ yet: run the "
