@@ -31,6 +31,11 @@ from forkserve.memory import model, procfs  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APPS = os.path.join(REPO, "tests", "apps")
 
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("reads", "reads"), ("median_ms", "median"), ("min_ms", "min"), ("max_ms", "max"),
+)
+
 
 def _time(function, repeat):
     times = []

@@ -40,6 +40,12 @@ from forkserve.memory import copied_objects  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("walk", "walk"), ("best_s", "best"), ("median_s", "median"), ("objects", "objects walked"),
+    ("same_result", "same result from all walks"),
+)
+
 
 def baseline_walk(revision):
     source = subprocess.run(["git", "show", f"{revision}:forkserve/memory/why.py"], cwd=REPO,

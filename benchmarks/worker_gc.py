@@ -37,6 +37,13 @@ from forkserve.memory.workergc import POLICIES  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1024 * 1024
 
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("app", "app"), ("policy", "policy"), ("growth_mib", "private growth, 2 workers (MiB)"),
+    ("private_mib", "private after (MiB)"), ("collections", "collections"),
+    ("pause_ms", "pause total"), ("req_s", "req/s", ""),
+)
+
 
 def _stats(port):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
