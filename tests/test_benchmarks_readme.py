@@ -79,6 +79,13 @@ def test_each_scenario_section_is_its_docstring_then_its_results_newest_first(tr
     assert "- [results/stray.md](results/stray.md)" in page
 
 
+def test_a_result_of_a_script_that_is_gone_is_still_listed(tree):
+    a_result(tree / "results" / "old", "2026-11-20 10:00 UTC", 1.0, scenario="gone.py")
+    page = index.readme(index.scenarios(str(tree)),
+                        index.results_by_scenario(str(tree / "results")), [])
+    assert "- [results/old/result.json](results/old/result.json)" in page
+
+
 def test_a_scenario_without_a_result_says_how_to_make_one(tree):
     found = index.scenarios(str(tree))
     page = index.readme(found, {}, [])

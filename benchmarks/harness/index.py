@@ -235,7 +235,10 @@ def readme(found=None, results=None, files=None):
         own = [p for p in files if _belongs(p, scenario.stem)]
         claimed.update(own)
         lines += section(scenario, results.get(scenario.name, []), own)
+    known = {scenario.name for scenario in found}
     unclaimed = [p for p in files if p not in claimed]
+    unclaimed += [path for name, runs in sorted(results.items()) if name not in known
+                  for _, path in runs]
     if unclaimed:
         lines += ["## Other result files", "",
                   "Measured by hand or by a script no longer here; each states how:", ""]
