@@ -26,6 +26,13 @@ from benchmarks.harness.machine import Conditions, versions  # noqa: E402
 from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.start import start as start_server  # noqa: E402
 
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("server", "server"), ("valid_served_right", "valid cases served right"),
+    ("valid", "valid cases"), ("invalid_refused", "invalid cases refused"),
+    ("invalid", "invalid cases"),
+)
+
 SERVERS = {
     "forkserve": [sys.executable, "-m", "forkserve", "-w", "1", "-b", "127.0.0.1:0"],
     "gunicorn": [sys.executable, "-m", "gunicorn", "-k", "gevent", "-w", "1", "-b", "127.0.0.1:0"],

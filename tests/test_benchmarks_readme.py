@@ -21,7 +21,7 @@ How it runs: one paragraph of method.
 RESULT_COLUMNS = (("server", "server"), ("rps", "req/s"), ("cpu_us", "CPU/req"))
 
 if __name__ == "__main__":
-    pass
+    write_result("hello.py", [], [], None, "results/hello")
 '''
 
 
@@ -89,7 +89,13 @@ def test_a_result_of_a_script_that_is_gone_is_still_listed(tree):
 def test_a_scenario_without_a_result_says_how_to_make_one(tree):
     found = index.scenarios(str(tree))
     page = index.readme(found, {}, [])
-    assert "No result.json for this scenario" in page and "--out benchmarks/results/hello" in page
+    assert "No result.json for this scenario" in page and "benchmarks/results/hello by default" in page
+
+
+def test_a_scenario_that_writes_no_result_says_so(tmp_path):
+    (tmp_path / "hello.py").write_text(SCENARIO.replace("write_result(", "print("))
+    page = index.readme(index.scenarios(str(tmp_path)), {}, [])
+    assert "This script does not write result.json yet" in page
 
 
 def test_bad_result_columns_are_refused_with_the_form_they_take(tmp_path):

@@ -76,8 +76,10 @@ them were dropped when it became generated (the git history keeps them).
 """
 
 NO_RESULT = ("No result.json for this scenario in benchmarks/results/ yet: run the "
-             "command above with `--out benchmarks/results/{stem}` (or its default) and "
+             "command above (its result goes to benchmarks/results/{stem} by default) and "
              f"then `{COMMAND}`.")
+NO_SCHEMA = ("This script does not write result.json yet, so none of its runs is on this "
+             "page; what it prints keeps its command and conditions.")
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
@@ -88,6 +90,8 @@ class Scenario:
     command: str
     text: str = ""
     columns: tuple = ()
+    #: whether the script writes a result.json (it calls write_result or Result.measured)
+    writes_result: bool = True
 
     @property
     def stem(self):
@@ -134,7 +138,8 @@ def scenarios(directory=HERE):
                              "measures and shows its command (an indented 'python ...' line)")
         command = " ".join(commands[0].split("  #")[0].split())
         found.append(Scenario(name, summary.rstrip(":"), command, rest.strip("\n").rstrip(),
-                              _columns(tree, name)))
+                              _columns(tree, name),
+                              "write_result(" in source or "Result.measured(" in source))
     return found
 
 
@@ -217,7 +222,8 @@ def section(scenario, runs, files):
         if result.rows:
             lines += table(result.rows, scenario.columns) + [""]
     if not runs:
-        lines += [NO_RESULT.format(stem=scenario.stem), ""]
+        lines += [(NO_RESULT if scenario.writes_result else NO_SCHEMA).format(
+            stem=scenario.stem), ""]
     if files:
         lines += ["Its other files under results/ (pages of runs state their command and "
                   "conditions; logs are left out here): " + ", ".join(f"[{p}]({p})" for p in files) + ".", ""]
