@@ -86,6 +86,18 @@ def test_a_result_of_a_script_that_is_gone_is_still_listed(tree):
     assert "- [results/old/result.json](results/old/result.json)" in page
 
 
+def test_a_file_belongs_to_the_longest_script_name_it_starts_with(tree):
+    (tree / "hello_gc.py").write_text(SCENARIO.replace("Hello world on every server.",
+                                                       "Hello world's collector."))
+    (tree / "results" / "hello_gc_1").mkdir()
+    (tree / "results" / "hello_gc_1" / "page.md").write_text("# gc\n")
+    page = index.readme(index.scenarios(str(tree)), {},
+                        index.result_files(str(tree / "results")))
+    hello_gc = page[page.index("## hello_gc.py"):]
+    hello = page[page.index("## hello.py"):page.index("## hello_gc.py")]
+    assert "results/hello_gc_1/page.md" in hello_gc and "results/hello_gc_1" not in hello
+
+
 def test_a_scenario_without_a_result_says_how_to_make_one(tree):
     found = index.scenarios(str(tree))
     page = index.readme(found, {}, [])

@@ -236,13 +236,15 @@ def readme(found=None, results=None, files=None):
     results = results_by_scenario() if results is None else results
     files = result_files() if files is None else files
     lines = [INTRO, "## Scenarios", ""] + render(found, results) + [""]
-    claimed = set()
+    stems = sorted((scenario.stem for scenario in found), key=len, reverse=True)
+    owner = {}  # a file belongs to the longest stem it is named after (share_heap_gc_x: share_heap_gc)
+    for path in files:
+        owner[path] = next((stem for stem in stems if _belongs(path, stem)), None)
     for scenario in found:
-        own = [p for p in files if _belongs(p, scenario.stem)]
-        claimed.update(own)
+        own = [p for p in files if owner[p] == scenario.stem]
         lines += section(scenario, results.get(scenario.name, []), own)
     known = {scenario.name for scenario in found}
-    unclaimed = [p for p in files if p not in claimed]
+    unclaimed = [p for p in files if owner[p] is None]
     unclaimed += [path for name, runs in sorted(results.items()) if name not in known
                   for _, path in runs]
     if unclaimed:
