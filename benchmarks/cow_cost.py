@@ -40,7 +40,7 @@ from benchmarks.harness import wrk  # noqa: E402
 from benchmarks.harness.datasets import prepare_dataset  # noqa: E402
 from benchmarks.harness.machine import Conditions  # noqa: E402
 from benchmarks.harness.procs import Group, sample_group  # noqa: E402
-from benchmarks.harness.results import write_result  # noqa: E402
+from benchmarks.harness.results import table, write_result  # noqa: E402
 from benchmarks.harness.servers import APP, REPO  # noqa: E402
 from benchmarks.harness.start import start as start_server  # noqa: E402
 
@@ -147,15 +147,12 @@ def main(argv=None):
     csv_path, emails_path = prepare_dataset(args.rows, args.seed, args.data_dir)
     print(f"{args.rows:,} people, forkserve -w 4 on CPU {args.server_cpus}, "
           f"{args.requests:,} lookups per mode, perf on; {args.python}\n")
-    print("| mode | req/s | CPU/req | faults/req | in page faults | copy on write | "
-          "page copy | µs/req in page faults | worker samples |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode in args.modes.split(","):
         r = measure(args, mode.strip(), csv_path, emails_path, args.out)
         rows.append(dict(r, us_in_faults=r["fault"] * r["cpu_us"]))
-        print(f"| {r['mode']} | {r['rps']:,.0f} | {r['cpu_us']:.0f} µs | {r['faults']:.2f} | "
-              f"{r['fault']:.1%} | {r['cow']:.1%} | {r['copy']:.1%} | "
-              f"{r['fault'] * r['cpu_us']:.0f} | {r['samples']:,} |", flush=True)
+        print(f"{mode}: {r['cpu_us']:.0f} µs CPU/req, {r['fault']:.1%} in page faults",
+              file=sys.stderr, flush=True)
+    print("\n".join(table(rows, RESULT_COLUMNS)))
     write_result("cow_cost.py", argv, rows, conditions, args.result,
                  title=f"{args.rows:,} people, {args.requests:,} lookups per mode")
 

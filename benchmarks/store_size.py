@@ -41,7 +41,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness.machine import Conditions  # noqa: E402
-from benchmarks.harness.results import write_result  # noqa: E402
+from benchmarks.harness.results import table, write_result  # noqa: E402
 from examples.persondb import generate  # noqa: E402
 from forkserve.store import Store  # noqa: E402
 
@@ -166,8 +166,6 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
     conditions, results = Conditions(), []
-    print("| shape | rows | CSV | store | store / CSV | build |")
-    print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="forkserve-store-size-") as directory:
         for name in shapes:
             rows = max(1, int(SHAPES[name][2] * args.scale))
@@ -175,9 +173,8 @@ def main(argv=None):
             results.append(result)
             for suffix in (".csv", ".fsdb"):
                 os.unlink(Path(directory) / f"{name}{suffix}")
-            print(f"| {name} | {result['rows']:,} | {result['csv'] / 1e6:,.1f} MB "
-                  f"| {result['store'] / 1e6:,.1f} MB | {result['ratio']:.2f}x "
-                  f"| {result['build_s']:.1f} s |", flush=True)
+            print(f"{name}: {result['ratio']:.2f}x", file=sys.stderr, flush=True)
+    print("\n".join(table(results, RESULT_COLUMNS)))
     write_result("store_size.py", argv, results, conditions, args.out,
                  title=f"store file against its CSV, codec {args.codec or 'default'}")
 
