@@ -11,11 +11,10 @@ seconds (for its peers' changes), and the connection goes to a worker
 below its share, which is waiting in accept().
 
 A worker may run an eighth of its share ahead (`ceiling()`): taking
-connections strictly in turn (A, B, A, B, ...) measured several times the
-p99 of racing workers, and of workers capped at the same even count, with
-2 workers and 64 wrk connections (docs/http.md has the figures); with the
-slack a client's connections land in short runs per worker, as they do
-when workers race.
+connections strictly in turn (A, B, A, B, ...) measured a higher p99 than
+racing workers capped at the same even count, with 2 workers and 64 wrk
+connections (docs/http.md has the figures); with the slack a client's
+connections land in short runs per worker, as they do when workers race.
 
 Invariants:
 - Some accepting worker may always accept: the least loaded one holds at
