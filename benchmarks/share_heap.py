@@ -149,7 +149,7 @@ def _get(connection, path, headers):
 
 
 def commands(python, setup, extra=()):
-    fs = [python, "-m", "forkserve", "-b", "127.0.0.1:0", *extra]
+    fs = [python, "-m", "forkserve", "-b", "127.0.0.1:0", "--stats", "127.0.0.1:0", *extra]
     app = setup["app"]
     yield "gunicorn", None
     yield "forkserve", fs + ["-w", str(WORKERS), app]
@@ -183,6 +183,7 @@ def measure(name, argv, python, setup, args):
         ready_s = time.monotonic() - started
         answered, failed = setup["drive"](server.port)
         samples = sample_group(server.pid, name == "one process")
+        collections, pause = worker_gc(server)
         text = server.log()
         workers = [s for s in samples if s.role == "worker"]
         figures = dict(server=name, ready_s=ready_s, answered=answered, failed=failed,
@@ -191,11 +192,29 @@ def measure(name, argv, python, setup, args):
                        loaded_s=_number(_LOADED, text, 1), shared_s=_number(_SHARED, text, 3),
                        shared_objects=_number(_SHARED, text, 1),
                        shared_mb=_number(_SHARED, text, 2),
-                       warmup_s=_number(_WARMED, text, 2))
+                       warmup_s=_number(_WARMED, text, 2),
+                       gc_collections=collections, gc_pause_s=pause)
         if args.why and name.startswith("share-heap") and workers:
             busiest = max(workers, key=lambda s: s.private)
             figures["why"] = why(python, busiest.pid)
     return figures
+
+
+def worker_gc(server):
+    """The workers' garbage collections and seconds spent in them, from
+    forkserve's stats endpoint: (None, None) for a server without one."""
+    port = server.stats_port()
+    if port is None:
+        return None, None
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", "/json")
+        rows = [row for row in json.loads(connection.getresponse().read())["processes"]
+                if row["role"] == "worker"]
+    finally:
+        connection.close()
+    return (sum(row["gc_collections"] or 0 for row in rows),
+            sum(row["gc_pause"] or 0 for row in rows))
 
 
 def _number(pattern, text, group):
@@ -217,16 +236,20 @@ def why(python, pid):
 def report(app, python_version, rows, base):
     lines = [f"\n### {app}, Python {python_version}, {WORKERS} workers\n",
              "| server | answered | total PSS MiB | x one process | worker private MiB (max) "
-             "| load s | share-heap s | warmup s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| load s | share-heap s | warmup s | worker gc: collections, ms per 1,000 requests |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['total_pss'] / base:.2f}" if base else "-"
         loaded = f"{r['loaded_s']:.1f}" if r["loaded_s"] is not None else "-"
         shared = f"{r['shared_s']:.2f}" if r["shared_s"] is not None else "-"
         warmed = f"{r['warmup_s']:.2f}" if r["warmup_s"] is not None else "-"
+        collected = "-"
+        if r.get("gc_collections") is not None and r["answered"]:
+            collected = (f"{r['gc_collections']:,}, "
+                         f"{r['gc_pause_s'] * 1e6 / r['answered']:.1f}")
         lines.append(f"| {r['server']} | {r['answered']:,} (+{r['failed']} other) | "
                      f"{r['total_pss'] / MIB:,.1f} | {ratio} | {max(r['private']) / MIB:,.1f} | "
-                     f"{loaded} | {shared} | {warmed} |")
+                     f"{loaded} | {shared} | {warmed} | {collected} |")
     return "\n".join(lines)
 
 
