@@ -55,7 +55,7 @@ MIB = 2 ** 20
 WORKERS = 4
 _LOADED = re.compile(rb"loaded \S+ in ([\d.]+) s")
 _SHARED = re.compile(rb"--share-heap: shared ([\d,]+) objects \(([\d,.]+) MB\) in ([\d.]+) s")
-_WARMED = re.compile(rb"--warmup: (\d+) requests \(.*?\) in ([\d.]+) s")
+_WARMED = re.compile(rb"(?:--warmup|pre_freeze): .*? in ([\d.]+) s")
 
 
 # -- the apps -----------------------------------------------------------------------
@@ -89,9 +89,10 @@ def django(args):
     def drive(port):
         return fetch_pages(port, PAGES, args.app_requests or args.requests, login(port))
     db = os.path.join(args.out, "django.sqlite3")
+    # The warm-up logs in to the admin first: a pre_freeze hook in a config file.
     return dict(app="django_shop.wsgi:application", cwd=APPS_DIR, health="/en/",
                 env={"DJANGO_SHOP_DB": db}, drive=drive, one_process=False,
-                warmup=sorted(set(PAGES) | {"/admin/login/"}))
+                warmup_config=os.path.join(APPS_DIR, "django_shop", "warmup.conf.py"))
 
 
 APPS = {"persondb": persondb, "flask": flask, "django": django}
@@ -154,8 +155,10 @@ def commands(python, setup, extra=()):
     yield "gunicorn", None
     yield "forkserve", fs + ["-w", str(WORKERS), app]
     yield "share-heap", fs + ["-w", str(WORKERS), "--share-heap", app]
-    if setup.get("warmup"):
-        warmup = [arg for path in setup["warmup"] for arg in ("--warmup", path)]
+    if setup.get("warmup") or setup.get("warmup_config"):
+        warmup = [arg for path in setup.get("warmup", ()) for arg in ("--warmup", path)]
+        if setup.get("warmup_config"):
+            warmup += ["-c", setup["warmup_config"]]
         yield "share-heap + warmup", fs + ["-w", str(WORKERS), "--share-heap", *warmup, app]
     if setup["one_process"]:
         yield "one process", fs + ["-w", "0", app]
@@ -192,7 +195,7 @@ def measure(name, argv, python, setup, args):
                        loaded_s=_number(_LOADED, text, 1), shared_s=_number(_SHARED, text, 3),
                        shared_objects=_number(_SHARED, text, 1),
                        shared_mb=_number(_SHARED, text, 2),
-                       warmup_s=_number(_WARMED, text, 2),
+                       warmup_s=_number(_WARMED, text, 1),
                        gc_collections=collections, gc_pause_s=pause)
         if args.why and name.startswith("share-heap") and workers:
             busiest = max(workers, key=lambda s: s.private)

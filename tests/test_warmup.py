@@ -53,7 +53,7 @@ def test_client_refuses_a_url_and_says_to_give_a_path():
 
 
 DJANGO_WARMED = re.compile(r"pre_freeze: logged in \(302 Found\), /admin/ 200 OK, "
-                           r"\d+ pages \{200: \d+\} in pid (\d+)")
+                           r"\d+ pages \{200: \d+\} in [\d.]+ s \(pid (\d+)\)")
 
 
 def _django_warmed(run_server, tmp_path, *flags):

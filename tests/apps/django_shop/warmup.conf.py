@@ -13,12 +13,14 @@ once, in the master.
 
 
 import os
+import time
 
 
 def pre_freeze(server, app):
     from forkserve.process.warmup import Client
     from django_shop.client import PAGES
 
+    started = time.perf_counter()
     client = Client(app)
     client.get("/admin/login/")
     login = client.post("/admin/login/", {
@@ -33,6 +35,6 @@ def pre_freeze(server, app):
             code = client.get(page).code
             statuses[code] = statuses.get(code, 0) + 1
     admin = client.get("/admin/")
-    server.log.info("pre_freeze: logged in (%s), /admin/ %s, %d pages %s in pid %d",
+    server.log.info("pre_freeze: logged in (%s), /admin/ %s, %d pages %s in %.2f s (pid %d)",
                     login.status, admin.status, len(PAGES), dict(sorted(statuses.items())),
-                    os.getpid())
+                    time.perf_counter() - started, os.getpid())
