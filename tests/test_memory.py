@@ -467,6 +467,8 @@ def test_memory_without_an_anonymous_field_counts_private_dirty_as_private():
     ("forkserve: generation 3 [app:app]", procfs.Title("master", generation=3)),
     ("a: b: supervisor [app:app] serving generation 4", procfs.Title("supervisor", serving=4)),
     ("forkserve: single [x]", procfs.Title("single")),
+    ("forkserve: single [x] 12 req", procfs.Title("single", requests=12)),
+    ("forkserve: generation 3 [x] 7 req", procfs.Title("master", generation=3, requests=7)),
     ("python -m forkserve app:app", None),
     ("sleep 100", None),
     ("", None),
@@ -500,6 +502,8 @@ def test_tree_with_a_starting_generation_and_untitled_processes():
         (1, "supervisor", None), (20, "master", "serving"), (21, "worker", "serving"),
         (30, "single", "starting"),
     ]
+    titles[30] = "f: generation 3 [a] 40 req"  # a -w 0 generation counts its requests
+    assert model.tree_infos(1, **_tree(titles, {1: [20, 30], 20: [21]}))[-1].requests == 40
     # Titles unreadable (setproctitle missing): the shape says it is a supervisor.
     untitled = model.tree_infos(1, **_tree({}, {1: [20], 20: [21, 22]}))
     assert [i.role for i in untitled] == ["supervisor", "master", "worker", "worker"]

@@ -140,6 +140,12 @@ def test_the_stats_dashboard_history_survives_the_exec_into_the_supervisor(
     assert points[0]["t"] == before  # the master's samples are still there
     assert "supervisor" not in points[0]["values"]
 
+    def served_under_the_supervisor():  # the rate, from the generation's titles
+        server.get("/")
+        return any(point["rate"] and "supervisor" in point["values"]
+                   for point in history()["points"])
+    poll(served_under_the_supervisor, message="a request rate under the supervisor")
+
 
 def test_the_first_reload_frees_the_old_heap_by_exec(run_server, tmp_path):
     version_file = tmp_path / "version"

@@ -54,6 +54,7 @@ class SingleServer(Driver):
         self.stats_listener = stats_listener
         self.history = None  # the stats dashboard's, once its server runs
         self.requests = 0
+        self.titled = None  # the request count the process title shows
         self.queue = HubSignals()
         self.next_memory_log = 0.0
         self.role = role
@@ -69,8 +70,7 @@ class SingleServer(Driver):
         self.parent = os.getppid() if role.supervised else None
 
     def run(self) -> int:
-        procname.set_title(self.cfg, f"generation {self.generation}" if self.role.supervised
-                           else "single", self.app_name)
+        self.update_title()
         self.queue.install(SINGLE_SIGNALS)  # run on the event loop, not in a signal handler
         signals.release()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
@@ -129,12 +129,22 @@ class SingleServer(Driver):
     def decide(self):
         cow.check()
         source_watch.poll()
+        self.update_title()
         self.follow_generations()  # the clock: a generation that loads too long
         interval = self.cfg.memory_log_interval
         now = _now()
         if interval and now >= self.next_memory_log:
             self.next_memory_log = now + interval
             render.log_report(log, self.report())
+
+    def update_title(self):
+        """Show the requests served in ps/top, as workers do (if the count
+        changed): a supervisor reads them there for the dashboard's rate."""
+        if self.titled == self.requests:
+            return
+        self.titled = self.requests
+        procname.set_title(self.cfg, f"generation {self.generation}" if self.role.supervised
+                           else "single", self.app_name, f"{self.requests} req")
 
     def wait(self):
         interval = self.cfg.memory_log_interval
