@@ -13,7 +13,9 @@ requests over the client's pages in-process (forkserve.process.warmup.Client,
 logged in, no sockets: the time is the application's and the collector's),
 and reports its wall time per request, the time its collections took, how
 many full collections ran, and its private memory (anonymous private pages,
-/proc) at the end. The table gives the median over the rounds. Python 3.12+.
+/proc) at the end. The table gives the median over the rounds. Python 3.12+
+(--no-share-heap: the master only freezes its heap, as forkserve without
+the flag does; any Python).
 """
 
 import argparse
@@ -74,7 +76,8 @@ def serve(args):
     client.get("/admin/login/")
     client.post("/admin/login/", {"username": "admin", "password": "admin-password",
                                   "csrfmiddlewaretoken": client.cookies["csrftoken"]})
-    print("master:", heap.share_heap(), flush=True)
+    if args.share_heap:
+        print("master:", heap.share_heap(), flush=True)
     cow.harden()
     for _ in range(args.rounds):
         for policy in args.policies.split(","):
@@ -97,6 +100,8 @@ def main(argv=None):
     p.add_argument("--requests", type=int, default=4000, help="requests per child")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--policies", default="young,normal")
+    p.add_argument("--no-share-heap", dest="share_heap", action="store_false",
+                   help="only freeze the master's heap, as forkserve without --share-heap")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
@@ -108,13 +113,15 @@ def main(argv=None):
           f"{run.load_before:.2f}", flush=True)
     out = subprocess.run([args.python, os.path.abspath(__file__), "--serve",
                           "--requests", str(args.requests), "--rounds", str(args.rounds),
-                          "--policies", args.policies],
+                          "--policies", args.policies,
+                          *([] if args.share_heap else ["--no-share-heap"])],
                          capture_output=True, text=True, check=True, cwd=APPS).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     print("\n".join(line for line in out.splitlines() if line.startswith("master:")))
     version = subprocess.run([args.python, "-c", "import sys; print(sys.version.split()[0])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    print(f"\nPython {version}, Django shop, --share-heap, {args.requests:,} requests per "
+    flag = "--share-heap" if args.share_heap else "no --share-heap (frozen only)"
+    print(f"\nPython {version}, Django shop, {flag}, {args.requests:,} requests per "
           f"child, median of {args.rounds} rounds (min-max)\n")
     print("| --worker-gc | ms per request | gc ms per request | collections | full "
           "collections | private MiB at the end |")
