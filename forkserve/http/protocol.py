@@ -37,8 +37,8 @@ Invariants, and why:
 """
 
 from forkserve.http.h1 import (BLANK_LINES, CHUNK_LINE_MAX, DISCARD_BYTES, REASONS, RequestError,
-                               body_framing, chunk_size, escape, header_field, request_line,
-                               request_target, trailer_allowed, valid_host)
+                               body_framing, chunk_size, escape, header_field, request_head,
+                               request_line, request_target, trailer_allowed, valid_host)
 from forkserve.http.response import encode_head, plan_head
 
 __all__ = ["Connection", "Request", "Data", "END", "NEED_DATA", "PEER_CLOSED",
@@ -131,7 +131,7 @@ class Connection:
         self._buf = b""
         self._pos = 0
         self._eof = False
-        self._lines = None        # the head so far: [request, headers, hosts, lengths, fields]
+        self._lines = None        # a head read line by line: [request, fields, blank lines]
         self._left = 0            # body bytes left (of the current chunk, if chunked)
         self._chunk_state = None  # chunked: "size", "data", "crlf", "trailer"
         self._body_total = 0
@@ -203,20 +203,15 @@ class Connection:
         self.their_state = HEAD
         limits = self.limits
         if self._lines is None:
-            self._lines = [None, {}, 0, [], 0]
             # the usual case: the whole head is here, no line is near a limit,
-            # and it starts with its request line
+            # and every line is in its usual form: one match for all of it
             end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
-            if end >= 0 and buf[pos] != 13:
-                lines = buf[pos:end + 2].splitlines(True)
-                # every line ends with CRLF (a bare CR or LF would make one more line)
-                if len(lines) == buf.count(b"\r\n", pos, end + 2):
+            if end >= 0:
+                head = request_head(buf[pos:end + 2].decode("latin-1"))
+                if head is not None:
                     self._pos = end + 4
-                    line = lines[0]
-                    self._lines[0] = request_line(line, limits.line_max)
-                    del lines[0]
-                    self._fields(lines)
-                    return self._head_done()
+                    return self._head_done(*head)
+            self._lines = [None, [], 0]
         while True:  # line by line, each checked against its limit as it comes
             buf, pos = self._buf, self._pos
             limit = limits.line_max + 2 if self._lines[0] is None else limits.field_size_max
@@ -232,37 +227,41 @@ class Connection:
                 end = found + 1
             self._pos = end
             line = buf[pos:end]
-            head = self._lines
-            if head[0] is None:
-                if line == b"\r\n" and head[4] < BLANK_LINES:
-                    head[4] += 1  # an empty line before the request line (RFC 9112 2.2)
+            request, fields, blank = self._lines
+            if request is None:
+                if line == b"\r\n" and blank < BLANK_LINES:
+                    self._lines[2] += 1  # an empty line before the request line (RFC 9112 2.2)
                     continue
-                head[0] = request_line(line, limits.line_max)
-                head[4] = 0
+                self._lines[0] = request_line(line, limits.line_max)
             elif line == b"\r\n":
-                return self._head_done()
+                self._lines = None
+                return self._head_done(*request, fields)
             else:
-                self._fields((line,))
+                if len(fields) == limits.fields_max:
+                    raise RequestError(431, f"more than {limits.fields_max} header fields")
+                fields.append(header_field(line, limits.field_size_max))
 
-    def _fields(self, lines):
-        """Add header lines (each with its CRLF) to the head being read."""
-        head = self._lines
-        headers = head[1]
-        count = head[4] + len(lines)
-        if count > self.limits.fields_max:
-            raise RequestError(431, f"more than {self.limits.fields_max} header fields")
-        head[4] = count
-        size_max = self.limits.field_size_max
-        for line in lines:
-            name, value = header_field(line, size_max)
+    def _head_done(self, method, target, version, text, fields):
+        """The request of a head read whole: its fields (name, value pairs)
+        keyed as the environ keys them, and the head's rules applied."""
+        fields_max = self.limits.fields_max
+        if len(fields) > fields_max:
+            raise RequestError(431, f"more than {fields_max} header fields")
+        headers = {}
+        hosts = 0
+        lengths = None
+        for name, value in fields:
             if "_" in name:
                 continue  # dropped, as Gunicorn drops it: X_Forwarded_For must not pose as X-
             key = name.upper().replace("-", "_")
             if key == "HOST":
                 key = "HTTP_HOST"
-                head[2] += 1
+                hosts += 1
             elif key == "CONTENT_LENGTH":
-                head[3].append(value)
+                if lengths is None:
+                    lengths = [value]
+                else:
+                    lengths.append(value)
                 headers[key] = value
                 continue
             elif key == "CONTENT_TYPE":
@@ -276,10 +275,6 @@ class Connection:
                 headers[key] += ("; " if key == "HTTP_COOKIE" else ",") + value
             else:
                 headers[key] = value
-
-    def _head_done(self):
-        (method, target, version, text), headers, hosts, lengths, _ = self._lines
-        self._lines = None
         request = Request(method, target, version, text, headers, False, 0, False)
         if hosts > 1:
             raise RequestError(400, "more than one Host header")
@@ -288,10 +283,10 @@ class Connection:
         if not hosts and version == "HTTP/1.1":
             raise RequestError(400, "HTTP/1.1 request without a Host header")
         transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
-        if transfer_encoding is None and not lengths:
+        if transfer_encoding is None and lengths is None:
             chunked, length = False, 0
         else:
-            chunked, length = body_framing(version, transfer_encoding, lengths,
+            chunked, length = body_framing(version, transfer_encoding, lengths or [],
                                            self.limits.limit_request_body)
         connection = headers.get("HTTP_CONNECTION")
         if connection is None:
