@@ -78,12 +78,15 @@ class Request:
     __slots__ = ("method", "target", "version", "line", "headers", "chunked", "length",
                  "expect_continue", "path", "query", "authority")
 
-    def __init__(self, method, target, version, line, headers, chunked, length, expect_continue):
+    def __init__(self, method, target, version, line, headers, chunked, length, expect_continue,
+                 path, query, authority):
         self.method = method
         self.target = target
         # the target split as RFC 9112 3.2 says (h1.request_target): `authority`
         # is an absolute-form target's host, which replaces Host
-        self.path, self.query, self.authority = request_target(method, target)
+        self.path = path
+        self.query = query
+        self.authority = authority
         self.version = version
         self.line = line          # the request line as received, without CRLF (the access log's)
         self.headers = headers
@@ -248,46 +251,38 @@ class Connection:
         if len(fields) > fields_max:
             raise RequestError(431, f"more than {fields_max} header fields")
         headers = {}
-        hosts = 0
-        lengths = None
+        repeated = None  # the keys of fields that came more than once, rare
         for name, value in fields:
             if "_" in name:
                 continue  # dropped, as Gunicorn drops it: X_Forwarded_For must not pose as X-
-            key = name.upper().replace("-", "_")
-            if key == "HOST":
-                key = "HTTP_HOST"
-                hosts += 1
-            elif key == "CONTENT_LENGTH":
-                if lengths is None:
-                    lengths = [value]
-                else:
-                    lengths.append(value)
-                headers[key] = value
-                continue
-            elif key == "CONTENT_TYPE":
-                if key in headers:
-                    raise RequestError(400, "more than one Content-Type header")
-                headers[key] = value
-                continue
-            else:
-                key = "HTTP_" + key
+            key = "HTTP_" + name.upper().replace("-", "_")
             if key in headers:
+                if key == "HTTP_CONTENT_TYPE":
+                    raise RequestError(400, "more than one Content-Type header")
+                if repeated is None:
+                    repeated = {}
+                repeated.setdefault(key, [headers[key]]).append(value)
                 headers[key] += ("; " if key == "HTTP_COOKIE" else ",") + value
             else:
                 headers[key] = value
-        request = Request(method, target, version, text, headers, False, 0, False)
-        if hosts > 1:
+        # Content-Type and Content-Length are the two keys without HTTP_ (PEP 3333)
+        if "HTTP_CONTENT_TYPE" in headers:
+            headers["CONTENT_TYPE"] = headers.pop("HTTP_CONTENT_TYPE")
+        lengths = None
+        if "HTTP_CONTENT_LENGTH" in headers:
+            lengths = [headers.pop("HTTP_CONTENT_LENGTH")]
+            if repeated is not None and "HTTP_CONTENT_LENGTH" in repeated:
+                lengths = repeated["HTTP_CONTENT_LENGTH"]
+            headers["CONTENT_LENGTH"] = lengths[-1]
+        path, query, authority = request_target(method, target)
+        host = headers.get("HTTP_HOST")
+        if host is None:
+            if version == "HTTP/1.1":
+                raise RequestError(400, "HTTP/1.1 request without a Host header")
+        elif repeated is not None and "HTTP_HOST" in repeated:
             raise RequestError(400, "more than one Host header")
-        if hosts and not valid_host(headers["HTTP_HOST"]):
-            raise RequestError(400, f"invalid Host {escape(headers['HTTP_HOST'][:60])}")
-        if not hosts and version == "HTTP/1.1":
-            raise RequestError(400, "HTTP/1.1 request without a Host header")
-        transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
-        if transfer_encoding is None and lengths is None:
-            chunked, length = False, 0
-        else:
-            chunked, length = body_framing(version, transfer_encoding, lengths or [],
-                                           self.limits.limit_request_body)
+        elif not valid_host(host):
+            raise RequestError(400, f"invalid Host {escape(host[:60])}")
         connection = headers.get("HTTP_CONNECTION")
         if connection is None:
             keep = version != "HTTP/1.0"
@@ -295,9 +290,19 @@ class Connection:
             tokens = {t.strip(" \t").lower() for t in connection.split(",")}
             keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
         self.keep_alive = keep and self._keep_alive_allowed
-        self._continue = bool((chunked or length) and version == "HTTP/1.1"
-                              and headers.get("HTTP_EXPECT", "").lower() == "100-continue")
         self._no_body = method == "HEAD"
+        transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
+        if transfer_encoding is None and lengths is None:  # no body: the usual request
+            self.their_state = DONE
+            self._continue = False
+            self.request = request = Request(method, target, version, text, headers, False, 0,
+                                             False, path, query, authority)
+            return request
+        chunked, length = body_framing(version, transfer_encoding, lengths or [],
+                                       self.limits.limit_request_body)
+        self._continue = expect = bool(
+            (chunked or length) and version == "HTTP/1.1"
+            and headers.get("HTTP_EXPECT", "").lower() == "100-continue")
         self._body_total = 0
         if chunked:
             self.their_state, self._chunk_state, self._left = BODY, "size", 0
@@ -305,9 +310,9 @@ class Connection:
             self.their_state, self._left = BODY, length
         else:
             self.their_state = DONE
-        request.chunked, request.length = chunked, None if chunked else length
-        request.expect_continue = self._continue
-        self.request = request
+        self.request = request = Request(method, target, version, text, headers, chunked,
+                                          None if chunked else length, expect, path, query,
+                                          authority)
         return request
 
     # --- the body
