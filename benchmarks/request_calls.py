@@ -97,21 +97,18 @@ COUNTING = textwrap.dedent('''
 DUMP_TIMEOUT_S = 30.0
 
 
-def get_many(port, path, count):
-    """`count` keep-alive GETs of `path` on one connection; each must be a 200."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        for _ in range(count):
-            conn.request("GET", path)
-            response = conn.getresponse()
-            response.read()
-            if response.status != 200:
-                raise SystemExit(f"GET {path} answered {response.status}")
-    finally:
-        conn.close()
+def get_many(conn, paths, count):
+    """`count` GETs on `conn`, of `paths` in turn; each must be a 200."""
+    for i in range(count):
+        path = paths[i % len(paths)]
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise SystemExit(f"GET {path} answered {response.status}")
 
 
-def count_calls(tree, app, path, env, work, args):
+def count_calls(tree, app, paths, env, work, args):
     """Counter of calls (function -> calls per request) for one tree."""
     out = work / f"calls-{os.getpid()}-{time.monotonic_ns()}.json"
     environment = dict(os.environ, PYTHONPATH=f"{tree}:{work}:{ROOT}", CALLS_OUT=str(out), **env)
@@ -120,18 +117,13 @@ def count_calls(tree, app, path, env, work, args):
     argv = [sys.executable, str(work / "counting.py"), "-w", "0", "-b", "127.0.0.1:0",
             *args.forkserve_args, app]
     with start_server(argv, log_path=work / "server.log", env=environment, cwd=tree,
-                      probe_path=path) as server:
-        get_many(server.port, path, args.warmup)
-        # a first GET on the connection before the hook goes on: the connection's setup
-        # is not counted, only the keep-alive requests after it
+                      probe_path=paths[0]) as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-        conn.request("GET", path)
-        conn.getresponse().read()
+        # the warmup's first GET opens the connection before the hook goes on: its
+        # setup is not counted, only the keep-alive requests after it
+        get_many(conn, paths, args.warmup)
         server.group.send_signal(signal.SIGRTMIN)
-        for _ in range(args.requests):
-            conn.request("GET", path)
-            response = conn.getresponse()
-            response.read()
+        get_many(conn, paths, args.requests)
         server.group.send_signal(signal.SIGRTMIN + 1)
         deadline = time.monotonic() + DUMP_TIMEOUT_S
         while not out.exists():
@@ -150,7 +142,8 @@ def main():
                         help="a forkserve source tree (give two to compare: before and after)")
     parser.add_argument("--app", default="hello", choices=("hello", "persondb"))
     parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=200,
+                        help="requests before the count (default 200)")
     parser.add_argument("--top", type=int, default=0,
                         help="also list the N functions called most per request")
     parser.add_argument("--opcodes", action="store_true",
@@ -163,7 +156,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="request-calls-"))
     (work / "counting.py").write_text(COUNTING)
     if args.app == "hello":
-        app, path, env = HELLO_APP, "/", {}
+        app, paths, env = HELLO_APP, ["/"], {}
     else:
         rows = work / "rows.csv"
         subprocess.run([sys.executable, "-m", "examples.persondb.generate", "--rows", "2000",
@@ -172,8 +165,9 @@ def main():
                                  "2000", "--emails", "-o", "-"], cwd=ROOT, check=True,
                                 capture_output=True, text=True)
         app, env = "examples.persondb.app:app", {"PERSONDB_CSV": str(rows)}
-        path = "/person/" + emails.stdout.split()[0]
-    results = {name: count_calls(Path(tree).resolve(), app, path, env, work, args)
+        # one person after the other, as http_throughput.py asks for them
+        paths = ["/person/" + email for email in emails.stdout.split()]
+    results = {name: count_calls(Path(tree).resolve(), app, paths, env, work, args)
                for name, tree in trees.items()}
     first = next(iter(results.values()))
     for name, counts in results.items():
@@ -182,7 +176,8 @@ def main():
         what = (f"{python:7.1f} bytecode instructions" if args.opcodes
                 else f"{python:6.1f} Python calls + {c:6.1f} C calls")
         print(f"{name:10} {what} per request "
-              f"({args.app}, GET {path}, {args.requests} keep-alive requests)")
+              f"({args.app}, GET {paths[0]}{' ...' if len(paths) > 1 else ''}, "
+              f"{args.requests} keep-alive requests)")
     if args.top:
         for name, counts in results.items():
             print(f"\n{name}: the {args.top} functions "

@@ -420,12 +420,13 @@ class Connection:
             return head
         if self._chunked:
             return head + self.response_data(body)
+        size = len(body)
         declared = self._declared  # framed by total (None), or by the application's length
         if declared is not None:
-            if len(body) > declared:
+            if size > declared:
                 return head + self.response_data(body)
-            self._declared = declared - len(body)
-        self.sent += len(body)
+            self._declared = declared - size
+        self.sent += size
         return head + body
 
     def _reusable(self, draining):

@@ -42,7 +42,6 @@ class Responder:
         self._body = None
         self._fatal = None
         self._line = ""
-        self._start_response = self.start_response  # bound once, not per request
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info:
@@ -82,7 +81,7 @@ class Responder:
         result = None
         try:
             try:
-                result = self.server.application(env, self._start_response)
+                result = self.server.application(env, self.start_response)
                 if self._fatal is not None:
                     raise self._fatal  # the application swallowed it
                 kind = type(result)
