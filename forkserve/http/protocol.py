@@ -49,6 +49,19 @@ SEND_BODY = "SEND_BODY"
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
+#: The request header names clients send most, as they spell them, each with
+#: the environ key _head_done would make of it (HTTP_ and the name upper-cased,
+#: "-" as "_"), so that the usual field is keyed with one lookup. A fixed
+#: table of names, not a cache: nothing is added to it while serving, and it
+#: holds no header value.
+_FIELD_KEYS = {name: "HTTP_" + spelling.upper().replace("-", "_") for spelling in (
+    "Host", "User-Agent", "Accept", "Accept-Encoding", "Accept-Language", "Connection",
+    "Content-Type", "Content-Length", "Cookie", "Authorization", "Referer", "Origin",
+    "Cache-Control", "Pragma", "If-None-Match", "If-Modified-Since", "Range", "Expect",
+    "Transfer-Encoding", "Upgrade-Insecure-Requests", "X-Forwarded-For", "X-Forwarded-Proto",
+    "X-Forwarded-Host", "X-Real-IP", "X-Request-ID", "Sec-Fetch-Dest", "Sec-Fetch-Mode",
+    "Sec-Fetch-Site", "Sec-Fetch-User", "DNT", "Priority") for name in (spelling, spelling.lower())}
+
 
 class _Sentinel:
     __slots__ = ("name",)
@@ -253,9 +266,11 @@ class Connection:
         headers = {}
         repeated = None  # the keys of fields that came more than once, rare
         for name, value in fields:
-            if "_" in name:
-                continue  # dropped, as Gunicorn drops it: X_Forwarded_For must not pose as X-
-            key = "HTTP_" + name.upper().replace("-", "_")
+            key = _FIELD_KEYS.get(name)
+            if key is None:
+                if "_" in name:
+                    continue  # dropped, as Gunicorn drops it: X_Forwarded_For must not pose as X-
+                key = "HTTP_" + name.upper().replace("-", "_")
             if key in headers:
                 if key == "HTTP_CONTENT_TYPE":
                     raise RequestError(400, "more than one Content-Type header")

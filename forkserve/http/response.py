@@ -29,6 +29,19 @@ _NAME = re.compile(f"[{TCHAR}]+")
 _VALUE = re.compile("[\t\x20-\x7e\x80-\xff]*")
 _SPECIAL = frozenset({"content-length", "connection", "transfer-encoding", "date"})
 
+#: The response header names applications send most, as they spell them,
+#: each with its lower-case form: a name found here is a token without a
+#: regex match. A fixed table of names, not a cache: nothing is added to it
+#: while serving, and it holds no header value.
+_COMMON_NAMES = {name: name.lower() for spelling in (
+    "Content-Type", "Content-Length", "Content-Encoding", "Content-Language",
+    "Content-Disposition", "Content-Security-Policy", "Cache-Control", "Set-Cookie",
+    "Location", "Last-Modified", "ETag", "Expires", "Vary", "Date", "Connection",
+    "Transfer-Encoding", "Server", "Allow", "Retry-After", "WWW-Authenticate",
+    "X-Frame-Options", "X-Content-Type-Options", "Referrer-Policy",
+    "Cross-Origin-Opener-Policy", "Strict-Transport-Security",
+    "Access-Control-Allow-Origin") for name in (spelling, spelling.lower())}
+
 
 class ApplicationError(Exception):
     """The application broke the WSGI contract (PEP 3333); answered with 500."""
@@ -82,11 +95,14 @@ def plan_head(status, headers, total, version, head_request):
     close = dated = False
     try:
         for name, value in headers:
+            lname = _COMMON_NAMES.get(name)
+            if lname is None:
+                if not _NAME.fullmatch(name):
+                    raise ApplicationError(f"invalid response header {name!r}: {value!r}")
+                lname = name.lower()
             # printable ASCII is the usual value, checked without the regex
-            if not _NAME.fullmatch(name) or not (value.isascii() and value.isprintable()
-                                                 or _VALUE.fullmatch(value)):
+            if not (value.isascii() and value.isprintable() or _VALUE.fullmatch(value)):
                 raise ApplicationError(f"invalid response header {name!r}: {value!r}")
-            lname = name.lower()
             if lname in _SPECIAL:
                 if lname == "content-length":
                     if length is not None or not value.isdigit() or not value.isascii():
