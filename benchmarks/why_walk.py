@@ -8,7 +8,8 @@ freezes them as the master does, and forks a "worker" that looks up every
 second person (copying their pages). Then, as the auditor does, it reads the
 worker's exclusively mapped pages and walks every module global, timing
 side by side, alternating, --rounds times each: the walk of --baseline (a
-git revision of forkserve/memory/why.py), forkserve.memory.why.walk in
+git revision of forkserve/memory/why.py, as the module was named then),
+forkserve.memory.copied_objects.walk in
 Python (in_c=False) and in C (the extension forkserve.memory._whywalk).
 All must find the same objects on the same pages; the script checks that.
 
@@ -34,7 +35,7 @@ if __package__ in (None, ""):
 from benchmarks.harness.machine import Conditions  # noqa: E402
 from examples.persondb import app as persondb  # noqa: E402
 from examples.persondb.generate import email_for, generate_file  # noqa: E402
-from forkserve.memory import why  # noqa: E402
+from forkserve.memory import copied_objects  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,14 +53,14 @@ def main():
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", default="bda8e95",
-                        help="git revision whose why.walk is the 'before'")
+                        help="git revision (before the rename to copied_objects.py) whose why.walk is the 'before'")
     args = parser.parse_args()
-    if why._c_walk() is None:
+    if copied_objects._c_walk() is None:
         parser.error("forkserve.memory._whywalk is not built: run `pip install -e .` with a C "
                      "compiler present, and leave FORKSERVE_NO_C unset")
     walks = {"before": baseline_walk(args.baseline),
-             "python": functools.partial(why.walk, in_c=False),
-             "c": functools.partial(why.walk, in_c=True)}
+             "python": functools.partial(copied_objects.walk, in_c=False),
+             "c": functools.partial(copied_objects.walk, in_c=True)}
     conditions = Conditions()
     with tempfile.TemporaryDirectory() as scratch:
         csv = os.path.join(scratch, "people.csv")
@@ -78,7 +79,7 @@ def main():
     try:
         os.read(ready_r, 1)
         page_size = os.sysconf("SC_PAGE_SIZE")
-        pages = why.exclusive_pages(worker, page_size)
+        pages = copied_objects.exclusive_pages(worker, page_size)
         shift = page_size.bit_length() - 1
         first = [__name__]
         times = {name: [] for name in walks}

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from forkserve.process.autoreload import SourceWatcher, source_files
+from forkserve.process.source_watch import SourceWatcher, source_files
 
 from forkserve_testing import poll
 

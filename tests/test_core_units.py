@@ -10,7 +10,7 @@ import pytest
 from forkserve import exits
 from forkserve.config import loader
 from forkserve.process import sockets, systemd
-from forkserve.process.reload import Role
+from forkserve.process.generation_protocol import Role
 from forkserve.process.master import Master
 from forkserve.config.settings import parse
 from forkserve.process.signals import (MASTER_SIGNALS, SINGLE_SIGNALS, SignalQueue,
@@ -198,3 +198,22 @@ def test_docs_signals_table_is_generated_from_the_declarations():
     assert signals_table() in page, (
         "docs/signals.md's table is stale: paste in the output of "
         "python -m forkserve.process.signals")
+
+
+def test_the_dashboard_history_crosses_the_exec_into_the_supervisor_in_a_memfd():
+    import json
+
+    from forkserve.memory.history import History
+    from forkserve.process import generation_protocol
+
+    history = History()
+    history.events.append({"t": 1000.0, "kind": "recycle", "text": "worker 1: pid 2 replaced by 3"})
+    history.generation = 1
+    fd = generation_protocol._history_fd(history)
+    assert os.get_inheritable(fd)  # it must survive execve
+    state = json.loads(json.dumps({"history_fd": fd}))
+    taken = generation_protocol.taken_history(state)
+    assert taken.to_json() == history.to_json()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed once read
+    assert generation_protocol.taken_history({"history_fd": None}) is None

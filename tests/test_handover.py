@@ -15,7 +15,7 @@ import pytest
 
 from forkserve import exits
 from forkserve.config.settings import parse
-from forkserve.process import handover, reload, systemd
+from forkserve.process import generation_protocol, handover, systemd
 from forkserve.process.generations import Generations
 from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, Notify, Retire,
                                         Spawn, Stop)
@@ -517,7 +517,7 @@ def test_reload_master_kills_a_retired_worker_that_stays_after_the_new_generatio
 
 def test_reload_workers_close_the_ready_pipes(master):
     master.generations.waiting_fds = lambda: [41]  # a generation starting: its read end
-    master.role = reload.Role(generation=3, ready_fd=42)  # this master is a generation
+    master.role = generation_protocol.Role(generation=3, ready_fd=42)  # this master is a generation
     assert {41, 42} <= set(master.master_fds())
     master.lifecycle.announced = True  # signal_ready() wrote and closed 42: the number is free
     assert 42 not in master.master_fds()
@@ -576,11 +576,11 @@ def test_reload_supervisor_starts_generations_where_the_master_started():
     state = {"app": cfg.app, "values": cfg.values, "app_name": "a:b", "argv": ["python"],
              "start_directory": "/srv/where-the-master-started", "fds": [], "stats_fd": None,
              "child": 500, "generation": 2}
-    ours = reload.START_DIRECTORY
+    ours = generation_protocol.START_DIRECTORY
     supervisor = Supervisor(state)
     supervisor.queue.close()
     assert supervisor.generations.directory == "/srv/where-the-master-started"
-    assert reload.START_DIRECTORY == ours  # no module global rewritten
+    assert generation_protocol.START_DIRECTORY == ours  # no module global rewritten
 
 
 def _supervisor_turn(supervisor):

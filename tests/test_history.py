@@ -194,3 +194,22 @@ def test_the_dashboard_loads_nothing_from_elsewhere():
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, re.IGNORECASE)
     assert "@import" not in page and not re.search(r"url\(\s*['\"]?(https?:)?//", page)
     assert re.search(r"fetch\(\"history\"", page)  # relative: works behind a path prefix
+
+
+def test_a_dumped_history_loads_back_with_its_points_buckets_events_and_series():
+    history = History(window=5.0, step=4.0)
+    for second in range(12):  # some points folded into buckets, one bucket still open
+        history.add(_report(1000.0 + second, {1: 201 if second < 6 else 301}, requests={
+            201: second * 10, 301: second * 10}))
+    data = json.loads(json.dumps(history.dump()))  # as it crosses the exec
+    loaded = History.load(data, window=5.0, step=4.0)
+    assert loaded.to_json() == history.to_json()
+    assert loaded.to_json()["events"][0]["text"] == "worker 1: pid 201 replaced by 301"
+    loaded.add(_report(1012.0, {1: 301}))  # and it goes on from there
+    assert loaded.to_json()["points"][-1]["t"] == 1012.0
+
+
+@pytest.mark.parametrize("data", [None, [], {"schema": 99}, {"schema": 1, "fine": 3}])
+def test_loading_something_that_is_not_a_dumped_history_says_so(data):
+    with pytest.raises(ValueError, match="not a forkserve memory history"):
+        History.load(data)

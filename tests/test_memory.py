@@ -31,8 +31,9 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from forkserve.memory import command, cow, model, procfs, render, reporter, why, workergc
-from forkserve.memory.reporter import ProcessInfo, ProcessMemory, ProcessRow, Report
+from forkserve.memory import command, copied_objects, cow, model, procfs, render, report_json, workergc
+from forkserve.memory.model import ProcessInfo, ProcessRow, Report
+from forkserve.memory.procfs import ProcessMemory
 
 DATA = Path(__file__).parent / "data" / "proc"
 KIB = 1024
@@ -89,7 +90,7 @@ def make_report():
 
 
 def test_smaps_rollup_fields_are_converted_from_kb_to_bytes():
-    fields = reporter.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
+    fields = procfs.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
     assert fields["Rss"] == 1828 * KIB
     assert fields["Pss"] == 349 * KIB
     assert fields["Shared_Clean"] == 1676 * KIB
@@ -101,7 +102,7 @@ def test_smaps_rollup_fields_are_converted_from_kb_to_bytes():
 
 
 def test_smaps_rollup_header_line_is_not_a_field():
-    fields = reporter.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
+    fields = procfs.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
     assert all(re.fullmatch(r"[A-Za-z_]+", name) for name in fields)
 
 
@@ -112,16 +113,16 @@ def test_smaps_rollup_missing_fields_are_absent_and_read_as_zero():
         Pss:                   6 kB
         Private_Dirty:         4 kB
         """)
-    fields = reporter.parse_smaps_rollup(text)
+    fields = procfs.parse_smaps_rollup(text)
     assert fields == {"Rss": 8 * KIB, "Pss": 6 * KIB, "Private_Dirty": 4 * KIB}
-    stat = reporter.parse_stat(fixture_text(SLEEP_PID, "stat"))
+    stat = procfs.parse_stat(fixture_text(SLEEP_PID, "stat"))
     mem = ProcessMemory.from_proc(stat, fields, boot_time=BOOT_TIME, clock_ticks=100)
     assert (mem.swap, mem.shared_clean, mem.private_clean) == (0, 0, 0)
     assert mem.uss == 4 * KIB
 
 
 def test_smaps_without_rollup_is_summed_over_mappings():
-    fields = reporter.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
+    fields = procfs.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
     assert fields["Rss"] == 22740 * KIB
     assert fields["Pss"] == 20084 * KIB
     assert fields["Shared_Clean"] == 2944 * KIB
@@ -132,7 +133,7 @@ def test_smaps_without_rollup_is_summed_over_mappings():
 
 
 def test_smaps_per_mapping_attributes_are_not_summed():
-    fields = reporter.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
+    fields = procfs.parse_smaps(fixture_text(OLD_KERNEL_PID, "smaps"))
     assert not {"Size", "KernelPageSize", "MMUPageSize", "VmFlags", "THPeligible"} & set(fields)
 
 
@@ -143,12 +144,12 @@ def test_smaps_mapping_path_that_looks_like_a_field_is_not_counted():
         Private_Dirty:         4 kB
         VmFlags: rd wr sh
         """)
-    assert reporter.parse_smaps(text) == {"Rss": 4 * KIB, "Private_Dirty": 4 * KIB}
+    assert procfs.parse_smaps(text) == {"Rss": 4 * KIB, "Private_Dirty": 4 * KIB}
 
 
 def test_smaps_sum_agrees_with_rollup_of_the_same_process():
-    rollup = reporter.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
-    summed = reporter.parse_smaps(fixture_text(SLEEP_PID, "smaps"))
+    rollup = procfs.parse_smaps_rollup(fixture_text(SLEEP_PID, "smaps_rollup"))
+    summed = procfs.parse_smaps(fixture_text(SLEEP_PID, "smaps"))
     assert summed["Rss"] == rollup["Rss"]
     # smaps rounds each mapping's Pss down, and a page changed hands between reads.
     assert summed["Pss"] == pytest.approx(rollup["Pss"], rel=0.05)
@@ -158,13 +159,13 @@ def test_smaps_sum_agrees_with_rollup_of_the_same_process():
 
 def test_parsers_accept_bytes_as_well_as_text():
     text = fixture_text(SLEEP_PID, "smaps_rollup")
-    assert reporter.parse_smaps_rollup(text.encode()) == reporter.parse_smaps_rollup(text)
+    assert procfs.parse_smaps_rollup(text.encode()) == procfs.parse_smaps_rollup(text)
     stat = fixture_text(SLEEP_PID, "stat")
-    assert reporter.parse_stat(stat.encode()) == reporter.parse_stat(stat)
+    assert procfs.parse_stat(stat.encode()) == procfs.parse_stat(stat)
 
 
 def test_stat_comm_with_spaces_and_parens_is_read_whole():
-    stat = reporter.parse_stat(fixture_text(SLEEP_PID, "stat"))
+    stat = procfs.parse_stat(fixture_text(SLEEP_PID, "stat"))
     assert stat == procfs.ProcStat(
         pid=SLEEP_PID, comm="my (odd) proc)", state="S", ppid=5385,
         minflt=104, majflt=0, starttime_ticks=67347,
@@ -172,14 +173,14 @@ def test_stat_comm_with_spaces_and_parens_is_read_whole():
 
 
 def test_stat_fault_counts_and_start_ticks_come_from_their_fields():
-    stat = reporter.parse_stat(fixture_text(OLD_KERNEL_PID, "stat"))
+    stat = procfs.parse_stat(fixture_text(OLD_KERNEL_PID, "stat"))
     assert (stat.pid, stat.comm, stat.ppid) == (OLD_KERNEL_PID, "python3", 1)
     assert (stat.minflt, stat.majflt, stat.starttime_ticks) == (51234, 12, 123456)
 
 
 def test_stat_comm_with_newline_and_closing_paren_is_read_whole():
     rest = " ".join(["S", "7"] + [str(n) for n in range(5, 53)])
-    stat = reporter.parse_stat(f"42 (a)\n) b) {rest}\n")
+    stat = procfs.parse_stat(f"42 (a)\n) b) {rest}\n")
     assert (stat.pid, stat.comm, stat.state, stat.ppid) == (42, "a)\n) b", "S", 7)
     assert (stat.minflt, stat.majflt, stat.starttime_ticks) == (10, 12, 22)
 
@@ -189,14 +190,14 @@ def test_stat_comm_with_newline_and_closing_paren_is_read_whole():
 )
 def test_stat_any_comm_round_trips(comm):
     line = f"123 ({comm}) R 1 " + " ".join(str(n) for n in range(5, 53)) + "\n"
-    stat = reporter.parse_stat(line)
+    stat = procfs.parse_stat(line)
     assert (stat.pid, stat.comm, stat.ppid, stat.starttime_ticks) == (123, comm, 1, 22)
 
 
 @pytest.mark.parametrize("text", ["", "garbage", "12 (x) S 1 2 3\n", "(x) S " + "1 " * 50])
 def test_stat_rejects_text_that_is_not_a_stat_line(text):
     with pytest.raises(ValueError):
-        reporter.parse_stat(text)
+        procfs.parse_stat(text)
 
 
 def test_boot_time_is_btime_from_proc_stat():
@@ -214,7 +215,7 @@ def test_children_file_is_space_separated_pids():
 
 
 def test_read_process_uses_smaps_rollup_and_stat():
-    mem = reporter.read_process(SLEEP_PID, proc=DATA)
+    mem = procfs.read_process(SLEEP_PID, proc=DATA)
     assert mem == ProcessMemory(
         pid=SLEEP_PID, rss=1828 * KIB, pss=349 * KIB, shared_clean=1676 * KIB, shared_dirty=0,
         private_clean=40 * KIB, private_dirty=112 * KIB, swap=0, anonymous=112 * KIB,
@@ -225,14 +226,14 @@ def test_read_process_uses_smaps_rollup_and_stat():
 
 def test_read_process_falls_back_to_smaps_on_kernels_without_rollup():
     assert not (DATA / str(OLD_KERNEL_PID) / "smaps_rollup").exists()
-    mem = reporter.read_process(OLD_KERNEL_PID, proc=DATA)
+    mem = procfs.read_process(OLD_KERNEL_PID, proc=DATA)
     assert (mem.rss, mem.pss, mem.swap) == (22740 * KIB, 20084 * KIB, 1036 * KIB)
     assert mem.uss == 18532 * KIB
     assert (mem.minor_faults, mem.major_faults) == (51234, 12)
 
 
 def test_read_process_of_missing_pid_is_none():
-    assert reporter.read_process(999999999, proc=DATA) is None
+    assert procfs.read_process(999999999, proc=DATA) is None
 
 
 def test_read_process_lets_permission_errors_through(monkeypatch):
@@ -245,7 +246,7 @@ def test_read_process_lets_permission_errors_through(monkeypatch):
 
     monkeypatch.setattr(procfs, "_read", read)
     with pytest.raises(PermissionError):
-        reporter.read_process(SLEEP_PID, proc=DATA)
+        procfs.read_process(SLEEP_PID, proc=DATA)
 
 
 def write_stat(proc, pid, ppid, state="S"):
@@ -261,7 +262,7 @@ def test_discover_reads_children_files_of_every_thread(tmp_path):
     (tmp_path / "100/task/100/children").write_text("102 101 ")
     (tmp_path / "100/task/105").mkdir(parents=True)
     (tmp_path / "100/task/105/children").write_text("103 ")
-    infos = reporter.discover(100, proc=tmp_path)
+    infos = model.discover(100, proc=tmp_path)
     assert infos == [
         ProcessInfo(100, "master"),
         ProcessInfo(101, "worker"),
@@ -277,7 +278,7 @@ def test_discover_scans_proc_when_kernel_has_no_children_files(tmp_path):
     write_stat(tmp_path, 102, 1)
     write_stat(tmp_path, 103, 100)
     (tmp_path / "self").mkdir()
-    infos = reporter.discover(100, proc=tmp_path)
+    infos = model.discover(100, proc=tmp_path)
     assert [(i.pid, i.role, i.worker_id) for i in infos] == [
         (100, "master", None), (101, "worker", None), (103, "worker", None)
     ]
@@ -287,15 +288,15 @@ def test_discover_without_children_is_a_single_process(tmp_path):
     write_stat(tmp_path, 100, 1)
     (tmp_path / "100/task/100").mkdir(parents=True)
     (tmp_path / "100/task/100/children").write_text("")
-    assert reporter.discover(100, proc=tmp_path) == [ProcessInfo(100, "single")]
+    assert model.discover(100, proc=tmp_path) == [ProcessInfo(100, "single")]
 
 
 def test_discover_of_exited_master_raises_process_lookup_error(tmp_path):
     with pytest.raises(ProcessLookupError):
-        reporter.discover(100, proc=tmp_path)
+        model.discover(100, proc=tmp_path)
     write_stat(tmp_path, 100, 1, state="Z")
     with pytest.raises(ProcessLookupError):
-        reporter.discover(100, proc=tmp_path)
+        model.discover(100, proc=tmp_path)
 
 
 def test_collect_drops_vanished_and_repeated_processes_and_derives_uptime():
@@ -306,7 +307,7 @@ def test_collect_drops_vanished_and_repeated_processes_and_derives_uptime():
         ProcessInfo(OLD_KERNEL_PID, "worker", worker_id=3),
     ]
     start = BOOT_TIME + 67347 / os.sysconf("SC_CLK_TCK")
-    report = reporter.collect(infos, now=start + 90.0, proc=DATA)
+    report = model.collect(infos, now=start + 90.0, proc=DATA)
     assert [row.info.pid for row in report.processes] == [SLEEP_PID, OLD_KERNEL_PID]
     assert report.processes[0].uptime == pytest.approx(90.0)
     assert report.processes[1].info.requests == 7
@@ -376,7 +377,7 @@ def test_cost_ratio_counts_anonymous_memory_where_the_kernel_splits_pss():
     assert (report.master_base, report.total_base) == (30 * MIB, 25 * MIB)
     assert report.cost_ratio == pytest.approx(25 / 30)
     assert report.workers_cost == -5 * MIB
-    assert reporter.format_table(report).splitlines()[-2:] == [
+    assert render.format_table(report).splitlines()[-2:] == [
         "2 processes use 330.0 MiB; without sharing they would use 370.0 MiB (1.1x less)",
         "workers add -5.0 MiB to the master's 30.0 MiB of anonymous memory; serving workers "
         "hold 1.0 MiB alone (their own allocations and any pages copied from the master); "
@@ -399,8 +400,8 @@ def test_headline_reads_the_server_that_shares_more_as_the_cheaper_one():
                         pss_file=40 * MIB)
     reader = make_memory(rss=226 * MIB, pss=50 * MIB, anonymous=26 * MIB, pss_anon=10 * MIB,
                          pss_file=40 * MIB, private_dirty=6 * MIB)
-    dict_mode = reporter.headline(_server(heap, copied))
-    store_mode = reporter.headline(_server(small, reader))
+    dict_mode = render.headline(_server(heap, copied))
+    store_mode = render.headline(_server(small, reader))
     assert dict_mode == ("5 processes use 2.6 GiB; without sharing they would use 3.9 GiB "
                          "(1.5x less)")
     assert store_mode == ("5 processes use 244.0 MiB; without sharing they would use 1.1 GiB "
@@ -408,7 +409,7 @@ def test_headline_reads_the_server_that_shares_more_as_the_cheaper_one():
 
 
 def test_workers_are_not_said_to_hold_copies_of_what_they_allocated_themselves():
-    text = reporter.format_table(make_report())
+    text = render.format_table(make_report())
     assert "copies" not in text
     assert "hold 9.0 MiB alone (their own allocations and any pages copied" in text
 
@@ -453,7 +454,7 @@ def test_private_is_bounded_by_anonymous_when_a_shared_file_is_written():
 
 def test_memory_without_an_anonymous_field_counts_private_dirty_as_private():
     fields = {"Rss": 8 * KIB, "Private_Dirty": 4 * KIB, "Private_Clean": 2 * KIB}
-    stat = reporter.parse_stat(fixture_text(SLEEP_PID, "stat"))
+    stat = procfs.parse_stat(fixture_text(SLEEP_PID, "stat"))
     mem = ProcessMemory.from_proc(stat, fields, boot_time=BOOT_TIME, clock_ticks=100)
     assert (mem.private, mem.file) == (4 * KIB, 0)
 
@@ -466,6 +467,8 @@ def test_memory_without_an_anonymous_field_counts_private_dirty_as_private():
     ("forkserve: generation 3 [app:app]", procfs.Title("master", generation=3)),
     ("a: b: supervisor [app:app] serving generation 4", procfs.Title("supervisor", serving=4)),
     ("forkserve: single [x]", procfs.Title("single")),
+    ("forkserve: single [x] 12 req", procfs.Title("single", requests=12)),
+    ("forkserve: generation 3 [x] 7 req", procfs.Title("master", generation=3, requests=7)),
     ("python -m forkserve app:app", None),
     ("sleep 100", None),
     ("", None),
@@ -499,6 +502,8 @@ def test_tree_with_a_starting_generation_and_untitled_processes():
         (1, "supervisor", None), (20, "master", "serving"), (21, "worker", "serving"),
         (30, "single", "starting"),
     ]
+    titles[30] = "f: generation 3 [a] 40 req"  # a -w 0 generation counts its requests
+    assert model.tree_infos(1, **_tree(titles, {1: [20, 30], 20: [21]}))[-1].requests == 40
     # Titles unreadable (setproctitle missing): the shape says it is a supervisor.
     untitled = model.tree_infos(1, **_tree({}, {1: [20], 20: [21, 22]}))
     assert [i.role for i in untitled] == ["supervisor", "master", "worker", "worker"]
@@ -540,19 +545,19 @@ def test_ratio_after_a_reload_is_against_the_serving_master():
     assert report.master.info.pid == 30
     assert report.cost_ratio == pytest.approx(160 / 100)
     assert "other processes add 60.0 MiB to the master's (g3) 100.0 MiB of memory" in \
-        reporter.format_table(report)
-    text = reporter.to_prometheus(report)
+        render.format_table(report)
+    text = render.to_prometheus(report)
     assert 'forkserve_process_private_bytes{role="master",generation="2"}' in text
     assert 'forkserve_process_info{role="master",generation="2",pid="20",state="draining"} 1' \
         in text
 
 
 def test_json_from_a_server_without_the_anonymous_field_is_still_read():
-    data = reporter.to_json(make_report())
+    data = report_json.to_json(make_report())
     for entry in data["processes"]:
         for key in ("anonymous", "pss_anon", "pss_file", "state"):
             del entry[key]
-    report = reporter.from_json(data)
+    report = report_json.from_json(data)
     assert report.processes[0].memory.private == 10 * MIB
 
 
@@ -565,7 +570,7 @@ def test_json_from_a_server_without_the_anonymous_field_is_still_read():
      (260 * MIB + MIB // 10, "260.1 MiB"), (3 * 1024 * MIB, "3.0 GiB"), (-2 * MIB, "-2.0 MiB")],
 )
 def test_sizes_are_shown_in_binary_units(size, text):
-    assert reporter.format_size(size) == text
+    assert render.format_size(size) == text
 
 
 @pytest.mark.parametrize(
@@ -573,11 +578,11 @@ def test_sizes_are_shown_in_binary_units(size, text):
     [(0, "0s"), (42.9, "42s"), (303, "5m03s"), (7500, "2h05m"), (4 * 86400 + 3 * 3600, "4d03h")],
 )
 def test_uptime_is_shown_in_its_two_largest_units(seconds, text):
-    assert reporter.format_duration(seconds) == text
+    assert render.format_duration(seconds) == text
 
 
 def test_table_has_a_row_per_process_a_total_row_and_a_summary():
-    lines = reporter.format_table(make_report()).splitlines()
+    lines = render.format_table(make_report()).splitlines()
     assert lines[0].split() == [
         "PID", "ROLE", "RSS", "PSS", "SHARED", "PRIVATE", "FILE", "SWAP", "MINFLT", "MAJFLT",
         "REQS", "UPTIME",
@@ -602,7 +607,7 @@ def test_table_has_a_row_per_process_a_total_row_and_a_summary():
 
 
 def test_table_columns_line_up():
-    lines = reporter.format_table(make_report()).splitlines()[:-2]
+    lines = render.format_table(make_report()).splitlines()[:-2]
     header = lines[0]
     for column in ("RSS", "PSS", "SWAP", "MINFLT"):
         right_edge = header.index(column) + len(column)
@@ -614,17 +619,17 @@ def test_table_columns_line_up():
 def test_table_summary_of_a_single_process_mentions_no_workers():
     row = make_report().processes[0]
     single = Report((ProcessRow(ProcessInfo(100, "single"), row.memory, row.uptime),), 0.0)
-    summary = reporter.format_table(single).splitlines()[-1]
+    summary = render.format_table(single).splitlines()[-1]
     assert summary == "1 process uses 40.0 MiB (a single process: nothing to share)"
 
 
 def test_table_of_an_empty_report_says_the_server_has_exited():
-    assert "exited" in reporter.format_table(Report((), 0.0))
+    assert "exited" in render.format_table(Report((), 0.0))
 
 
 def test_log_report_logs_each_process_then_the_summary(caplog):
     caplog.set_level("INFO", logger="test.memory")
-    reporter.log_report(logging.getLogger("test.memory"), make_report())
+    render.log_report(logging.getLogger("test.memory"), make_report())
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0] == (
         "Memory of master (pid 100): RSS 100.0 MiB, PSS 40.0 MiB, shared 90.0 MiB (90%), "
@@ -632,7 +637,7 @@ def test_log_report_logs_each_process_then_the_summary(caplog):
     )
     assert messages[1].startswith("Memory of worker 1 (pid 101): ")
     assert messages[3] == "Memory: " + "; ".join(
-        reporter.format_table(make_report()).splitlines()[-2:])
+        render.format_table(make_report()).splitlines()[-2:])
     assert len(messages) == 4
 
 
@@ -641,12 +646,12 @@ def test_log_report_logs_each_process_then_the_summary(caplog):
 
 def test_json_round_trip_gives_back_the_same_report():
     report = make_report()
-    served = json.loads(json.dumps(reporter.to_json(report)))
-    assert reporter.from_json(served) == report
+    served = json.loads(json.dumps(report_json.to_json(report)))
+    assert report_json.from_json(served) == report
 
 
 def test_json_keys_are_the_documented_ones():
-    data = reporter.to_json(make_report())
+    data = report_json.to_json(make_report())
     assert list(data) == ["schema", "time", "processes", "totals"]
     assert list(data["processes"][0]) == [
         "pid", "role", "worker_id", "generation", "state", "requests", "gc_collections",
@@ -671,7 +676,7 @@ def test_json_keys_are_the_documented_ones():
 
 def test_json_of_a_report_without_master_has_null_cost():
     report = make_report()
-    totals = reporter.to_json(Report(report.processes[1:], report.time))["totals"]
+    totals = report_json.to_json(Report(report.processes[1:], report.time))["totals"]
     assert totals["master_rss"] is None
     assert totals["workers_cost"] is None
     assert totals["cost_ratio"] is None
@@ -689,14 +694,14 @@ def test_json_of_a_report_without_master_has_null_cost():
 )
 def test_from_json_rejects_what_is_not_a_report(obj, message):
     with pytest.raises(ValueError, match=message):
-        reporter.from_json(obj)
+        report_json.from_json(obj)
 
 
 def test_from_json_rejects_a_null_size():
-    data = reporter.to_json(make_report())
+    data = report_json.to_json(make_report())
     data["processes"][0]["pss"] = None
     with pytest.raises(ValueError, match="not a forkserve memory report"):
-        reporter.from_json(data)
+        report_json.from_json(data)
 
 
 # -- Prometheus ---------------------------------------------------------------------------
@@ -747,7 +752,7 @@ def check_exposition(text):
 
 
 def test_prometheus_text_is_valid_exposition_format():
-    types = check_exposition(reporter.to_prometheus(make_report()))
+    types = check_exposition(render.to_prometheus(make_report()))
     assert types["forkserve_process_pss_bytes"] == "gauge"
     assert types["forkserve_process_minor_faults_total"] == "counter"
     assert types["forkserve_process_requests_total"] == "counter"
@@ -755,7 +760,7 @@ def test_prometheus_text_is_valid_exposition_format():
 
 
 def test_prometheus_sizes_are_in_bytes_with_role_and_worker_labels_and_pids_in_an_info():
-    text = reporter.to_prometheus(make_report(), prefix="app")
+    text = render.to_prometheus(make_report(), prefix="app")
     assert 'app_process_pss_bytes{role="master"} 41943040\n' in text
     assert 'app_process_uss_bytes{role="worker",worker="1",generation="1"} 5242880\n' in text
     assert 'app_process_major_faults_total{role="master"} 3\n' in text
@@ -770,7 +775,7 @@ def test_prometheus_sizes_are_in_bytes_with_role_and_worker_labels_and_pids_in_a
 
 def test_prometheus_leaves_out_unknown_values():
     report = make_report()
-    text = reporter.to_prometheus(Report(report.processes[1:], report.time))
+    text = render.to_prometheus(Report(report.processes[1:], report.time))
     check_exposition(text)
     assert 'requests_total{role="worker",worker="2",generation="1"}' not in text
     assert 'requests_total{role="worker",worker="1",generation="1"} 1200' in text
@@ -783,7 +788,7 @@ def test_prometheus_tells_a_draining_worker_from_its_replacement_of_the_same_num
     rows = (report.processes[0],
             ProcessRow(dataclasses.replace(leaving.info, state="draining"), leaving.memory, 1.0),
             ProcessRow(dataclasses.replace(staying.info, worker_id=1), staying.memory, 1.0))
-    text = reporter.to_prometheus(Report(rows, report.time))
+    text = render.to_prometheus(Report(rows, report.time))
     check_exposition(text)  # no duplicate series
     assert 'forkserve_process_pss_bytes{role="worker",worker="1",generation="1"} 36700160' in text
     assert ('forkserve_process_pss_bytes{role="worker",worker="1",generation="1",'
@@ -798,12 +803,12 @@ def test_series_labels_fall_back_to_the_pid_when_titles_cannot_tell_workers_apar
 
 
 def test_prometheus_of_an_empty_report_is_valid():
-    check_exposition(reporter.to_prometheus(Report((), 0.0)))
+    check_exposition(render.to_prometheus(Report((), 0.0)))
 
 
 def test_prometheus_rejects_a_prefix_that_is_not_a_metric_name():
     with pytest.raises(ValueError, match="not a valid Prometheus metric name"):
-        reporter.to_prometheus(make_report(), prefix="fork-serve")
+        render.to_prometheus(make_report(), prefix="fork-serve")
 
 
 # -- Live processes ---------------------------------------------------------------------
@@ -896,14 +901,14 @@ def assert_agrees_with_proc(mem, before):
 def test_read_process_agrees_with_smaps_rollup_of_live_processes(server):
     for pid in [server.pid] + server.worker_pids:
         before = independent_rollup(pid)
-        mem = reporter.read_process(pid)
+        mem = procfs.read_process(pid)
         assert mem.pid == pid
         assert_agrees_with_proc(mem, before)
 
 
 @linux_only
 def test_read_process_fault_counts_and_start_time_match_stat(server):
-    mem = reporter.read_process(server.pid)
+    mem = procfs.read_process(server.pid)
     with open(f"/proc/{server.pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     assert mem.minor_faults == int(fields[7])
@@ -920,15 +925,15 @@ def test_read_process_of_a_zombie_is_none():
         while procfs.parse_stat(Path(f"/proc/{child.pid}/stat").read_bytes()).state != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert reporter.read_process(child.pid) is None
+        assert procfs.read_process(child.pid) is None
     finally:
         child.wait()
-    assert reporter.read_process(child.pid) is None
+    assert procfs.read_process(child.pid) is None
 
 
 @linux_only
 def test_discover_finds_the_forked_children(server):
-    infos = reporter.discover(server.pid)
+    infos = model.discover(server.pid)
     assert infos[0] == ProcessInfo(server.pid, "master")
     assert [(i.pid, i.role, i.worker_id) for i in infos[1:]] == [
         (pid, "worker", None) for pid in server.worker_pids
@@ -937,14 +942,14 @@ def test_discover_finds_the_forked_children(server):
 
 @linux_only
 def test_discover_of_a_process_without_children_is_single(server):
-    assert reporter.discover(server.worker_pids[0]) == [ProcessInfo(server.worker_pids[0], "single")]
+    assert model.discover(server.worker_pids[0]) == [ProcessInfo(server.worker_pids[0], "single")]
 
 
 @pytest.mark.memory
 @linux_only
 def test_collect_of_live_server_shows_workers_sharing_the_master_memory(server):
     befores = {pid: independent_rollup(pid) for pid in [server.pid] + server.worker_pids}
-    report = reporter.collect(reporter.discover(server.pid))
+    report = model.collect(model.discover(server.pid))
     assert [row.info.pid for row in report.processes] == [server.pid] + server.worker_pids
     for row in report.processes:
         assert_agrees_with_proc(row.memory, befores[row.info.pid])
@@ -960,7 +965,7 @@ def test_collect_of_live_server_shows_workers_sharing_the_master_memory(server):
 def test_reading_seventeen_processes_is_fast(tmp_path):
     with forked_server(tmp_path, workers=16, megabytes=16) as server:
         started = time.perf_counter()
-        report = reporter.collect(reporter.discover(server.pid))
+        report = model.collect(model.discover(server.pid))
         elapsed = time.perf_counter() - started
     assert len(report.processes) == 17
     assert elapsed < 1.0
@@ -985,7 +990,7 @@ def test_memory_command_prints_json_for_a_pid_file(pid_file, server, capsys):
     assert data["totals"]["processes"] == 3
     assert data["totals"]["pss"] == sum(p["pss"] for p in data["processes"])
     assert data["totals"]["master_rss"] == data["processes"][0]["rss"]
-    assert reporter.from_json(data).cost_ratio == pytest.approx(data["totals"]["cost_ratio"])
+    assert report_json.from_json(data).cost_ratio == pytest.approx(data["totals"]["cost_ratio"])
 
 
 @linux_only
@@ -1075,7 +1080,7 @@ def captured_report():
         ProcessInfo(SLEEP_PID, "master"),
         ProcessInfo(OLD_KERNEL_PID, "worker", worker_id=0, requests=3),
     ]
-    return reporter.collect(infos, now=BOOT_TIME + 3600.0, proc=DATA)
+    return model.collect(infos, now=BOOT_TIME + 3600.0, proc=DATA)
 
 
 class StatsHandler(http.server.BaseHTTPRequestHandler):
@@ -1126,17 +1131,17 @@ def stats_endpoint(tmp_path, body, status=200, unix=False):
 @pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
 def test_memory_command_renders_what_the_stats_endpoint_serves(tmp_path, unix, capsys):
     report = captured_report()
-    body = json.dumps(reporter.to_json(report)).encode()
+    body = json.dumps(report_json.to_json(report)).encode()
     with stats_endpoint(tmp_path, body, unix=unix) as address:
         assert command.main(["--stats", address]) == 0
-        assert capsys.readouterr().out == reporter.format_table(report) + "\n"
+        assert capsys.readouterr().out == render.format_table(report) + "\n"
         assert command.main(["--stats", address, "--json"]) == 0
-        assert json.loads(capsys.readouterr().out) == reporter.to_json(report)
+        assert json.loads(capsys.readouterr().out) == report_json.to_json(report)
 
 
 def test_memory_command_accepts_an_http_url_for_stats(tmp_path, capsys):
     report = captured_report()
-    with stats_endpoint(tmp_path, json.dumps(reporter.to_json(report)).encode()) as address:
+    with stats_endpoint(tmp_path, json.dumps(report_json.to_json(report)).encode()) as address:
         assert command.main(["--stats", f"http://{address}"]) == 0
     assert "without sharing they would use" in capsys.readouterr().out
 
@@ -1170,7 +1175,7 @@ def interrupt_after_frames(monkeypatch, frames):
 def test_memory_command_watch_refreshes_until_ctrl_c(tmp_path, monkeypatch, capsys):
     report = captured_report()
     sleeps = interrupt_after_frames(monkeypatch, frames=2)
-    with stats_endpoint(tmp_path, json.dumps(reporter.to_json(report)).encode()) as address:
+    with stats_endpoint(tmp_path, json.dumps(report_json.to_json(report)).encode()) as address:
         assert command.main(["--stats", address, "--watch", "0.5"]) == 0
     out = capsys.readouterr().out
     assert sleeps == [0.5, 0.5]
@@ -1181,11 +1186,11 @@ def test_memory_command_watch_refreshes_until_ctrl_c(tmp_path, monkeypatch, caps
 def test_memory_command_watch_json_prints_one_document_per_line(tmp_path, monkeypatch, capsys):
     report = captured_report()
     interrupt_after_frames(monkeypatch, frames=3)
-    with stats_endpoint(tmp_path, json.dumps(reporter.to_json(report)).encode()) as address:
+    with stats_endpoint(tmp_path, json.dumps(report_json.to_json(report)).encode()) as address:
         assert command.main(["--stats", address, "--json", "--watch", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3
-    assert all(json.loads(line) == reporter.to_json(report) for line in lines)
+    assert all(json.loads(line) == report_json.to_json(report) for line in lines)
 
 
 # -- forkserve memory --why ------------------------------------------------------------
@@ -1198,7 +1203,7 @@ def test_why_reads_only_private_writable_mappings():
         7f0000200000-7f0000300000 rw-s 00000000 08:01 43         /tmp/store
         7f0000300000-7f0000301000 rw-p 00010000 08:01 42         /usr/lib/libc.so.6
         """)
-    assert why.parse_maps(maps) == [(0x55D0C0000000, 0x55D0C0021000),
+    assert copied_objects.parse_maps(maps) == [(0x55D0C0000000, 0x55D0C0021000),
                                     (0x7F0000000000, 0x7F0000100000),
                                     (0x7F0000300000, 0x7F0000301000)]
 
@@ -1211,13 +1216,13 @@ def test_why_keeps_present_anonymous_exclusive_pagemap_entries():
                exclusive,  # not present (swapped out or never touched)
                present | exclusive]
     data = struct.pack(f"{len(entries)}Q", *entries)
-    assert why.decode_pagemap(data, first_page=1000) == [1000, 1004]
+    assert copied_objects.decode_pagemap(data, first_page=1000) == [1000, 1004]
 
 
 def test_why_splits_each_page_evenly_among_the_object_headers_on_it():
     counts = {7: collections.Counter({(0, "dict"): 1, (0, "str"): 2, (1, "str"): 1}),
               9: collections.Counter({(1, "int"): 4})}
-    by_root, by_type = why.attribute(counts, page_size=4096)
+    by_root, by_type = copied_objects.attribute(counts, page_size=4096)
     assert by_root == {0: 3072, 1: 1024 + 4096}
     assert by_type == {"dict": 1024, "str": 3072, "int": 4096}
 
@@ -1248,7 +1253,7 @@ def test_why_blames_the_copied_pages_on_the_module_global_that_holds_them():
         if auditor == 0:
             os.close(answer_r)
             with os.fdopen(answer_w, "w") as out:
-                json.dump(why.explain(worker, first_modules=[__name__]), out)
+                json.dump(copied_objects.explain(worker, first_modules=[__name__]), out)
             os._exit(0)
         os.close(answer_w)
         with os.fdopen(answer_r) as source:
@@ -1263,7 +1268,7 @@ def test_why_blames_the_copied_pages_on_the_module_global_that_holds_them():
     assert top["name"] == f"{__name__}._COPIED" and top["what"] == "dict of 60,000 entries"
     assert top["bytes"] > 0.5 * answer["on_objects_bytes"]
     assert answer["on_objects_bytes"] <= answer["exclusive_bytes"]
-    assert "_COPIED: dict of 60,000 entries" in why.format_why(answer)
+    assert "_COPIED: dict of 60,000 entries" in copied_objects.format_why(answer)
 
 
 class _Record:
@@ -1282,7 +1287,7 @@ _HEAP = {}
 
 
 def _c_walk_or_skip():
-    if why._c_walk() is None:
+    if copied_objects._c_walk() is None:
         pytest.skip("forkserve.memory._whywalk is not built: install forkserve with a C "
                     "compiler present (pip install -e .), and leave FORKSERVE_NO_C unset")
 
@@ -1290,7 +1295,7 @@ def _c_walk_or_skip():
 def _walk_both(pages, progress=None):
     results = {}
     for in_c in (False, True):
-        roots, counts, walked = why.walk([__name__], pages, 12, progress, in_c=in_c)
+        roots, counts, walked = copied_objects.walk([__name__], pages, 12, progress, in_c=in_c)
         results[in_c] = ({page: dict(counter) for page, counter in counts.items()}, walked)
         del roots, counts
     return results
@@ -1317,9 +1322,9 @@ def test_why_walk_in_c_counts_what_the_python_walk_counts():
 
 def test_why_walk_in_c_reports_progress_as_it_goes(monkeypatch):
     _c_walk_or_skip()
-    monkeypatch.setattr(why, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(copied_objects, "PROGRESS_EVERY", 0.0)
     reported = []
-    _, _, walked = why.walk([__name__], set(), 12, reported.append, in_c=True)
+    _, _, walked = copied_objects.walk([__name__], set(), 12, reported.append, in_c=True)
     assert len(reported) >= 2
     assert reported == sorted(reported) and 0 < reported[-1] <= walked
 
@@ -1327,7 +1332,7 @@ def test_why_walk_in_c_reports_progress_as_it_goes(monkeypatch):
 def test_why_walks_in_python_when_forkserve_no_c_is_set(monkeypatch):
     _c_walk_or_skip()
     monkeypatch.setenv("FORKSERVE_NO_C", "1")
-    assert why._c_walk() is None
+    assert copied_objects._c_walk() is None
 
 
 def test_why_walk_in_c_refuses_a_page_shift_that_is_no_page_size():
@@ -1437,11 +1442,11 @@ def test_worker_connection_counts_are_in_the_json_and_a_prometheus_gauge():
     counted = dataclasses.replace(worker, info=dataclasses.replace(worker.info, connections=3,
                                                                    accepted=41))
     report = Report((report.processes[0], counted) + report.processes[2:], report.time)
-    data = json.loads(json.dumps(reporter.to_json(report)))
+    data = json.loads(json.dumps(report_json.to_json(report)))
     assert (data["processes"][1]["connections"], data["processes"][1]["accepted"]) == (3, 41)
     assert data["processes"][2]["connections"] is None
-    assert reporter.from_json(data) == report
-    text = reporter.to_prometheus(report)
+    assert report_json.from_json(data) == report
+    text = render.to_prometheus(report)
     assert check_exposition(text)["forkserve_process_connections"] == "gauge"
     assert 'forkserve_process_connections{role="worker",worker="1",generation="1"} 3\n' in text
     assert 'connections{role="worker",worker="2"' not in text

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from forkserve.memory import find, why
+from forkserve.memory import copied_objects, find
 
 GUNICORN = "gunicorn: master [app:app]"
 
@@ -49,13 +49,17 @@ def _tree():
         401: ("shop: worker 1 [shop:app]", 400),
         500: ("shop: supervisor [shop:app] serving generation 3", 1),
         503: ("shop: generation 3 [shop:app]", 500),
+        600: ("shop: single [shop:app] 12 req", 1),
+        700: ("shop: supervisor [shop:app] serving generation 2", 1),
+        701: ("shop: generation 2 [shop:app]", 700),
     }
 
 
 def test_the_servers_are_the_titled_processes_whose_parent_is_not_titled():
-    # gunicorn's titles look the same: a root with another --name counts
-    # when it, or a generation under it, listens for --why.
-    assert find.roots(_tree(), listeners={400, 503}) == [100, 200, 400, 500]
+    # gunicorn's master titles look the same: a master with another --name
+    # counts when it, or a generation under it, listens for --why; a single
+    # process or a supervisor is forkserve's whatever its name.
+    assert find.roots(_tree(), listeners={400, 503}) == [100, 200, 400, 500, 600, 700]
 
 
 def test_a_worker_or_a_generations_master_leads_to_its_servers_root():
@@ -73,10 +77,10 @@ def test_why_listeners_are_read_from_proc_net_unix(tmp_path):
 
 
 def test_walk_reports_progress_as_it_goes(monkeypatch):
-    monkeypatch.setattr(why, "PROGRESS_EVERY", 0.0)
-    monkeypatch.setattr(why, "_CLOCK_EVERY", 1000)
+    monkeypatch.setattr(copied_objects, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(copied_objects, "_CLOCK_EVERY", 1000)
     seen = []
-    _, _, walked = why.walk([__name__], set(), 12, progress=seen.append)
+    _, _, walked = copied_objects.walk([__name__], set(), 12, progress=seen.append)
     assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] <= walked
 
 

@@ -40,6 +40,7 @@ class Load:
         self.thread.join(15)
 
 
+STATS = re.compile(r"Stats at: http://127\.0\.0\.1:(\d+)")
 HANDED_OVER = re.compile(r"continues as its supervisor|Generation \d+ \(pid \d+\) exited")
 
 
@@ -112,6 +113,38 @@ def test_usr2_reloads_as_hup_does(run_server, tmp_path, workers):
     _reload_to(server, version_file, "v3", signal.SIGUSR2)  # the supervisor's
     server.signal(signal.SIGTERM)
     assert server.wait_exit(20) == 0
+
+
+@pytest.mark.parametrize("workers", ["1", "0"])
+def test_the_stats_dashboard_history_survives_the_exec_into_the_supervisor(
+        run_server, tmp_path, workers):
+    import json
+    import urllib.request
+
+    version_file = tmp_path / "version"
+    version_file.write_text("v1")
+    server = run_server("-w", workers, "--stats", "127.0.0.1:0", app="versioned:app",
+                        env={"VERSION_FILE": str(version_file)})
+    port = int(poll(lambda: STATS.search(server.log()), message="the stats line").group(1))
+
+    def history():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/history", timeout=10) as answer:
+            return json.load(answer)
+    poll(lambda: len(history()["points"]) >= 2, message="two samples before the reload")
+    before = history()["points"][0]["t"]
+    _reload_to(server, version_file, "v2")
+    assert "continues as its supervisor" in server.log()
+    poll(lambda: "supervisor" in history()["points"][-1]["values"],
+         message="a sample taken by the supervisor")
+    points = history()["points"]
+    assert points[0]["t"] == before  # the master's samples are still there
+    assert "supervisor" not in points[0]["values"]
+
+    def served_under_the_supervisor():  # the rate, from the generation's titles
+        server.get("/")
+        return any(point["rate"] and "supervisor" in point["values"]
+                   for point in history()["points"])
+    poll(served_under_the_supervisor, message="a request rate under the supervisor")
 
 
 def test_the_first_reload_frees_the_old_heap_by_exec(run_server, tmp_path):

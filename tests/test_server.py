@@ -208,7 +208,7 @@ def test_close_now_closes_every_connection_at_once(fresh_server):
 def _stats_answer(raw):
     import select
     from forkserve.http.stats import StatsEndpoint
-    from forkserve.memory.reporter import Report
+    from forkserve.memory.model import Report
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()

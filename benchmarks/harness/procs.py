@@ -24,7 +24,7 @@ import signal
 import subprocess
 import time
 
-from forkserve.memory.reporter import read_process
+from forkserve.memory.procfs import read_process
 
 __all__ = ["Group", "Sample", "alive", "cpu_seconds", "group_cpu_seconds", "group_members",
            "parse_cpu_seconds", "sample_group"]

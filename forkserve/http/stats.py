@@ -3,7 +3,7 @@
   GET /         the live dashboard, an HTML page (forkserve.http.dashboard)
                 that draws /history; the JSON report instead for a client
                 that asks for JSON only (Accept: application/json)
-  GET /json     the memory report as JSON (forkserve.memory.reporter.to_json)
+  GET /json     the memory report as JSON (forkserve.memory.report_json.to_json)
   GET /history  memory and request rate over time as JSON
                 (forkserve.memory.history); ?since=EPOCH for newer points only
   GET /metrics  the same figures in the Prometheus text format
@@ -30,7 +30,7 @@ import urllib.parse
 from forkserve.http import dashboard
 from forkserve.http.h1 import Limits, RequestError
 from forkserve.http.protocol import NEED_DATA, PEER_CLOSED, Connection
-from forkserve.memory import reporter
+from forkserve.memory import render, report_json
 from forkserve.memory.history import History
 
 __all__ = ["respond", "sample", "sample_forever", "StatsEndpoint", "wsgi_app"]
@@ -66,14 +66,14 @@ def respond(method: str, path: str, make_report, ready=_always, *, accept="", hi
             return "200 OK", "text/plain", b"ready\n"
         return "503 Service Unavailable", "text/plain", b"not serving (starting or stopping)\n"
     if path == "/json" or path == "/" and _wants_json_only(accept):
-        body = json.dumps(reporter.to_json(make_report()), indent=1).encode() + b"\n"
+        body = json.dumps(report_json.to_json(make_report()), indent=1).encode() + b"\n"
         return "200 OK", "application/json", body
     if path == "/":
         return "200 OK", "text/html; charset=utf-8", dashboard.page()
     if path == "/history":
         return _history(query, history or History())
     if path == "/metrics":
-        return "200 OK", _PROMETHEUS_TYPE, reporter.to_prometheus(make_report()).encode()
+        return "200 OK", _PROMETHEUS_TYPE, render.to_prometheus(make_report()).encode()
     return ("404 Not Found", "text/plain",
             b"forkserve stats: try / (the dashboard), /json (the report), /history, "
             b"/metrics (Prometheus) or /health\n")

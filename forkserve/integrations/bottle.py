@@ -36,7 +36,7 @@ import time
 import bottle
 
 from forkserve.memory import cow
-from forkserve.process import autoreload, boot
+from forkserve.process import boot, source_watch
 from forkserve.config import settings
 
 __all__ = ["ForkserveServer"]
@@ -97,8 +97,8 @@ def _take_over_reloading(restart):
         restart.append(path)
         os.kill(os.getpid(), signal.SIGINT)
 
-    autoreload.on_change = changed
-    autoreload.wanted = parent_alive if lockfile else None
+    source_watch.on_change = changed
+    source_watch.wanted = parent_alive if lockfile else None
 
 
 def _patch_late():

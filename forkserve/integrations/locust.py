@@ -211,9 +211,9 @@ class MemorySampler:
         """The last reading as forkserve's table, plus per-worker growth."""
         if self.latest is None:
             return "forkserve memory: no sample was taken"
-        from forkserve.memory import reporter
+        from forkserve.memory import render, report_json
 
-        lines = [reporter.format_table(reporter.from_json(self.latest))]
+        lines = [render.format_table(report_json.from_json(self.latest))]
         before = {p["pid"]: p for p in self.first["processes"]}
         for p in self.latest["processes"]:
             if p["role"] == "worker" and p["pid"] in before:

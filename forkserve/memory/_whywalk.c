@@ -1,7 +1,7 @@
 /* forkserve.memory._whywalk: the object walk of `forkserve memory --why`, in C.
  *
  * walk(roots, pages, page_shift, barrier, progress, every) is the C form of
- * forkserve.memory.why._walk's loop: from each object of the list `roots` in
+ * forkserve.memory.copied_objects._walk's loop: from each object of the list `roots` in
  * turn, depth first, it visits every object reachable through tp_traverse
  * (the referents gc.get_referents() gives: only GC-tracked objects have any),
  * skipping addresses already seen and the ids in `barrier` (modules and their
@@ -336,7 +336,7 @@ fill(BitSet *set, PyObject *iterable, int shift)
 PyDoc_STRVAR(walk_doc,
 "walk(roots, pages, page_shift, barrier, progress, every) -> (counts, walked)\n\n"
 "Walk from each of the list roots in turn; count the objects on the given\n"
-"pages by (page, root index, type). See forkserve/memory/why.py.");
+"pages by (page, root index, type). See forkserve/memory/copied_objects.py.");
 
 static PyObject *
 walk(PyObject *module, PyObject *args)
@@ -432,7 +432,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "forkserve.memory._whywalk",
-    .m_doc = "The object walk of forkserve memory --why in C; see forkserve/memory/why.py.",
+    .m_doc = "The object walk of forkserve memory --why in C; see forkserve/memory/copied_objects.py.",
     .m_size = -1,
     .m_methods = methods,
 };

@@ -19,8 +19,9 @@ import time
 import urllib.parse
 
 from forkserve.memory import find, procfs
-from forkserve.memory.reporter import (collect, discover, format_table, from_json, headline,
-                                       to_json)
+from forkserve.memory.model import collect, discover
+from forkserve.memory.render import format_table, headline
+from forkserve.memory.report_json import from_json, to_json
 
 #: Seconds to wait for the stats endpoint. It answers from memory, so
 #: anything slower means a wrong address or a stuck master.
@@ -107,7 +108,7 @@ def _worker_to_explain(where):
     if where[0] == "pid":
         title = procfs.parse_title(procfs.read_title(where[1]) or "")
         if title is None or title.role == "worker":
-            return where[1]  # why.ask says what is wrong with a pid that is no worker
+            return where[1]  # copied_objects.ask says what is wrong with a pid that is no worker
     workers = [row for row in _load(where).processes
                if row.info.role == "worker" and row.info.state in (None, "serving")]
     if not workers:
@@ -117,18 +118,18 @@ def _worker_to_explain(where):
 
 
 def _why(pid, as_json):
-    from forkserve.memory import why
+    from forkserve.memory import copied_objects
 
     def progress(figures):
         print(f"forkserve memory --why: {figures['objects_walked']:,} objects walked, "
               f"{figures['seconds']:.1f} s", file=sys.stderr, flush=True)
 
     try:
-        answer = why.ask(pid, progress=progress)
-    except why.WhyError as exc:
+        answer = copied_objects.ask(pid, progress=progress)
+    except copied_objects.WhyError as exc:
         print(f"forkserve memory --why: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(answer, indent=2) if as_json else why.format_why(answer))
+    print(json.dumps(answer, indent=2) if as_json else copied_objects.format_why(answer))
     return 0
 
 

@@ -6,10 +6,12 @@ the address given to --stats. Without one, every forkserve server on the
 machine is found by its process titles (forkserve.process.procname: "NAME:
 ROLE [APP]"): a titled process whose parent is not titled is a server's root
 (a supervisor, a master or a single process), the others belong to it.
-Gunicorn titles its processes the same way, so a root counts as forkserve's
-when its title starts "forkserve: " (the default --name) or when it, or a
-child, is a master listening for `--why` (forkserve.memory.why's abstract
-socket, listed in /proc/net/unix).
+Gunicorn titles its masters and workers the same way, so a root counts as
+forkserve's when its title starts "forkserve: " (the default --name), when
+its role is one Gunicorn has not (a single process, -w 0, or a supervisor),
+or when it, or a child, is a master listening for `--why`
+(forkserve.memory.copied_objects's abstract socket, listed in
+/proc/net/unix).
 
 `classify`, `roots` and `root_of` only decide; `titled_processes` and
 `why_listeners` read /proc.
@@ -23,6 +25,8 @@ from forkserve.memory import procfs
 __all__ = ["classify", "roots", "root_of", "servers", "titled_processes", "why_listeners"]
 
 _WHY_SOCKET = re.compile(r" @forkserve-why-(\d+)$", re.MULTILINE)
+#: Roles no Gunicorn process has in its title, whatever --name says.
+_FORKSERVE_ONLY_ROLES = frozenset({"single", "supervisor"})
 
 
 def classify(target, isfile=os.path.isfile):
@@ -54,6 +58,7 @@ def roots(processes, listeners=frozenset()):
     return sorted(pid for pid, (text, parent) in processes.items()
                   if parent not in processes and (
                       text.startswith("forkserve: ") or pid in listeners
+                      or procfs.parse_title(text).role in _FORKSERVE_ONLY_ROLES
                       or any(child in listeners for child in children.get(pid, ()))))
 
 

@@ -28,6 +28,11 @@ Invariants, and why:
 - A recycle (a series whose pid changed) and a new generation are markers.
   The request rate is counted per pid, so a recycle (a counter starting
   again at 0) never reads as a negative rate.
+- The history outlives the master's exec into the supervisor at the first
+  reload: `dump()` gives everything kept as JSON-ready data and `load()`
+  rebuilds it (forkserve.process.generation_protocol hands it over in a
+  memfd). Only the rate's baseline is not handed over: the first sample
+  after the exec has no rate.
 """
 
 import collections
@@ -103,6 +108,11 @@ def _label(key, supervised):
     if "pid" in key:
         text = f"{text} (pid {key['pid']})"
     return text
+
+
+def _point_from_json(data):
+    return Point(data["t"], data["rate"],
+                 {label: tuple(pair) for label, pair in data["values"].items()})
 
 
 class History:
@@ -221,6 +231,42 @@ class History:
             kept = {label for point in self.points() for label in point.values}
             self.series = {label: about for label, about in self.series.items()
                            if label in kept}
+
+    # -- across the exec into the supervisor --
+
+    def dump(self):
+        """Everything kept, as JSON-ready data for `load()`."""
+        bucket = None
+        if self.bucket is not None:
+            bucket = {"index": self.bucket.index, "times": self.bucket.times,
+                      "rates": self.bucket.rates, "sums": self.bucket.sums}
+        return {"schema": JSON_SCHEMA, "fine": [point.to_json() for point in self.fine],
+                "coarse": [point.to_json() for point in self.coarse], "bucket": bucket,
+                "events": list(self.events), "series": self.series,
+                "interval": self.interval, "generation": self.generation}
+
+    @classmethod
+    def load(cls, data, **tunables):
+        """A History holding what `dump()` gave (ValueError if it is not that)."""
+        if not isinstance(data, dict) or data.get("schema") != JSON_SCHEMA:
+            raise ValueError("not a forkserve memory history of this version")
+        history = cls(**tunables)
+        try:
+            history.fine.extend(_point_from_json(point) for point in data["fine"])
+            history.coarse.extend(_point_from_json(point) for point in data["coarse"])
+            if data["bucket"] is not None:
+                history.bucket = _Bucket(data["bucket"]["index"])
+                history.bucket.times = list(data["bucket"]["times"])
+                history.bucket.rates = list(data["bucket"]["rates"])
+                history.bucket.sums = {label: list(sums)
+                                       for label, sums in data["bucket"]["sums"].items()}
+            history.events.extend(data["events"])
+            history.series = dict(data["series"])
+            history.interval = float(data["interval"])
+            history.generation = data["generation"]
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a forkserve memory history: {exc!r}") from None
+        return history
 
     # -- what the page reads --
 

@@ -357,7 +357,9 @@ def _in_order(entries, title_of):
 
 def _master_and_workers(pid, children, generation, state, title_of):
     if not children:
-        return [ProcessInfo(pid, "single", generation=generation, state=state)]
+        title = title_of(pid)
+        return [ProcessInfo(pid, "single", requests=title.requests if title else None,
+                            generation=generation, state=state)]
     infos = [ProcessInfo(pid, "master", generation=generation, state=state)]
     for child in children:
         child_title = title_of(child)

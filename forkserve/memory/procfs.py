@@ -360,7 +360,7 @@ class Title:
     worker_id: int | None = None
     generation: int | None = None  # of a generation's master
     serving: int | None = None  # the generation a supervisor serves
-    requests: int | None = None  # a worker's, as its title last said
+    requests: int | None = None  # a worker's or single process's, as its title last said
 
 
 def parse_title(text):
@@ -370,7 +370,8 @@ def parse_title(text):
             role = match.group(0).split(" ", 1)[0]
             number = functools.partial(_optional_int, match)
             if role == "generation":
-                return Title("master", generation=number("generation"))
+                return Title("master", generation=number("generation"),
+                             requests=number("requests"))  # a -w 0 generation's
             return Title(role, worker_id=number("worker"), serving=number("serving"),
                          requests=number("requests"))
     return None

@@ -2,18 +2,19 @@
 
 boot           the start-up sequence, in the order that keeps memory shared
 progress       log lines while a long application import runs
-environment    raw_env, pythonpath, umask: the process setup Gunicorn users set
+env_settings   raw_env, pythonpath, umask: the process setup Gunicorn users set
 master         spawns, reaps and recycles workers (-w N), carries out its reload, watches memory
 lifecycle      the workers' lifecycle: pure decisions (fork, signal, halt), events in
 worker         what runs in a worker after fork
 boot_errors    where a worker leaves the error that stopped it booting, for the master
-serving        what a serving process is built from (preload, its HTTP servers)
+gevent_servers what a serving process is built from (preload, its HTTP servers)
 single         one process serving, no fork (-w 0)
 supervisor     what the master becomes after its first reload
 handover       the reload state machine: pure decisions, events in, actions out
 generations    the I/O half of a reload: generation processes, and the driver
-reload         how a generation starts and how a master becomes a supervisor
-autoreload     --reload: a reload when a source file changes (development)
+generation_protocol  how a generation starts and adopts the listeners, and how a
+               master becomes a supervisor
+source_watch   --reload: a reload when a source file changes (development)
 hooks          Gunicorn's server hooks, with Gunicorn's names and arguments
 signals        which signal does what; handlers that only enqueue
 scoreboard     shared memory where workers report heartbeat and request counts

@@ -23,8 +23,8 @@ import traceback
 from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import ignored, loader
-from forkserve.process import (autoreload, environment, privileges, progress, reload,
-                               serving, signals, sockets, warmup)
+from forkserve.process import (env_settings, generation_protocol, gevent_servers, privileges,
+                               progress, signals, sockets, source_watch, warmup)
 from forkserve.process.hooks import install as install_hooks
 
 __all__ = ["run"]
@@ -35,11 +35,11 @@ log = logging.getLogger("forkserve.error")
 def run(cfg, app=None, app_name=None, role=None) -> int:
     """Serve `cfg.app` (or an already loaded `app`) with the settings in `cfg`.
 
-    `role` (a reload.Role) says whether this process is a generation started
+    `role` (a generation_protocol.Role) says whether this process is a generation started
     by a reload; by default it is read from the environment, here, once.
     """
     moot = ignored.check(cfg, os.environ, os.getpid())  # before Role takes systemd's variables
-    role = role or reload.Role.from_environ()
+    role = role or generation_protocol.Role.from_environ()
     status = _prepare(cfg)
     if status is not None:
         return status
@@ -74,8 +74,8 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
             app = _load(cfg)
             if app is None:
                 return exits.APP_LOAD_ERROR
-        serving.preload()
-        autoreload.install(cfg, role)
+        gevent_servers.preload()
+        source_watch.install(cfg, role)
         if cfg.warmup:
             warmup.run(app, cfg.warmup)
         if cfg.share_heap:
@@ -118,7 +118,7 @@ def _prepare(cfg):
         return exits.CONFIG_ERROR
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    environment.apply(cfg)
+    env_settings.apply(cfg)
     return None
 
 
@@ -133,9 +133,9 @@ def _checked(app_name, moot):
 
 def _bind(cfg, role):
     """The listening sockets (adopted or bound) and the stats one, not yet listening."""
-    listeners = reload.adopted_listeners(role)
+    listeners = generation_protocol.adopted_listeners(role)
     if listeners is None:
-        with environment.umask(cfg.umask):
+        with env_settings.umask(cfg.umask):
             listeners = sockets.bind_all(cfg.bind)
     if not cfg.stats or role.supervised:  # the supervisor serves stats for generations
         return listeners, None

@@ -8,7 +8,7 @@ import os
 import signal
 
 from forkserve.memory import procfs
-from forkserve.process.reload import spawn_generation
+from forkserve.process.generation_protocol import spawn_generation
 
 __all__ = ["Generations", "reaped"]
 

@@ -35,8 +35,8 @@ import time
 
 from forkserve import exits
 from forkserve.exits import HaltServer
-from forkserve.memory import reporter, why
-from forkserve.process import autoreload, procname, reload, signals, systemd
+from forkserve.memory import copied_objects, model, procfs, render
+from forkserve.process import generation_protocol, procname, signals, source_watch, systemd
 from forkserve.process.boot_errors import BootErrors
 from forkserve.process.driver import FORK_ERRNOS, Driver
 from forkserve.process.generations import Generations, reaped
@@ -57,7 +57,7 @@ class Master(Driver):
     #: how often private memory is read for --max-worker-memory
     memory_check_interval = 2.0
 
-    def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *, stats=None,
+    def __init__(self, cfg, app, listeners, app_name, role=generation_protocol.Role(), *, stats=None,
                  hooks=None, fork=None, waitpid=None, kill=os.kill, select=None,
                  clock=time.monotonic):
         self.cfg = cfg
@@ -111,7 +111,7 @@ class Master(Driver):
         role = "master" if self.reloadable else f"generation {self.generation}"
         procname.set_title(self.cfg, role, self.app_name)
         self.queue.install(MASTER_SIGNALS, setter=original("signal", "signal"))
-        self.why = why.listen(self.app_name, fork=self._fork)  # forkserve memory --why
+        self.why = copied_objects.listen(self.app_name, fork=self._fork)  # forkserve memory --why
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
         return self.serve()
@@ -136,7 +136,7 @@ class Master(Driver):
         self.check_reload()
         self.manage()
         self.log_memory()
-        autoreload.poll()
+        source_watch.poll()
 
     def wait(self):
         timeout = heartbeat_interval(self.cfg.timeout)
@@ -243,7 +243,7 @@ class Master(Driver):
             elif type(action) is Log:
                 log.log(action.level, "%s", action.message)
             elif type(action) is Announce:
-                reload.signal_ready(self.role)  # to the supervisor, if this is a generation
+                generation_protocol.signal_ready(self.role)  # to the supervisor, if this is a generation
                 systemd.notify("READY=1")
             elif type(action) is Halt:
                 raise HaltServer(action.reason, action.status)
@@ -371,10 +371,11 @@ class Master(Driver):
         self.carry_out(self.lifecycle.kill_draining(self.generation))
 
     def become_supervisor(self, action):
-        reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
+        generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
                                action.number, self.listeners,
                                self.stats.listener if self.stats else None,
-                               reload_again=action.reload_again, queue=self.queue)
+                               reload_again=action.reload_again, queue=self.queue,
+                               history=self.stats.history if self.stats else None)
 
     # --- memory: --max-worker-memory, --memory-log-interval, the stats report ---
 
@@ -385,7 +386,7 @@ class Master(Driver):
         for record in self.workers.values():
             if record.state != "ready":
                 continue
-            reading = reporter.read_process(record.pid)
+            reading = procfs.read_process(record.pid)
             if reading is not None and reading.private > limit:  # anonymous: copies, not files
                 log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
                             "--max-worker-memory %d MiB; recycling it", record.worker_id,
@@ -394,13 +395,13 @@ class Master(Driver):
                 return
 
     def process_infos(self):
-        infos = [reporter.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
+        infos = [model.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,
                                     requests=None, generation=self.generation)]
         for record in sorted(self.workers.values(), key=lambda r: (r.number, r.index)):
             slot = self.scoreboard.read(record.index)
             # A retiring worker has handed its number to its replacement.
             leaving = "draining" if record.state in ("retiring", "stopping") else None
-            infos.append(reporter.ProcessInfo(pid=record.pid, role="worker",
+            infos.append(model.ProcessInfo(pid=record.pid, role="worker",
                                             worker_id=record.worker_id,
                                             requests=slot.requests,
                                             generation=record.generation, state=leaving,
@@ -412,8 +413,8 @@ class Master(Driver):
 
     def report(self):
         if self.generations.pids:  # first reload: the tree has a generation under us
-            return reporter.collect(reporter.discover(os.getpid()))
-        return reporter.collect(self.process_infos())
+            return model.collect(model.discover(os.getpid()))
+        return model.collect(self.process_infos())
 
     def log_memory(self):
         interval = self.cfg.memory_log_interval
@@ -421,4 +422,4 @@ class Master(Driver):
         if not interval or now < self.next_memory_log:
             return
         self.next_memory_log = now + interval
-        reporter.log_report(log, self.report())
+        render.log_report(log, self.report())

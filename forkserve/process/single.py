@@ -27,15 +27,15 @@ import os
 import gevent
 import gevent.event
 
-from forkserve.memory import cow, reporter
+from forkserve.memory import cow, model, render
 from forkserve import exits, logs
-from forkserve.process import autoreload, procname, reload, signals, systemd
+from forkserve.process import generation_protocol, procname, signals, source_watch, systemd
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
 from forkserve.process.driver import Driver
 from forkserve.process.generations import Generations
-from forkserve.process.serving import gevent_socket, make_servers
+from forkserve.process.gevent_servers import gevent_socket, make_servers
 from forkserve.process.signals import SINGLE_SIGNALS
 
 __all__ = ["SingleServer"]
@@ -44,7 +44,7 @@ log = logging.getLogger("forkserve.error")
 
 
 class SingleServer(Driver):
-    def __init__(self, cfg, app, listeners, app_name, role=reload.Role(), *,
+    def __init__(self, cfg, app, listeners, app_name, role=generation_protocol.Role(), *,
                  stats_listener=None, hooks=None, waitpid=None):
         self.cfg = cfg
         self.hooks = hooks or Hooks()
@@ -52,7 +52,9 @@ class SingleServer(Driver):
         self.listeners = listeners
         self.app_name = app_name
         self.stats_listener = stats_listener
+        self.history = None  # the stats dashboard's, once its server runs
         self.requests = 0
+        self.titled = None  # the request count the process title shows
         self.queue = HubSignals()
         self.next_memory_log = 0.0
         self.role = role
@@ -68,8 +70,7 @@ class SingleServer(Driver):
         self.parent = os.getppid() if role.supervised else None
 
     def run(self) -> int:
-        procname.set_title(self.cfg, f"generation {self.generation}" if self.role.supervised
-                           else "single", self.app_name)
+        self.update_title()
         self.queue.install(SINGLE_SIGNALS)  # run on the event loop, not in a signal handler
         signals.release()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
@@ -79,7 +80,7 @@ class SingleServer(Driver):
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
         self.hooks.when_ready(single=self)
-        reload.signal_ready(self.role)
+        generation_protocol.signal_ready(self.role)
         systemd.notify("READY=1")
         self.loop()  # until a stop, or the hand-over retires this process
         if self.stopping == "fast":
@@ -127,13 +128,23 @@ class SingleServer(Driver):
 
     def decide(self):
         cow.check()
-        autoreload.poll()
+        source_watch.poll()
+        self.update_title()
         self.follow_generations()  # the clock: a generation that loads too long
         interval = self.cfg.memory_log_interval
         now = _now()
         if interval and now >= self.next_memory_log:
             self.next_memory_log = now + interval
-            reporter.log_report(log, self.report())
+            render.log_report(log, self.report())
+
+    def update_title(self):
+        """Show the requests served in ps/top, as workers do (if the count
+        changed): a supervisor reads them there for the dashboard's rate."""
+        if self.titled == self.requests:
+            return
+        self.titled = self.requests
+        procname.set_title(self.cfg, f"generation {self.generation}" if self.role.supervised
+                           else "single", self.app_name, f"{self.requests} req")
 
     def wait(self):
         interval = self.cfg.memory_log_interval
@@ -164,9 +175,9 @@ class SingleServer(Driver):
         self.draining = True  # the loop ends; run() drains, then hands over
 
     def become_supervisor(self, action):
-        reload.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
+        generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
                                action.number, self.listeners, self.stats_listener,
-                               reload_again=action.reload_again)
+                               reload_again=action.reload_again, history=self.history)
 
     def serving(self):
         """GET /health on --stats: this process serves and is not stopping."""
@@ -174,8 +185,8 @@ class SingleServer(Driver):
 
     def report(self):
         if self.generations.pids:  # a reload: the tree has a generation under us
-            return reporter.collect(reporter.discover(os.getpid()))
-        return reporter.collect([reporter.ProcessInfo(pid=os.getpid(), role="single",
+            return model.collect(model.discover(os.getpid()))
+        return model.collect([model.ProcessInfo(pid=os.getpid(), role="single",
                                                       worker_id=None, requests=self.requests,
                                                       generation=self.generation)])
 
@@ -188,7 +199,7 @@ class SingleServer(Driver):
         from forkserve.http.server import Server
         from forkserve.memory.history import History
 
-        history = History()
+        history = self.history = History()
         server = Server(gevent_socket(self.stats_listener),
                         stats.wsgi_app(self.report, self.serving, history),
                         error_log=logs.error_log, multiprocess=False, worker_connections=16)

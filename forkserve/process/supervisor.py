@@ -1,9 +1,9 @@
 """The supervisor: what the master becomes after its first reload.
 
 It holds the listening sockets, the pid file and the stats endpoint, loads
-no application, and supervises generations (see forkserve.process.reload): one
+no application, and supervises generations (see forkserve.process.generation_protocol): one
 serving, and during a reload a second one starting. Run as
-`python -m forkserve.process.supervisor` by reload.exec_supervisor(), never by hand.
+`python -m forkserve.process.supervisor` by generation_protocol.exec_supervisor(), never by hand.
 
 The hand-over decisions are forkserve.process.handover's (as in the master
 and the single server); this module carries them out, in the loop every
@@ -21,9 +21,9 @@ import socket
 import sys
 import time
 
-from forkserve.memory import cow, model, reporter
+from forkserve.memory import cow, model
 from forkserve import exits, logs
-from forkserve.process import procname, reload, signals, systemd
+from forkserve.process import generation_protocol, procname, signals, systemd
 from forkserve.config.settings import Config
 from forkserve.process.driver import Driver
 from forkserve.process.generations import Generations, reaped
@@ -52,7 +52,7 @@ class Supervisor(Driver):
             from forkserve.http.stats import StatsEndpoint
             stats_sock = socket.socket(fileno=state["stats_fd"])
             stats_sock.set_inheritable(False)
-            self.stats = StatsEndpoint(stats_sock)
+            self.stats = StatsEndpoint(stats_sock, generation_protocol.taken_history(state))
         self._waitpid = waitpid or original("os", "waitpid")
         self._select = select or original("select", "select")
         self.clock = clock
@@ -159,11 +159,11 @@ class Supervisor(Driver):
         generations = [(pid, number, "serving" if number == handover.serving else
                         "starting" if number == handover.starting else "draining")
                        for number, pid in self.generations.pids.items()]
-        return reporter.collect(model.supervised_infos(os.getpid(), generations))
+        return model.collect(model.supervised_infos(os.getpid(), generations))
 
 
 def main():
-    state = reload.supervisor_state()
+    state = generation_protocol.supervisor_state()
     supervisor = Supervisor(state)
     logs.setup(supervisor.cfg)
     cow.begin_load()

@@ -1,7 +1,7 @@
 """systemd's two protocols: socket activation (LISTEN_FDS) and sd_notify.
 
 Only the process systemd started (the master, later the supervisor, same
-PID) notifies: reload.spawn_generation() gives a generation no NOTIFY_SOCKET.
+PID) notifies: generation_protocol.spawn_generation() gives a generation no NOTIFY_SOCKET.
 """
 
 import os

@@ -20,12 +20,12 @@ import signal
 import time
 import traceback
 
-from forkserve.memory import cow, limit, reporter, procfs, workergc
+from forkserve.memory import cow, limit, procfs, render, workergc
 from forkserve import exits, logs
 from forkserve.process import privileges, procname, signals
 from forkserve.process.balance import Admission
 from forkserve.process.hooks import Hooks
-from forkserve.process.serving import make_servers
+from forkserve.process.gevent_servers import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 from forkserve.process.unpatched import original
 
@@ -216,7 +216,7 @@ class Worker:
 
     def read_private(self):
         private = self._read_private_bytes()
-        self.private = "" if private is None else f", {reporter.format_size(private)} private"
+        self.private = "" if private is None else f", {render.format_size(private)} private"
         self.titled = None  # shown on the next update_title()
 
     def _read_private_bytes(self):

@@ -1,4 +1,4 @@
-"""The memory report as JSON, and the one place to import the reporter from.
+"""The memory report as JSON, and back.
 
 The report itself (who is in the server, and the definitions of RSS, PSS,
 private and file memory) is forkserve.memory.model; reading /proc is
@@ -9,53 +9,10 @@ command itself is forkserve.memory.command.
 """
 
 from forkserve.memory import procfs
-from forkserve.memory.model import (
-    ProcessInfo,
-    ProcessRow,
-    Report,
-    collect,
-    discover,
-)
-from forkserve.memory.procfs import (
-    ProcessMemory,
-    ProcStat,
-    parse_smaps,
-    parse_smaps_rollup,
-    parse_stat,
-    read_process,
-)
-from forkserve.memory.render import (
-    breakdown,
-    format_duration,
-    format_size,
-    format_table,
-    headline,
-    log_report,
-    to_prometheus,
-)
+from forkserve.memory.model import ProcessInfo, ProcessRow, Report
+from forkserve.memory.procfs import ProcessMemory
 
-__all__ = [
-    "ProcStat",
-    "ProcessInfo",
-    "ProcessMemory",
-    "ProcessRow",
-    "Report",
-    "breakdown",
-    "collect",
-    "discover",
-    "format_duration",
-    "format_size",
-    "format_table",
-    "from_json",
-    "headline",
-    "log_report",
-    "parse_smaps",
-    "parse_smaps_rollup",
-    "parse_stat",
-    "read_process",
-    "to_json",
-    "to_prometheus",
-]
+__all__ = ["JSON_SCHEMA", "from_json", "to_json"]
 
 #: Version of the to_json() layout. Keys are only ever added; a change that
 #: breaks readers bumps this, and from_json() refuses what it cannot read.

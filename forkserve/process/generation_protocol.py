@@ -156,12 +156,14 @@ def supervisor_state(environ=os.environ):
 
 
 def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=None, *,
-                    reload_again=False, queue=None):
+                    reload_again=False, queue=None, history=None):
     """Replace this process with the supervisor of generation `number`. Never returns.
 
     From here on signals stay blocked (the mask and pending signals survive
     exec; the supervisor unblocks them once its handlers are in), and the
     ones already in `queue` (a SignalQueue) are handed over in the state.
+    The stats dashboard's `history` (forkserve.memory.history.History), if
+    any, goes along in a memfd (`taken_history()` reads it back).
     """
     signals.hold()
     handed_over = queue.pop_all() if queue is not None else []
@@ -174,6 +176,7 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
         stats_fd = stats_listener.fileno()
     state = {"values": cfg.values, "app": cfg.app, "app_name": app_name, "child": child_pid,
              "generation": number, "fds": fds, "stats_fd": stats_fd,
+             "history_fd": _history_fd(history) if history is not None else None,
              "argv": list(sys.orig_argv), "start_directory": START_DIRECTORY,
              "reload_again": reload_again, "signals": [int(signum) for signum in handed_over]}
     environ = dict(os.environ)
@@ -186,3 +189,35 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
     for handler in logging.getLogger("forkserve.error").handlers:
         handler.flush()
     os.execve(sys.executable, [sys.executable, "-m", "forkserve.process.supervisor"], environ)
+
+
+def _history_fd(history):
+    """An inheritable memfd holding the history as JSON; None (and a
+    warning: the dashboard starts again) if it cannot be written."""
+    try:
+        fd = os.memfd_create("forkserve-history", 0)  # not MFD_CLOEXEC: it crosses the exec
+    except (AttributeError, OSError) as exc:
+        log.warning("The stats dashboard's history starts again after this reload: "
+                    "no memfd to hand it over (%s)", exc)
+        return None
+    with os.fdopen(os.dup(fd), "w", closefd=True) as out:
+        json.dump(history.dump(), out, separators=(",", ":"))
+    return fd
+
+
+def taken_history(state):
+    """The History exec_supervisor() handed over in `state`, or None; its
+    memfd is closed either way."""
+    from forkserve.memory.history import History
+
+    fd = state.get("history_fd")
+    if fd is None:
+        return None
+    try:
+        with os.fdopen(fd, "r", closefd=True) as source:
+            source.seek(0)
+            return History.load(json.load(source))
+    except (OSError, ValueError) as exc:
+        log.warning("The stats dashboard's history starts again: the one handed over "
+                    "could not be read (%s)", exc)
+        return None

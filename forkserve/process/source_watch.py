@@ -6,7 +6,7 @@ calls `poll()`, which looks again at most every `interval` seconds; on a
 change it logs the file and asks for a reload: SIGHUP to the process that
 reloads (the master, or the supervisor once a reload has happened), which
 starts a new generation with the current code and data and drains the old
-one (forkserve.process.reload). A file that fails to import leaves the old
+one (forkserve.process.generation_protocol). A file that fails to import leaves the old
 generation serving and its traceback in the log; save a fix and it reloads.
 
 This is a development tool: a check costs one stat() per loaded module
@@ -83,7 +83,7 @@ wanted = None
 
 def install(cfg, role):
     """Start watching, if --reload is on. Called once the application is loaded;
-    `role` (forkserve.process.reload.Role) says who does the reloading."""
+    `role` (forkserve.process.generation_protocol.Role) says who does the reloading."""
     global _watcher, _supervised
     if not cfg.reload:
         return
