@@ -974,3 +974,18 @@ def test_a_small_body_still_arriving_when_the_head_goes_out_is_read_whole():
         client.close()
         server.stop_accepting()
         server.close_now()
+
+
+def test_the_fixed_field_table_keys_a_name_as_the_general_rule_does():
+    """A field name found in the table skips the rule (HTTP_, upper case, "-"
+    as "_", names with "_" dropped), so each entry must agree with it."""
+    from forkserve.http.h1 import TCHAR
+    from forkserve.http.protocol import _FIELD_KEYS
+    for name, key in _FIELD_KEYS.items():
+        assert "_" not in name and re.fullmatch(f"[{TCHAR}]+", name)
+        assert key == "HTTP_" + name.upper().replace("-", "_")
+    connection = Connection(Limits())
+    connection.receive_data(b"GET / HTTP/1.1\r\nhOsT: a\r\nuser-AGENT: b\r\nX-Odd-One: c\r\n"
+                            b"Content-type: d\r\n\r\n")
+    assert connection.next_event().headers == {
+        "HTTP_HOST": "a", "HTTP_USER_AGENT": "b", "HTTP_X_ODD_ONE": "c", "CONTENT_TYPE": "d"}
