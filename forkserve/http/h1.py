@@ -1,8 +1,9 @@
 """The HTTP/1.x wire format, strictly: the grammar of one request line,
 request target, header field, chunk-size line and body framing (RFC
-9110/9112), as pure functions. forkserve.http.protocol applies them to a
-connection's bytes. Nothing here reads, sends or keeps time, so the rules
-are unit-tested on bytes.
+9110/9112), as pure functions, and of a whole head in its usual form in one
+match (request_head, which declines anything else to the line parsers).
+forkserve.http.protocol applies them to a connection's bytes. Nothing here
+reads, sends or keeps time, so the rules are unit-tested on bytes.
 
 Invariants:
 - A request reaches the application only when its request line and every

@@ -3,10 +3,10 @@ events out (a request head, body data, the end of the body); response parts
 in, bytes out. forkserve.http.handler drives it over a gevent socket, the
 stats endpoint over its select() loop, and the unit tests over plain bytes.
 
-The grammar is forkserve.http.h1's (pure functions of one line); this module
-owns what spans lines and requests: the head's rules, the body's framing
-(Content-Length, chunked, trailers), the limits, 100-continue and whether
-the connection is reused.
+The grammar is forkserve.http.h1's (pure functions of a line, or of a whole
+head in its usual form); this module owns what spans lines and requests:
+the head's rules, the body's framing (Content-Length, chunked, trailers),
+the limits, 100-continue and whether the connection is reused.
 
 States. The client's side (`their_state`):
   IDLE   no byte of the next request yet (a keep-alive wait)
@@ -264,7 +264,7 @@ class Connection:
         if len(fields) > fields_max:
             raise RequestError(431, f"more than {fields_max} header fields")
         headers = {}
-        repeated = None  # the keys of fields that came more than once, rare
+        repeated = None  # key -> every value, for a field that came more than once (rare)
         for name, value in fields:
             key = _FIELD_KEYS.get(name)
             if key is None:
