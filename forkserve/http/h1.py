@@ -149,9 +149,11 @@ _DIGITS = re.compile("[0-9]{1,18}")
 _HEAD = re.compile(f"(([{TCHAR}]+) ([\x21-\x7e]+) HTTP/1\\.([0-9]))\r\n"
                    f"(?:[{TCHAR}]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
 # One field line of a head _HEAD matched: the name, and the value without the
-# OWS around it (from its first to its last visible byte).
-_HEAD_FIELD = re.compile(f"([{TCHAR}]+):[\t ]*((?:[\x21-\x7e\x80-\xff]+"
-                         f"(?:[\t ]+[\x21-\x7e\x80-\xff]+)*)?)[\t ]*\r\n")
+# OWS around it (from its first to its last visible byte). Single-character
+# repeats only: a repeated group costs the regex engine per iteration, and
+# an 8 KiB value of "a " pairs took 0.7 ms that way.
+_HEAD_FIELD = re.compile(f"([{TCHAR}]+):[\t ]*((?:[\x21-\x7e\x80-\xff]"
+                         f"(?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?)[\t ]*\r\n")
 
 #: Fields a chunked body's trailer section may not carry (RFC 9110 6.5.1:
 #: framing, routing, request modifiers, authentication, payload processing).
