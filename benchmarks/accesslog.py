@@ -17,7 +17,8 @@ for comparison). It prints each round's requests/s and the server's CPU
 time per request (user + system time of master and workers from /proc,
 over the requests wrk completed), then the median of the per-round ratios.
 It reads CPU steal from /proc/stat before and after: with other work on
-the machine, say so next to the figure.
+the machine, say so next to the figure. Writes result.json (the harness's
+schema: each round and the medians) in --out.
 
 --micro times logging one request in the default format, formatted at once
 or captured and rendered when written, in a loop in this process.
@@ -36,6 +37,7 @@ if __package__ in (None, ""):
 from benchmarks.harness import wrk as load  # noqa: E402
 from benchmarks.harness.machine import Conditions  # noqa: E402
 from benchmarks.harness.procs import group_cpu_seconds  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.start import start as start_server  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,7 +110,7 @@ def micro():
 def main():
     if ARGS.micro:
         return micro()
-    ratios, cpu_ratios = [], []
+    ratios, cpu_ratios, rows = [], [], []
     conditions, started = Conditions(), time.monotonic()
     with tempfile.TemporaryDirectory() as directory:
         access = os.path.join(directory, "access.log")
@@ -126,6 +128,9 @@ def main():
                 (off, cpu_off), (on, cpu_on) = measured["off"], measured["on"]
                 ratios.append(on / off)
                 cpu_ratios.append(cpu_on / cpu_off)
+                rows.append({"round": round_number + 1, "rps_off": off, "rps_on": on,
+                             "rps_ratio": on / off, "cpu_us_off": cpu_off, "cpu_us_on": cpu_on,
+                             "cpu_ratio": cpu_on / cpu_off})
                 print(f"round {round_number + 1}: off {off:.0f} req/s ({cpu_off:.1f} us CPU/req),"
                       f" on {on:.0f} req/s ({cpu_on:.1f} us CPU/req): {on / off:.3f}x",
                       flush=True)
@@ -138,6 +143,9 @@ def main():
           f"(rounds {min(ratios):.3f}-{max(ratios):.3f}); server CPU per request {cpu_ratio:.3f}x "
           f"({(cpu_ratio - 1) * 100:+.1f}%); {lines} lines logged in "
           f"{time.monotonic() - started:.0f} s; {conditions.describe()}")
+    rows.append({"round": "median", "rps_ratio": ratio, "cpu_ratio": cpu_ratio})
+    write_result("accesslog.py", sys.argv[1:], rows, conditions, ARGS.out,
+                 title=f"access log on/off, {ARGS.method}", note=f"{lines:,} lines logged.")
 
 
 if __name__ == "__main__":
@@ -149,5 +157,7 @@ if __name__ == "__main__":
                         help="load both servers at once (default) or one after the other")
     parser.add_argument("--micro", action="store_true",
                         help="only time building and buffering lines, in this process")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "accesslog"),
+                        help="where result.json goes (%(default)s)")
     ARGS = parser.parse_args()
     main()

@@ -3,40 +3,39 @@ the server serves again, what it leaves behind.
 
     python benchmarks/chaos.py                      # every attack, both servers
     python benchmarks/chaos.py --attacks hup,mutated --rows 20000
-    python benchmarks/chaos.py --no-readme          # print the table only
+    python benchmarks/chaos.py --no-result          # print the table only
 
 Each attack starts a fresh server, ``python -m forkserve -w 4`` or
 ``gunicorn -k gevent --preload -w 4``, on benchmarks/chaos_app.py (a
 200,000-record dataset built in the master; /alloc leaks on request), on
 127.0.0.1 port 0, in its own process group:
 
-  kill       SIGKILL a worker, then each replacement 50 ms after it appears,
-             10 times, under load: does the server still serve
-  hup        20 HUPs 50 ms apart under load (3 clients, fresh connections)
-  ttin-ttou  16 TTIN/TTOU signals 20 ms apart under load
-  usr1       5 log rotations (rename, USR1) under load; access lines lost
-  mutated    1,000 mutated requests (8 clients; each sends and half-closes):
-             invalid responses and hangs (no answer nor close in 10 s)
-  slowloris  60 connections sending one header byte every 0.2 s for up to
-             20 s, under load; forkserve with --header-timeout 5 (Gunicorn
-             has no header timeout)
-  fds        the server under `ulimit -n 64` (setrlimit before exec), 400
-             idle connections held 35 s (past the 30 s title reading) under
-             load; workers that died
-  full-disk  the access log on a 256 KiB tmpfs filled up, 100 requests,
-             space freed, 20 requests: lines of those 20 missing, stale
-             lines that came back (needs root and mount)
-  leak       one client leaking 5 MiB a request, 20 a second (~100 MB/s)
-             for 8 s; forkserve with --max-worker-memory 200 (Gunicorn has
-             no memory limit): the most one worker leaked
+    kill       SIGKILL a worker, then each replacement 50 ms after it appears,
+               10 times, under load: does the server still serve
+    hup        20 HUPs 50 ms apart under load (3 clients, fresh connections)
+    ttin-ttou  16 TTIN/TTOU signals 20 ms apart under load
+    usr1       5 log rotations (rename, USR1) under load; access lines lost
+    mutated    1,000 mutated requests (8 clients; each sends and half-closes):
+               invalid responses and hangs (no answer nor close in 10 s)
+    slowloris  60 connections sending one header byte every 0.2 s for up to
+               20 s, under load; forkserve with --header-timeout 5 (Gunicorn
+               has no header timeout)
+    fds        the server under `ulimit -n 64` (setrlimit before exec), 400
+               idle connections held 35 s (past the 30 s title reading) under
+               load; workers that died
+    full-disk  the access log on a 256 KiB tmpfs filled up, 100 requests,
+               space freed, 20 requests: lines of those 20 missing, stale
+               lines that came back (needs root and mount)
+    leak       one client leaking 5 MiB a request, 20 a second (~100 MB/s)
+               for 8 s; forkserve with --max-worker-memory 200 (Gunicorn has
+               no memory limit): the most one worker leaked
 
 For each: failed/total requests of the load (an error, or not 200),
 recovery (seconds from the attack's end until 20 requests in a row
-succeed), and processes left behind (members of the server's process
-group alive 15 s after TERM to the master; then they are killed). Writes
-the dated table, with the machine's load and CPU steal, into
-benchmarks/README.md ("Chaos: attacks side by side") and the rows into
-benchmarks/results/chaos/result.json, unless --no-readme.
+succeed; "—": not within 60 s), and processes left behind (members of the
+server's process group alive 15 s after TERM to the master; then they are
+killed). Prints the dated table with the machine's load and CPU steal, and
+writes the rows to benchmarks/results/chaos/result.json, unless --no-result.
 """
 
 import argparse
@@ -52,7 +51,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 
@@ -66,10 +64,14 @@ from benchmarks.harness.results import Result, command_line  # noqa: E402
 LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
 BOOTED = re.compile(r"Booting worker (?:\d+ )?with pid: (\d+)")
 STATUS_LINE = re.compile(rb"HTTP/1\.[01] [1-5]\d\d[ \r]")
-README = os.path.join(HERE, "README.md")
 RESULTS = os.path.join(HERE, "results", "chaos")
-SECTION = "## Chaos: attacks side by side"
 WORKERS = 4
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("attack", "attack"), ("server", "server"), ("failed", "failed"), ("total", "requests"),
+    ("recovery", "recovery", "s"), ("left", "processes left"), ("note", "notes"),
+)
 
 
 def command(server, extra):
@@ -529,33 +531,14 @@ def table(results, started, conditions):
     return "\n".join(lines)
 
 
-def write_readme(text):
-    with open(README) as handle:
-        readme = handle.read()
-    intro = textwrap.fill(
-        "`python benchmarks/chaos.py` attacks each server (4 workers, a 200,000-record "
-        "preloaded app) the same way; the module's docstring says what each attack does. "
-        "Recovery is the time from the attack's end until 20 requests in a row succeed "
-        "(\"-\": not within 60 s); processes left are those of the server's process group "
-        "alive 15 s after TERM.", 78)
-    section = f"{SECTION}\n\n{intro}\n\n{text}\n"
-    if SECTION in readme:
-        start = readme.index(SECTION)
-        end = readme.find("\n## ", start + len(SECTION))
-        readme = readme[:start] + section + (readme[end + 1:] if end >= 0 else "")
-    else:
-        readme = readme.rstrip("\n") + "\n\n" + section
-    with open(README, "w") as handle:
-        handle.write(readme)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attacks", default=",".join(ATTACKS),
                         help=f"comma-separated, of: {', '.join(ATTACKS)}")
     parser.add_argument("--servers", default="forkserve,gunicorn")
     parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--no-result", action="store_true",
+                        help="print the table only; write no result.json")
     args = parser.parse_args(argv)
     unknown = set(args.attacks.split(",")) - set(ATTACKS)
     if unknown:
@@ -577,8 +560,7 @@ def main(argv=None):
     conditions.end()
     text = table(results, started, conditions)
     print(text)
-    if not args.no_readme:
-        write_readme(text)
+    if not args.no_result:
         os.makedirs(RESULTS, exist_ok=True)
         Result.measured("chaos.py", command_line("chaos.py", argv),
                         [dict(result, attack=attack, server=server)

@@ -22,6 +22,7 @@ phases) while `perf record -a -g` samples the server CPU. It prints, per mode:
 The workers start fresh, so the lookups run while their copies are being
 made, as in run.py's phases (the first 20,000 lookups per worker are where
 the copying happens). `share` needs Python 3.12+. Needs wrk, taskset and perf.
+Writes result.json (the harness's schema) in --result.
 """
 
 import argparse
@@ -37,9 +38,18 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 
 from benchmarks.harness import wrk  # noqa: E402
 from benchmarks.harness.datasets import prepare_dataset  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
 from benchmarks.harness.procs import Group, sample_group  # noqa: E402
+from benchmarks.harness.results import table, write_result  # noqa: E402
 from benchmarks.harness.servers import APP, REPO  # noqa: E402
 from benchmarks.harness.start import start as start_server  # noqa: E402
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("mode", "mode"), ("rps", "req/s"), ("cpu_us", "CPU/req", "µs"), ("faults", "faults/req"),
+    ("fault", "in page faults", "%"), ("cow", "copy on write", "%"), ("copy", "page copy", "%"),
+    ("us_in_faults", "µs/req in page faults"), ("samples", "worker samples"),
+)
 
 WORKER_COMM = "forkserve: work"  # the workers' title, as the kernel's 15-byte comm keeps it
 FAULT, COW = "asm_exc_page_fault", "do_wp_page"
@@ -124,8 +134,12 @@ def main(argv=None):
     p.add_argument("--server-cpus", default="0")
     p.add_argument("--client-cpus", default="1")
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"))
-    p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "forkserve-cow"))
+    p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "forkserve-cow"),
+                   help="perf's data and the servers' logs (%(default)s)")
+    p.add_argument("--result", default=os.path.join(REPO, "benchmarks", "results", "cow_cost"),
+                   help="where result.json goes (%(default)s)")
     args = p.parse_args(argv)
+    conditions, rows = Conditions(), []
     missing = [tool for tool in ("wrk", "taskset", "perf") if not shutil.which(tool)]
     if missing:
         p.error(f"needs {', '.join(missing)} (apt-get install wrk util-linux linux-perf)")
@@ -133,14 +147,14 @@ def main(argv=None):
     csv_path, emails_path = prepare_dataset(args.rows, args.seed, args.data_dir)
     print(f"{args.rows:,} people, forkserve -w 4 on CPU {args.server_cpus}, "
           f"{args.requests:,} lookups per mode, perf on; {args.python}\n")
-    print("| mode | req/s | CPU/req | faults/req | in page faults | copy on write | "
-          "page copy | µs/req in page faults | worker samples |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode in args.modes.split(","):
         r = measure(args, mode.strip(), csv_path, emails_path, args.out)
-        print(f"| {r['mode']} | {r['rps']:,.0f} | {r['cpu_us']:.0f} µs | {r['faults']:.2f} | "
-              f"{r['fault']:.1%} | {r['cow']:.1%} | {r['copy']:.1%} | "
-              f"{r['fault'] * r['cpu_us']:.0f} | {r['samples']:,} |", flush=True)
+        rows.append(dict(r, us_in_faults=r["fault"] * r["cpu_us"]))
+        print(f"{mode}: {r['cpu_us']:.0f} µs CPU/req, {r['fault']:.1%} in page faults",
+              file=sys.stderr, flush=True)
+    print("\n".join(table(rows, RESULT_COLUMNS)))
+    write_result("cow_cost.py", argv, rows, conditions, args.result,
+                 title=f"{args.rows:,} people, {args.requests:,} lookups per mode")
 
 
 if __name__ == "__main__":

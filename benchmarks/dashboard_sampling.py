@@ -18,51 +18,32 @@ schema) in --out.
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
 from benchmarks.harness.machine import Conditions
-from benchmarks.harness.results import Result, command_line
-from forkserve.memory import procfs
+from benchmarks.harness.procs import cpu_seconds
+from benchmarks.harness.results import write_result
+from benchmarks.harness.start import start
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APPS = os.path.join(REPO, "tests", "apps")
-_STATS = re.compile(r"Stats at: http://127\.0\.0\.1:(\d+)")
 OUT = os.path.join(REPO, "benchmarks", "results", "dashboard_sampling")
 
 
 def _start(scratch, name, workers, ballast_mb, stats):
+    """forkserve -w workers on the ballast app, once every worker is up: a harness Server."""
     version = os.path.join(scratch, f"{name}.version")
     with open(version, "w") as handle:
         handle.write("v1")
-    log_path = os.path.join(scratch, f"{name}.log")
     env = dict(os.environ, VERSION_FILE=version, BALLAST_MB=str(ballast_mb))
     args = [sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", "-w", str(workers)]
     args += ["--stats", "127.0.0.1:0"] if stats else []
-    with open(log_path, "w") as log:
-        server = subprocess.Popen([*args, "versioned:app"], cwd=APPS, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    return server, log_path
-
-
-def _wait_workers(server, log_path, workers):
-    deadline = time.monotonic() + 300
-    while len(procfs.child_pids(server.pid)) < workers:
-        if time.monotonic() > deadline or server.poll() is not None:
-            raise SystemExit(f"server did not start; see {log_path}")
-        time.sleep(0.2)
-
-
-def _cpu_seconds(pid):
-    """utime + stime of pid (fields 14 and 15 of /proc/PID/stat), in seconds."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return start([*args, "versioned:app"], log_path=os.path.join(scratch, f"{name}.log"),
+                 env=env, cwd=APPS, processes=workers + 1, probe_path="/", timeout=300)
 
 
 def _get(port, path):
@@ -78,43 +59,34 @@ def main(argv=None):
     parser.add_argument("--out", default=OUT, help="where result.json goes")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
-        sampled, sampled_log = _start(scratch, "stats", args.workers, args.ballast_mb, True)
-        plain, plain_log = _start(scratch, "plain", args.workers, args.ballast_mb, False)
-        try:
-            _wait_workers(sampled, sampled_log, args.workers)
-            _wait_workers(plain, plain_log, args.workers)
-            with open(sampled_log) as handle:
-                port = int(_STATS.search(handle.read()).group(1))
-            cpu = {pid: _cpu_seconds(pid) for pid in (sampled.pid, plain.pid)}
+        with _start(scratch, "stats", args.workers, args.ballast_mb, True) as sampled, \
+                _start(scratch, "plain", args.workers, args.ballast_mb, False) as plain:
+            port = sampled.stats_port()
+            cpu = {pid: cpu_seconds(pid) for pid in (sampled.pid, plain.pid)}
             conditions, started, begin = Conditions(), time.monotonic(), time.time()
             time.sleep(args.seconds)  # a measuring period, not synchronisation
             end, elapsed = time.time(), time.monotonic() - started
-            used = {pid: _cpu_seconds(pid) - before for pid, before in cpu.items()}
+            used = {pid: cpu_seconds(pid) - before for pid, before in cpu.items()}
             conditions.end()
             history = json.loads(_get(port, "/history"))
             samples = sum(begin <= point["t"] <= end for point in history["points"])
             # What one report costs the master: five of them, asked for at once
             # after the other (a sample due meanwhile would count too).
-            reports, cpu_before = [], _cpu_seconds(sampled.pid)
+            reports, cpu_before = [], cpu_seconds(sampled.pid)
             for _ in range(5):
                 begun = time.perf_counter()
                 _get(port, "/json")
                 reports.append(time.perf_counter() - begun)
-            report_cpu = (_cpu_seconds(sampled.pid) - cpu_before) / len(reports)
-        finally:
-            for server in (sampled, plain):
-                os.killpg(server.pid, 9)
-                server.wait()
+            report_cpu = (cpu_seconds(sampled.pid) - cpu_before) / len(reports)
     rows = [{"server": "forkserve --stats (history sampled)", "master_cpu_s": round(
                  used[sampled.pid], 3), "samples": samples,
              "interval_s": round(history["interval"], 2),
              "report_ms_median": round(statistics.median(reports) * 1000),
              "report_cpu_ms": round(report_cpu * 1000)},
             {"server": "forkserve (no --stats)", "master_cpu_s": round(used[plain.pid], 3)}]
-    os.makedirs(args.out, exist_ok=True)
-    Result.measured("dashboard_sampling.py", command_line("dashboard_sampling.py", argv), rows,
-                    conditions, title=f"history sampling, {args.workers} workers x "
-                    f"{args.ballast_mb} MiB, {elapsed:.0f} s").write(args.out)
+    write_result("dashboard_sampling.py", argv, rows, conditions, args.out,
+                 title=f"history sampling, {args.workers} workers x {args.ballast_mb} MiB, "
+                 f"{elapsed:.0f} s")
     print(f"{args.workers} workers x {args.ballast_mb} MiB shared, {os.cpu_count()} CPUs, "
           f"{elapsed:.0f} s; {conditions.describe()}")
     print(f"  master CPU with --stats (sampling): {used[sampled.pid]:.2f} s "

@@ -18,7 +18,8 @@ examples/deploy/nginx.conf (one nginx worker), all pinned to CPU 0; wrk
    record each request's shard, status and time); shard 1's process group
    gets SIGKILL, is started again on the same port, and serves again.
 
-Writes a Markdown report (and the raw JSON) to --out.
+Writes result.json (the harness's schema: the latency rows), a Markdown
+report and the raw JSON to --out (benchmarks/results/deploy_nginx).
 """
 
 import argparse
@@ -35,11 +36,18 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.wrk import LoadSpec, run_phase  # noqa: E402
 from deploy_cluster import (  # noqa: E402
     Instance, Load, Nginx, emails_by_shard, rolling_reload, start_instances,
 )
 from forkserve_testing import poll  # noqa: E402
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("connections", "connections"), ("path", "path"), ("rounds", "rounds"), ("rate", "req/s"),
+    ("p50_us", "p50"), ("p99_us", "p99"), ("errors", "errors"),
+)
 
 
 def write_emails(path, emails):
@@ -158,14 +166,14 @@ def report(args, latency, reload, kill, steal):
     return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=30_000)
     parser.add_argument("--requests", type=int, default=30_000,
                         help="wrk responses per latency measurement and for the reload")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "deploy_nginx"))
     parser.add_argument("--only-kill", action="store_true", help="skip phases 1 and 2")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from examples.persondb import generate
     with open("/proc/loadavg") as handle:
         args.loadavg = " ".join(handle.read().split()[:3])
@@ -197,6 +205,12 @@ def main():
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "deploy.md").write_text(text)
+    write_result("deploy_nginx.py", argv, latency, conditions, str(out),
+                 title="three shards behind nginx",
+                 note=(f"The rows are the latency phase. Rolling reload: {reload['ok']:,} of "
+                       f"{reload['responses']:,} responses 200; shard 1 killed: unavailable "
+                       f"for {kill['shard1_unavailable_seconds']:.1f} s; deploy.md has the "
+                       "rest."))
     (out / "deploy.json").write_text(json.dumps(
         {"rows": args.rows, "latency": latency, "reload": reload, "kill": kill,
          "steal": steal}, indent=1))

@@ -39,9 +39,11 @@ Figures (per server; "the server" is every process of its process group):
 
 Ratios are to `gunicorn` (Gunicorn -k gevent -w 4) and to `gevent-pywsgi`
 (gevent's WSGIServer alone). The servers are in harness/servers.py
-(hello_servers), the figures and the page in hello_report.py. Results:
---out/results.md, summary.csv (one row per server) and rounds.csv (one row
-per round), and each server's log.
+(hello_servers); meinheld is listed as not measured (its last release pins
+greenlet<0.5, which does not build on Python 3.11+). Results:
+--out (benchmarks/results/hello): result.json (the harness's schema),
+results.md, summary.csv (one row per server) and rounds.csv (one row per
+round), and each server's log.
 """
 
 import argparse
@@ -51,6 +53,7 @@ import dataclasses
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,13 +65,21 @@ from benchmarks.harness import procs, wrk  # noqa: E402
 from benchmarks.harness.machine import (  # noqa: E402
     Conditions, cpu_list, machine, say, stop_on_signals, versions,
 )
-from benchmarks.harness.results import Result, command_line  # noqa: E402
+from benchmarks.harness.results import Result, command_line, render_meta, table  # noqa: E402
 from benchmarks.harness.servers import (  # noqa: E402
     HELLO_APP as APP, HERE, REPO, hello_servers, keepalive_problem, python_version,
     uwsgi_fallback,
 )
 from benchmarks.harness.start import ServerFailed, all_cpus, start_spec  # noqa: E402
-from benchmarks.hello_report import parse_wrk, render_markdown, summary  # noqa: E402
+
+#: the figures benchmarks/README.md shows of a run's rows (all are in summary.csv)
+RESULT_COLUMNS = (
+    ("server", "server"), ("rps", "req/s (median)"), ("rps_vs_gunicorn", "×gunicorn", "×"),
+    ("rps_vs_gevent-pywsgi", "×gevent", "×"), ("p99_ms", "p99"), ("p999_ms", "p99.9"),
+    ("cpu_us", "CPU/req"), ("overhead_us", "server overhead/req"),
+    ("overhead_vs_gevent-pywsgi", "overhead ×gevent", "×"), ("closed", "closed by server"),
+    ("rounds_rps", "req/s per round"),
+)
 
 DEFAULTS = {"duration": 10, "rounds": 3, "warmup": 2}
 QUICK = {"duration": 3, "rounds": 1, "warmup": 1}
@@ -172,6 +183,89 @@ def parse_args(argv):
         if unknown:
             p.error(f"unknown server(s) {', '.join(unknown)}; choose from {', '.join(names)}")
     return args
+
+
+#: Ratios are given to each of these servers.
+BASELINES = ("gunicorn", "gevent-pywsgi")
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One wrk run against one server: wrk's figures and the server's CPU seconds."""
+
+    server: str
+    round: int
+    wrk: wrk.PhaseResult
+    cpu_s: float
+
+
+def parse_wrk(stdout, server, round_no, cpu_s):
+    """The Round from hello.lua's BENCH_RESULT line."""
+    return Round(server, round_no, wrk.parse_result(stdout), cpu_s)
+
+
+def figures(rounds, app_us):
+    """One server's headline figures from its rounds (None = n/a)."""
+    responses = sum(r.wrk.responses for r in rounds)
+    cpu_us = sum(r.cpu_s for r in rounds) / responses * 1e6 if responses else None
+    return {
+        "rps": statistics.median(r.wrk.rate for r in rounds) if rounds else None,
+        "p50_ms": statistics.median(r.wrk.p50_us for r in rounds) / 1000 if rounds else None,
+        "p99_ms": statistics.median(r.wrk.p99_us for r in rounds) / 1000 if rounds else None,
+        "p999_ms": statistics.median(r.wrk.p999_us for r in rounds) / 1000 if rounds else None,
+        "cpu_us": cpu_us,
+        "app_us": app_us,
+        "overhead_us": cpu_us - app_us if cpu_us is not None and app_us is not None else None,
+        "errors": sum(r.wrk.errors for r in rounds),
+        "closed": sum(r.wrk.read_errors for r in rounds),
+        "responses": responses,
+        "rounds_rps": [round(r.wrk.rate) for r in rounds],
+    }
+
+
+def _ratio(value, base):
+    return value / base if value is not None and base else None
+
+
+def summary(results, app_us):
+    """[{server, description, figures..., ratio_rps_<baseline>...}] for servers that ran."""
+    rows = []
+    figs = {name: figures(rounds, app_us) for name, (_, rounds) in results.items() if rounds}
+    for name, (description, rounds) in results.items():
+        if not rounds:
+            continue
+        row = {"server": name, "description": description, **figs[name]}
+        for base in BASELINES:
+            row[f"rps_vs_{base}"] = _ratio(row["rps"], figs.get(base, {}).get("rps"))
+            row[f"overhead_vs_{base}"] = _ratio(row["overhead_us"],
+                                                figs.get(base, {}).get("overhead_us"))
+        rows.append(row)
+    return rows
+
+
+#: the columns of results.md: every figure of a row
+PAGE_COLUMNS = (
+    ("server", "server"), ("rps", "req/s"), ("rps_vs_gunicorn", "×gunicorn", "×"),
+    ("rps_vs_gevent-pywsgi", "×gevent", "×"), ("p50_ms", "p50"), ("p99_ms", "p99"),
+    ("p999_ms", "p99.9"), ("cpu_us", "CPU/req"), ("app_us", "app/req"),
+    ("overhead_us", "server overhead/req"), ("overhead_vs_gunicorn", "overhead ×gunicorn", "×"),
+    ("overhead_vs_gevent-pywsgi", "overhead ×gevent", "×"), ("errors", "errors"),
+    ("closed", "closed by server"), ("rounds_rps", "req/s per round"),
+)
+
+
+def render_markdown(rows, skipped, notes, meta):
+    """results.md: the run's context, every figure of every server, what did not run."""
+    lines = [*render_meta(meta, "hello world"),
+             "Ratios: req/s and server overhead relative to `gunicorn` and to `gevent-pywsgi` "
+             "(— when that server did not run). Definitions: benchmarks/hello.py's docstring.",
+             "", *table(rows, PAGE_COLUMNS), ""]
+    if skipped:
+        lines += ["## Not measured", "", *(f"- `{name}`: {reason}" for name, reason in skipped),
+                  ""]
+    if notes:
+        lines += ["## Notes", "", *(f"- `{name}`: {note}" for name, note in notes), ""]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):

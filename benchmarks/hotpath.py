@@ -17,9 +17,9 @@ no tool's overhead lands in another's figures:
 3. py-spy record on the process that serves (-w 0) or on one worker,
    --nonblocking by default (--spy-blocking pauses it per sample instead).
    Neither is exact: on a saturated server that nothing else preempts,
-   --nonblocking failed to read 58% of its samples here, not at random;
+   --nonblocking fails to read many of its samples, and not at random;
    the blocking mode stops the process at syscall boundaries and so
-   over-counts the frames around syscalls (gevent's getsockopt got 21%).
+   over-counts the frames around syscalls.
    The page gives py-spy's sample and error counts; check the shares
    against perf's kernel share (4.). Each sample's stack is put
    in the first category, from the innermost frame outwards, whose rule

@@ -7,9 +7,11 @@ Both servers run tests/apps/echo_environ.py with the same --limit-request-*
 numbers (rfc_corpus.CORPUS_LIMITS). A valid case counts as right when it is
 served with the environ the RFCs imply; an invalid case when it is refused
 (any 4xx/5xx or a close without a response; the status forkserve gives is in
-the corpus and shown). Cases where the two servers differ are listed.
+the corpus and shown). Cases where the two servers differ are listed, and
+the counts written to result.json (the harness's schema) in --out.
 """
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -20,7 +22,16 @@ sys.path[:0] = [str(TESTS), str(ROOT)]
 
 from rfc_corpus import CASES, CORPUS_LIMITS, Serve, exchange, verdict  # noqa: E402
 
+from benchmarks.harness.machine import Conditions, versions  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.start import start as start_server  # noqa: E402
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("server", "server"), ("valid_served_right", "valid cases served right"),
+    ("valid", "valid cases"), ("invalid_refused", "invalid cases refused"),
+    ("invalid", "invalid cases"),
+)
 
 SERVERS = {
     "forkserve": [sys.executable, "-m", "forkserve", "-w", "1", "-b", "127.0.0.1:0"],
@@ -35,7 +46,12 @@ def start(name, log_path):
                         processes=2, probe_path="/")
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "http_corpus"),
+                        help="where result.json goes (%(default)s)")
+    args = parser.parse_args(argv)
+    conditions, rows = Conditions(), []
     outcomes = {}
     for name in SERVERS:
         with start(name, f"/tmp/http-corpus-{name}.log") as server:
@@ -48,13 +64,21 @@ def main():
         refused = sum(not ok for ok, (passed, _) in zip(valid, results) if passed)
         print(f"{name:10} valid served right {served}/{sum(valid)}, "
               f"invalid refused {refused}/{len(CASES) - sum(valid)}")
+        rows.append({"server": name, "valid_served_right": served, "valid": sum(valid),
+                     "invalid_refused": refused, "invalid": len(CASES) - sum(valid)})
     print("\nwhere they differ:")
-    names = list(SERVERS)
+    names, differ = list(SERVERS), 0
     for i, case in enumerate(CASES):
         results = [outcomes[name][i] for name in names]
         if len({passed for passed, _ in results}) > 1:
+            differ += 1
             print(f"  {case.section:11} {case.name}: expected {case.expect}; "
                   + "; ".join(f"{name} {happened}" for name, (_, happened) in zip(names, results)))
+
+    write_result("http_corpus.py", argv, rows, conditions, args.out,
+                 title="the RFC request corpus, side by side", versions=versions(sys.executable),
+                 note=f"{differ} of {len(CASES)} cases differ between the servers; the "
+                 "command lists them.")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ the kernel splits CPU 0 evenly between two busy servers, so the ratio of
 their req/s is the inverse ratio of their CPU cost per request, measured
 under the same conditions. On a shared VM that is the steadier figure:
 servers measured one after the other a minute apart differ by up to a
-third ("What the access log costs" in benchmarks/README.md shows both
-methods on two identical servers). Two servers alternating on one CPU evict
+third (benchmarks/accesslog.py has both methods: --method in-turn and
+together). Two servers alternating on one CPU evict
 each other's caches, which adds to both; read the ratio, not the req/s.
 
 It prints req/s and the server's CPU time per request (user + system, from

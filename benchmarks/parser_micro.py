@@ -13,9 +13,9 @@ requests, as uvicorn does) is fed the whole head, with callbacks that
 collect the URL and the fields. Neither number includes building the
 WSGI environ. The median of 5 batches, CPU time per head.
 
-This measures only parsing. How much of a request it is: see the hot path
-table in benchmarks/README.md (the h1 grammar was ~3% of a hello-world
-request). Whether llhttp keeps every strictness guarantee of the test
+This measures only parsing. How much of a request it is: see
+benchmarks/hotpath.py, whose py-spy window puts the grammar's share of a
+whole request. Whether llhttp keeps every strictness guarantee of the test
 corpus (tests/httpcorpus.py) is a separate question this does not answer.
 """
 
@@ -29,6 +29,8 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from forkserve.http import h1  # noqa: E402
 
 HEADS = {
@@ -99,7 +101,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=50_000)
     p.add_argument("--cpu", type=int, help="pin to this CPU")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "results", "parser_micro"),
+                   help="where result.json goes (%(default)s)")
     args = p.parse_args(argv)
+    conditions = Conditions()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     parsers = {"forkserve h1": parse_h1}
@@ -117,6 +123,11 @@ def main(argv=None):
     for name, row in results.items():
         print(f"| {name} | " + " | ".join(f"{row[h]:.2f}" for h in HEADS) + " |")
     print("\n" + json.dumps(results))
+    rows = [{"parser": name, "head": head, "head_bytes": len(HEADS[head]), "cpu_us": us}
+            for name, row in results.items() for head, us in row.items()]
+    write_result("parser_micro.py", argv, rows, conditions, args.out,
+                 title=f"request heads, median of 5 x {args.calls:,}",
+                 versions={"python": sys.version.split()[0]})
     return 0
 
 

@@ -281,7 +281,7 @@ def render_markdown(runs, meta):
     """The results page: context, the main table, PSS per phase, skips."""
     out = io.StringIO()
     w = out.write
-    render_meta(w, meta, "PersonDB lookups")
+    w("\n".join(render_meta(meta, "PersonDB lookups")) + "\n")
     done = [run for run in runs if run.status == "ok"]
     base = next((figures(r) for r in done if r.name == BASELINE), {})
     if done:

@@ -9,6 +9,8 @@ which computes PSS, is most of the cost; model.read_processes runs the
 walks of several processes at once, one per CPU).
 
     python -m benchmarks.report_time [--workers 16] [--ballast-mb 1024] [--repeat 15]
+
+Writes result.json (the harness's schema) in --out.
 """
 
 import argparse
@@ -22,11 +24,17 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.start import start  # noqa: E402
 from forkserve.memory import model, procfs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APPS = os.path.join(REPO, "tests", "apps")
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("reads", "reads"), ("median_ms", "median"), ("min_ms", "min"), ("max_ms", "max"),
+)
 
 
 def _time(function, repeat):
@@ -43,6 +51,9 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--ballast-mb", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results",
+                                                      "report_time"),
+                        help="where result.json goes (%(default)s)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         version = os.path.join(scratch, "version")
@@ -69,6 +80,13 @@ def main(argv=None):
     print(f"  one process read: median {statistics.median(one) * 1000:.1f} ms; x "
           f"{args.workers + 1} processes = {statistics.median(one) * 1000 * (args.workers + 1):.0f}"
           " ms read one after another")
+    rows = [{"reads": name, "median_ms": statistics.median(times) * 1000,
+             "min_ms": min(times) * 1000, "max_ms": max(times) * 1000}
+            for name, times in (("full report (reads at once, one thread per CPU)", full),
+                                ("the same reads one process at a time", serial),
+                                ("one process's read", one))]
+    write_result("report_time.py", argv, rows, conditions, args.out,
+                 title=f"{args.workers} workers x {args.ballast_mb} MiB, {args.repeat} times")
 
 
 if __name__ == "__main__":

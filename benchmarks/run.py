@@ -4,16 +4,67 @@
     python benchmarks/run.py --quick         # a smoke run (< 2 min)
     python benchmarks/run.py --servers gunicorn,forkserve-share --rows 100000
 
-For each server in turn: start it on the same PersonDB dataset (loaded once,
-in its master), wait until every worker is up, sample the memory of every
-process in its process group, then drive --phases phases of random lookups
-with wrk, sampling during and after each phase; then stop it and time the
-stop. Results go to --out: samples.csv (every process at every sample),
-summary.csv, results.md, memory.png, latency.png and probes.csv (the latency
-probe, load.LatencyProbe). See benchmarks/README.md.
+The servers (harness/servers.py, persondb_servers), 4 workers each:
 
-Every process started here runs in its own process group and is stopped
-(SIGTERM, then SIGKILL) on the way out, also on Ctrl-C or SIGTERM.
+- gunicorn: `gunicorn --preload -k gevent -w 4`, plain dicts; every ratio
+  is to it;
+- gunicorn-gc: the same plus benchmarks/gunicorn.conf.py: gc.disable()
+  while loading, gc.freeze() and gc.set_threshold(0) in pre_fork,
+  atexit.register(os._exit, 0) in post_fork;
+- uwsgi: pyuwsgi `--master --processes 4 --gevent 1000`, the app loaded in
+  the master; it runs `--protocol http`, one request per connection,
+  because pyuwsgi 2.0.30's gevent loop fails on HTTP/1.1 keep-alive with
+  gevent 26 (wrk counts its closes as read errors);
+- gevent-single: gevent's WSGIServer in one process (harness/serve_fd.py);
+- forkserve-dict, forkserve-share, forkserve-store: `forkserve -w 4` with
+  PERSONDB_MODE dict, share (Python 3.12+) or store;
+- forkserve-single: `forkserve -w 0`, plain dicts.
+
+For each server in turn: start it in its own process group, pinned with
+taskset to --server-cpus (CPU 0) while wrk and this harness run on
+--client-cpus (CPU 1), on the same cached PersonDB dataset (loaded once, in
+its master); wait until /health answers and every worker is up; sample
+/proc/PID/smaps_rollup and /proc/PID/stat of every process of the group;
+drive --phases phases of --requests random lookups with wrk, sampling
+every 2 s and after each phase; then stop it (SIGTERM, SIGKILL after 20 s)
+and time the stop. A server that cannot start here is listed with the
+reason; the others still run. The figures are defined in
+benchmarks/report.py's docstring.
+
+Choices that keep it fair: the same app, data, worker count and load for
+every server, no access log, keep-alive where the server has it. wrk, not
+Locust, drives the load: it costs microseconds per request, where Locust's
+Python would be what one core measures. Phases are counts of lookups, not
+durations, because copy-on-write copies grow with the rows touched, and
+comparing after the same time would penalise the faster server. About 2%
+of requests carry `Connection: close` (benchmarks/lookup.lua; 5% ask for
+unknown people and get 404), so connections are re-accepted and spread
+over the workers as a real client population's would be. No port numbers
+are handed around: forkserve binds port 0 and logs its port; the others get
+a socket bound here (Gunicorn `-b fd://N`, uWSGI socket activation, `--fd`
+for gevent). TCP_NODELAY is set on those sockets, as Gunicorn and forkserve
+set it on theirs. --budget (570 s, 110 s with --quick) is shared out among
+the phases still to run; a phase that hits its time cap serves fewer
+lookups, and the table says so.
+
+What copy-on-write copies depends on what a lookup writes. The PersonDB
+handler hands Bottle a copy of the row (`dict(row)`), as services do, which
+takes a reference to every field: each lookup writes the reference counts
+of a row dict and its ~30 strings, and every page holding one is copied
+into the worker that served it. The gc recipe (gunicorn-gc) keeps the pages
+a collection would write shared, but cannot stop reference counting.
+forkserve-share and forkserve-store write no page of the dataset; the
+store's pages are the file's, in the page cache once, so its PSS grows with
+the pages read, shared by every process.
+
+Results go to --out (benchmarks/results/run): result.json (the harness's
+schema, from which benchmarks/README.md and docs/benchmarks.md are
+rendered), samples.csv (every process at every sample), summary.csv,
+results.md (every figure, per phase too), memory.png, latency.png and
+probes.csv (the latency probe, load.LatencyProbe: one lookup at a time on
+a new connection alongside wrk, whose own latencies have no time axis), and
+each server's log in logs/. Every process started here is stopped on the
+way out, also on Ctrl-C or SIGTERM.
 """
 
 import argparse
@@ -44,6 +95,16 @@ from benchmarks.harness.servers import REPO, persondb_servers, python_version  #
 from benchmarks.harness.start import ServerFailed, all_cpus, log_tail, start_spec  # noqa: E402
 
 #: Settings of the default run and of --quick (each overridable by its flag).
+#: the figures benchmarks/README.md and docs/benchmarks.md show of a run's
+#: rows (benchmarks.harness.index; every figure is in summary.csv and results.md)
+RESULT_COLUMNS = (
+    ("description", "server"), ("master_rss", "master RSS", "MiB"),
+    ("pss_final", "total PSS after the lookups", "MiB"), ("ratio_pss_final", "×gunicorn", "×"),
+    ("worker_private", "private per worker", "MiB"), ("worker_file", "file per worker", "MiB"),
+    ("rps", "req/s"), ("ratio_rps", "×gunicorn", "×"), ("cpu_us", "CPU per request"),
+    ("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9"),
+)
+
 DEFAULTS = {
     "rows": 300_000, "phases": 4, "requests": 20_000, "phase_timeout": 45.0,
     "workers": 4, "connections": 32, "budget": 570.0,
@@ -103,7 +164,7 @@ def parse_args(argv):
                         "see load.LatencyProbe")
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"),
                    help="where the generated dataset is cached (default: %(default)s)")
-    p.add_argument("--out", help="results directory (default: benchmarks/results, "
+    p.add_argument("--out", help="results directory (default: benchmarks/results/run, "
                                  "or a temp dir with --quick)")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
@@ -112,7 +173,7 @@ def parse_args(argv):
             setattr(args, key, value)
     if args.out is None:
         args.out = (os.path.join(tempfile.gettempdir(), "forkserve-bench-quick") if args.quick
-                    else os.path.join(REPO, "benchmarks", "results"))
+                    else os.path.join(REPO, "benchmarks", "results", "run"))
     known = {s.name for s in persondb_servers()}
     if args.servers != "all":
         wanted = [name.strip() for name in args.servers.split(",") if name.strip()]

@@ -19,8 +19,9 @@ benchmarks/lookup.lua, 5% unknown people, connections re-opened now and
 then so every worker serves), and every process of every instance is read
 from /proc/PID/smaps_rollup. PSS splits each shared page among the
 processes that map it, so the sum over all processes counts every page once:
-it is what the host pays. Prints a markdown table with ratios to one
-instance.
+it is what the host pays; RSS, which counts the shared file pages in every
+process, is printed beside it to show how it misleads here. Prints a markdown table with ratios to one
+instance, and writes result.json (the harness's schema) in --out.
 """
 
 import argparse
@@ -33,13 +34,22 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.instances import start_persondb  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
 from benchmarks.harness.procs import sample_group  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.wrk import LoadSpec, run_phase  # noqa: E402
 from examples.persondb import generate  # noqa: E402
 from forkserve.store import Store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("setup", "setup"), ("processes", "processes"), ("pss", "total PSS", "MiB"),
+    ("pss_vs_one", "PSS / one instance", "×"), ("rss", "total RSS", "MiB"),
+    ("uss", "total USS", "MiB"),
+)
 
 
 def measure(setup, store_paths, work, args, spec):
@@ -74,7 +84,10 @@ def main(argv=None):
                         help="random lookups per instance (default: --rows)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--instances", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "shared_store"),
+                        help="where result.json goes (%(default)s)")
     args = parser.parse_args(argv)
+    conditions = Conditions()
     args.requests = args.requests or args.rows
 
     with tempfile.TemporaryDirectory(prefix="forkserve-shared-store-") as work:
@@ -106,9 +119,15 @@ def main(argv=None):
     print("|---|---:|---:|---:|---:|---:|")
     one = results[0]["pss"]
     for result in results:
+        result["pss_vs_one"] = result["pss"] / one
         print(f"| {result['setup']} | {result['processes']} | {result['pss'] / MIB:,.1f} MiB "
               f"| {result['pss'] / one:.2f}x | {result['rss'] / MIB:,.1f} MiB "
               f"| {result['uss'] / MIB:,.1f} MiB |")
+    write_result("shared_store.py", argv, results, conditions, args.out,
+                 title=f"{args.rows:,} people, {args.instances} instances x "
+                 f"{args.workers} workers",
+                 note=f"CSV {csv_mb:,.0f} MiB, store file {store_mb:,.0f} MiB; "
+                 f"{args.requests:,} random lookups per instance.")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,14 @@ from benchmarks.harness.machine import Conditions, machine, say, stop_on_signals
 from benchmarks.harness.results import Result, command_line  # noqa: E402
 from benchmarks.harness.servers import APP, REPO, python_version  # noqa: E402
 
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("mode", "mode"), ("master_rss_mib", "master RSS (MiB)"), ("listening_s", "start → listening"),
+    ("first_answer_s", "start → first answer"), ("fork_first_s", "fork: 1st worker"),
+    ("fork_all_s", "fork: all workers"), ("hup_new_answer_s", "HUP → new generation answers"),
+    ("hup_old_gone_s", "HUP → old workers gone"), ("note", "note"),
+)
+
 MODES = ("dict", "share", "store")
 LOG_POLL_S = 0.002
 PROBE_INTERVAL_S = 0.005

@@ -12,7 +12,8 @@ CPU), and once /health answers sends `--requests` random lookups with wrk
 (lookup.lua, 32 connections, on the client CPU). Per tree and round it
 prints: the share of the file in the page cache when the first answer came,
 the time from start to that answer, and wrk's p50, p99, p99.9 and max.
-Trees take turns within a round. Needs wrk and taskset.
+Trees take turns within a round. Needs wrk and taskset. Writes result.json
+(the harness's schema) in --out.
 """
 
 import argparse
@@ -29,7 +30,17 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.cow_cost import start  # noqa: E402
 from benchmarks.harness import wrk  # noqa: E402
 from benchmarks.harness.datasets import build_store, prepare_dataset  # noqa: E402
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.servers import REPO  # noqa: E402
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("tree", "tree"), ("round", "round"), ("cached_at_first_answer", "file cached at first answer",
+                                           "%"),
+    ("first_answer_s", "start → first answer"), ("p50_ms", "p50"), ("p99_ms", "p99"),
+    ("p999_ms", "p99.9"), ("max_ms", "max"),
+)
 
 
 def evict(path):
@@ -77,7 +88,10 @@ def main(argv=None):
     p.add_argument("--server-cpus", default="0")
     p.add_argument("--client-cpus", default="1")
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"))
+    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "store_cold"),
+                   help="where result.json goes (%(default)s)")
     args = p.parse_args(argv)
+    conditions, rows = Conditions(), []
     if not (shutil.which("wrk") and shutil.which("taskset")):
         p.error("needs wrk and taskset (apt-get install wrk util-linux)")
     trees = dict(t.split("=", 1) for t in args.tree or [f"this={REPO}"])
@@ -102,6 +116,12 @@ def main(argv=None):
             print(f"| {name} | {round_} | {cached} | {answered:.2f} s | {r.p50_us / 1000:.1f} ms "
                   f"| {r.p99_us / 1000:.1f} ms | {r.p999_us / 1000:.1f} ms | "
                   f"{r.max_us / 1000:.1f} ms |", flush=True)
+            rows.append({"tree": name, "round": round_, "cached_at_first_answer": share,
+                         "first_answer_s": answered, "p50_ms": r.p50_us / 1000,
+                         "p99_ms": r.p99_us / 1000, "p999_ms": r.p999_us / 1000,
+                         "max_ms": r.max_us / 1000})
+    write_result("store_cold.py", argv, rows, conditions, args.out,
+                 title=f"{args.rows:,} people, {args.requests:,} lookups from a cold page cache")
 
 
 if __name__ == "__main__":

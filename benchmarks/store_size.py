@@ -7,8 +7,17 @@
 For each row shape below it writes a deterministic CSV into a temporary
 directory, builds a store file from it with `Store.from_csv` and prints the
 CSV size, the store size (records, field names, index, everything in the
-file) and their ratio, and how long the build took. tests/test_store.py
+file) and their ratio, and how long the build took (wall time: on a shared
+machine, a rough figure). Writes result.json (the harness's schema) in --out. tests/test_store.py
 builds the same shapes and asserts the ratio stays under MAX_RATIO.
+
+What a record costs in the file (codec "row", the default for a CSV): a
+varint key length, the key, a varint value length, a flag byte and the
+field values separated by one byte (the key column is not stored twice),
+and about 8 bytes of hash index (a uint16 tag and a uint32 position per
+slot, slots at most 75% full). A CSV spends a comma or newline per field and quotes
+around fields with commas, so the two come out close; the index is what
+remains.
 
 The shapes:
 
@@ -31,10 +40,18 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.results import table, write_result  # noqa: E402
 from examples.persondb import generate  # noqa: E402
 from forkserve.store import Store  # noqa: E402
 
 __all__ = ["MAX_RATIO", "SHAPES", "write_shape", "measure", "main"]
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("shape", "shape"), ("rows", "rows"), ("csv", "CSV", "MiB"), ("store", "store file", "MiB"),
+    ("ratio", "store / CSV", "×"), ("build_s", "build"),
+)
 
 #: The most a store file may weigh against its CSV, index included (issue 14).
 MAX_RATIO = 1.2
@@ -140,22 +157,26 @@ def main(argv=None):
                         help=f"comma-separated shapes (default: all of {', '.join(SHAPES)})")
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the full rows")
     parser.add_argument("--codec", help="value codec (default: Store.from_csv's)")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
+                                             / "store_size"),
+                        help="where result.json goes (%(default)s)")
     args = parser.parse_args(argv)
     shapes = [name.strip() for name in args.shapes.split(",") if name.strip()]
     unknown = [name for name in shapes if name not in SHAPES]
     if unknown:
         parser.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
-    print("| shape | rows | CSV | store | store / CSV | build |")
-    print("|---|---:|---:|---:|---:|---:|")
+    conditions, results = Conditions(), []
     with tempfile.TemporaryDirectory(prefix="forkserve-store-size-") as directory:
         for name in shapes:
             rows = max(1, int(SHAPES[name][2] * args.scale))
             result = measure(name, directory, rows, args.codec)
+            results.append(result)
             for suffix in (".csv", ".fsdb"):
                 os.unlink(Path(directory) / f"{name}{suffix}")
-            print(f"| {name} | {result['rows']:,} | {result['csv'] / 1e6:,.1f} MB "
-                  f"| {result['store'] / 1e6:,.1f} MB | {result['ratio']:.2f}x "
-                  f"| {result['build_s']:.1f} s |", flush=True)
+            print(f"{name}: {result['ratio']:.2f}x", file=sys.stderr, flush=True)
+    print("\n".join(table(results, RESULT_COLUMNS)))
+    write_result("store_size.py", argv, results, conditions, args.out,
+                 title=f"store file against its CSV, codec {args.codec or 'default'}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ All must find the same objects on the same pages; the script checks that.
 
 Prints the objects walked, each walk's best and median seconds, the ratios,
 and the machine's load average and CPU steal over the run (the machine is
-shared).
+shared), and writes them to result.json (the harness's schema) in --out.
 """
 
 import argparse
@@ -33,11 +33,18 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from examples.persondb import app as persondb  # noqa: E402
 from examples.persondb.generate import email_for, generate_file  # noqa: E402
 from forkserve.memory import copied_objects  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("walk", "walk"), ("best_s", "best"), ("median_s", "median"), ("objects", "objects walked"),
+    ("same_result", "same result from all walks"),
+)
 
 
 def baseline_walk(revision):
@@ -48,13 +55,15 @@ def baseline_walk(revision):
     return module.walk
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", default="bda8e95",
                         help="git revision (before the rename to copied_objects.py) whose why.walk is the 'before'")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "why_walk"),
+                        help="where result.json goes (%(default)s)")
+    args = parser.parse_args(argv)
     if copied_objects._c_walk() is None:
         parser.error("forkserve.memory._whywalk is not built: run `pip install -e .` with a C "
                      "compiler present, and leave FORKSERVE_NO_C unset")
@@ -106,6 +115,13 @@ def main():
     print(f"c is {best['before'] / best['c']:.2f}x faster than before ({args.baseline}) and "
           f"{best['python'] / best['c']:.2f}x faster than the Python walk (best of each); "
           + conditions.describe())
+    rows = [{"walk": name if name != "before" else f"before ({args.baseline})",
+             "best_s": best[name], "median_s": statistics.median(times[name]),
+             "objects": results[name][1], "same_result": same} for name in walks]
+    write_result("why_walk.py", argv, rows, conditions, args.out,
+                 title=f"{args.rows:,} people, {args.rounds} rounds",
+                 versions={"python": sys.version.split()[0]},
+                 note=f"{len(pages):,} exclusive pages of the worker.")
     return 0 if same else 1
 
 

@@ -13,6 +13,9 @@ keep-alive connections, and reads from the stats endpoint:
   in them, from the scoreboard (forkserve.memory.workergc).
 
     python -m benchmarks.worker_gc [--requests 20000] [--apps probe,flask,django]
+
+Writes result.json (the harness's schema) in --out. req/s is given, but on
+a shared machine it is the neighbours' figure as much as the policy's.
 """
 
 import argparse
@@ -26,11 +29,20 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.start import start  # noqa: E402
 from forkserve.memory.workergc import POLICIES  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1024 * 1024
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("app", "app"), ("policy", "policy"), ("growth_mib", "private growth, 2 workers (MiB)"),
+    ("private_mib", "private after (MiB)"), ("collections", "collections"),
+    ("pause_ms", "pause total"), ("req_s", "req/s", ""),
+)
 
 
 def _stats(port):
@@ -96,17 +108,24 @@ def main(argv=None):
     parser.add_argument("--apps", default=",".join(APPS))
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--log-dir", default="/tmp")
+    parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "worker_gc"),
+                        help="where result.json goes (%(default)s)")
     args = parser.parse_args(argv)
+    conditions, rows = Conditions(), []
     print("| app | policy | private growth, 2 workers | private after | collections | "
           "pause total | pause per collection | req/s |")
     print("|---|---|---|---|---|---|---|---|")
     for app in args.apps.split(","):
         for policy in args.policies.split(","):
             r = measure(app, policy, args.requests, args.log_dir)
+            rows.append(r)
             per = r["pause_ms"] / r["collections"] if r["collections"] else 0
             print(f"| {app} | {policy} | {r['growth_mib']:+.1f} MiB | {r['private_mib']:.1f} MiB "
                   f"| {r['collections']:,} | {r['pause_ms']:.1f} ms | {per * 1000:.0f} µs "
                   f"| {r['req_s']:,.0f} |", flush=True)
+    print(conditions.describe())
+    write_result("worker_gc.py", argv, rows, conditions, args.out,
+                 title=f"--worker-gc policies, {args.requests:,} requests")
 
 
 if __name__ == "__main__":

@@ -14,16 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
 
 
-def test_readme_scenario_table_is_generated_from_the_scenarios_and_their_results():
-    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
-    lines = index.render(index.scenarios(), index.latest_results())
-    assert index.replace_in(text, lines) == text, (
-        "benchmarks/README.md's scenario table is stale: run "
-        "python -m benchmarks.harness.index --write benchmarks/README.md")
-
-
 def test_every_scenario_says_what_it_measures_and_how_to_run_it():
-    found = {name: (what, command) for name, what, command in index.scenarios()}
+    found = {s.name: (s.what, s.command) for s in index.scenarios()}
     assert {"run.py", "hello.py", "startup.py", "accesslog.py"} <= set(found)
     for name, (what, command) in found.items():
         assert what and command.startswith("python"), name
@@ -104,8 +96,9 @@ def test_a_result_round_trips_and_a_foreign_file_is_refused(tmp_path):
                             conditions={"load_before": 1.0, "load_after": 2.0, "steal": 0.01})
     path = result.write(str(tmp_path))
     assert results.Result.read(path) == result
-    index_lines = index.render([("hello.py", "Hello world.", "python benchmarks/hello.py")],
-                               {"hello.py": (result, "results/hello/result.json")})
+    index_lines = index.render([index.Scenario("hello.py", "Hello world.",
+                                               "python benchmarks/hello.py")],
+                               {"hello.py": [(result, "results/hello/result.json")]})
     assert "load 1.0, steal 1.0%" in index_lines[2]
     (tmp_path / "result.json").write_text('{"scenario": "x", "figures": []}')
     with pytest.raises(ValueError, match="unknown keys figures"):

@@ -1,31 +1,133 @@
-"""docs/benchmarks.md's benchmark table is made from the committed run's
-summary.csv (benchmarks/readme_table.py), not typed in."""
+"""benchmarks/README.md and docs/benchmarks.md's table are generated from
+the scenarios' docstrings and their result.json files
+(benchmarks/harness/index.py), not typed in."""
 
-from benchmarks import readme_table
+import json
+import pathlib
+
+import pytest
+
+from benchmarks.harness import index, results
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+SCENARIO = '''"""Hello world on every server.
+
+    python benchmarks/hello.py            # the full run
+
+How it runs: one paragraph of method.
+"""
+
+RESULT_COLUMNS = (("server", "server"), ("rps", "req/s"), ("cpu_us", "CPU/req"))
+
+if __name__ == "__main__":
+    write_result("hello.py", [], [], None, "results/hello")
+'''
 
 
-def test_docs_benchmark_table_is_generated_from_the_committed_summary():
-    with open(readme_table.PAGE, encoding="utf-8") as handle:
-        text = handle.read()
-    lines = readme_table.render(readme_table.read_summary())
-    assert readme_table.replace_in(text, lines) == text, (
-        "docs/benchmarks.md's table differs from benchmarks/results/summary.csv; run "
-        "python -m benchmarks.readme_table --write docs/benchmarks.md")
+def a_result(directory, date, rps, steal=0.01, scenario="hello.py"):
+    directory.mkdir(parents=True)
+    results.Result(scenario, "python benchmarks/hello.py --rounds 1",
+                   [{"server": "forkserve", "rps": rps, "cpu_us": 20.83}],
+                   date=date, machine="2 × test CPU",
+                   conditions={"load_before": 1.5, "load_after": 2.0, "steal": steal},
+                   ).write(str(directory))
 
 
-def test_the_table_has_a_row_per_server_that_ran_with_ratios_to_gunicorn():
-    rows = [
-        {"server": "gunicorn", "status": "ok", "responses": "80000", "master_rss": str(2**30),
-         "pss_final": str(2 * 2**30), "worker_private": str(2**28), "worker_file": "0",
-         "rps": "2000", "cpu_us": "400", "p50_ms": "10", "p99_ms": "60", "p999_ms": "90",
-         "ratio_pss_final": "1.0", "ratio_rps": "1.0"},
-        {"server": "forkserve-share", "status": "ok", "responses": "80000",
-         "master_rss": str(2**30), "pss_final": str(2**30), "worker_private": str(2**22),
-         "worker_file": "0", "rps": "5000", "cpu_us": "190", "p50_ms": "5", "p99_ms": "20",
-         "p999_ms": "30", "ratio_pss_final": "0.5", "ratio_rps": "2.5"},
-        {"server": "uwsgi", "status": "skipped"},
-    ]
-    table = readme_table.render(rows)
-    assert len(table) == 4 and "~80,000 lookups" in table[0]
-    assert table[3] == ("| forkserve + `share()` | 1,024 MiB | 1,024 MiB (0.50×) | 4 MiB "
-                        "| 0 MiB | 5,000 (2.50×) | 190 µs | 5.0 ms | 20.0 ms | 30.0 ms |")
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "hello.py").write_text(SCENARIO)
+    a_result(tmp_path / "results" / "hello", "2026-11-23 17:28 UTC", 45490.5)
+    a_result(tmp_path / "results" / "hello_quiet", "2026-11-25 22:50 UTC", 51000.0,
+             steal=None)
+    (tmp_path / "results" / "hello" / "results.md").write_text("# a page\n")
+    (tmp_path / "results" / "stray.md").write_text("# measured by hand\n")
+    return tmp_path
+
+
+def test_benchmarks_readme_is_what_the_index_generates():
+    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    assert text == index.readme(), (
+        "benchmarks/README.md is stale: run python -m benchmarks.harness.index --write "
+        "benchmarks/README.md (edit the scenarios' docstrings, not the README)")
+
+
+def test_docs_benchmark_table_is_generated_from_the_newest_run_result():
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    lines = index.docs_table()
+    assert results.replace_between(text, index.DOCS_BEGIN, index.DOCS_END, lines) == text, (
+        "docs/benchmarks.md's table differs from benchmarks/results/run/result.json; run "
+        "python -m benchmarks.harness.index --docs docs/benchmarks.md")
+
+
+def test_each_scenario_section_is_its_docstring_then_its_results_newest_first(tree):
+    found = index.scenarios(str(tree))
+    page = index.readme(found, index.results_by_scenario(str(tree / "results")),
+                        index.result_files(str(tree / "results")))
+    section = page[page.index("## hello.py"):]
+    assert "    python benchmarks/hello.py            # the full run" in section
+    assert "How it runs: one paragraph of method." in section
+    newest, older = section.index("2026-11-25 22:50 UTC"), section.index("2026-11-23 17:28 UTC")
+    assert newest < older
+    assert "| server | req/s | CPU/req |" in section
+    assert "| forkserve | 45,490 | 20.8 µs |" in section
+    assert "`python benchmarks/hello.py --rounds 1`" in section
+    assert "load average 1.50 before / 2.00 after; CPU steal 1.0%" in section
+    assert "CPU steal not recorded" in section
+    assert "[results/hello/results.md](results/hello/results.md)" in section
+    assert "[2026-11-25 22:50 UTC](results/hello_quiet/result.json)" in page
+    assert "- [results/stray.md](results/stray.md)" in page
+
+
+def test_a_result_of_a_script_that_is_gone_is_still_listed(tree):
+    a_result(tree / "results" / "old", "2026-11-20 10:00 UTC", 1.0, scenario="gone.py")
+    page = index.readme(index.scenarios(str(tree)),
+                        index.results_by_scenario(str(tree / "results")), [])
+    assert "- [results/old/result.json](results/old/result.json)" in page
+
+
+def test_a_file_belongs_to_the_longest_script_name_it_starts_with(tree):
+    (tree / "hello_gc.py").write_text(SCENARIO.replace("Hello world on every server.",
+                                                       "Hello world's collector."))
+    (tree / "results" / "hello_gc_1").mkdir()
+    (tree / "results" / "hello_gc_1" / "page.md").write_text("# gc\n")
+    page = index.readme(index.scenarios(str(tree)), {},
+                        index.result_files(str(tree / "results")))
+    hello_gc = page[page.index("## hello_gc.py"):]
+    hello = page[page.index("## hello.py"):page.index("## hello_gc.py")]
+    assert "results/hello_gc_1/page.md" in hello_gc and "results/hello_gc_1" not in hello
+
+
+def test_a_scenario_without_a_result_says_how_to_make_one(tree):
+    found = index.scenarios(str(tree))
+    page = index.readme(found, {}, [])
+    assert "No result.json for this scenario" in page and "benchmarks/results/hello by default" in page
+
+
+def test_a_scenario_that_writes_no_result_says_so(tmp_path):
+    (tmp_path / "hello.py").write_text(SCENARIO.replace("write_result(", "print("))
+    page = index.readme(index.scenarios(str(tmp_path)), {}, [])
+    assert "This script does not write result.json yet" in page
+
+
+def test_bad_result_columns_are_refused_with_the_form_they_take(tmp_path):
+    (tmp_path / "bad.py").write_text(SCENARIO.replace('("cpu_us", "CPU/req")',
+                                                      '("cpu_us", "CPU/req", "furlongs")'))
+    with pytest.raises(ValueError, match="bad.py: RESULT_COLUMNS is a literal tuple"):
+        index.scenarios(str(tmp_path))
+
+
+def test_the_docs_table_has_a_row_per_server_that_ran(tmp_path):
+    a_result(tmp_path / "run", "2026-11-23 18:21 UTC", 2000.0, scenario="run.py")
+    path = tmp_path / "run" / "result.json"
+    data = json.loads(path.read_text())
+    data["rows"] += [{"server": "uwsgi", "status": "skipped", "rps": None}]
+    path.write_text(json.dumps(data))
+    run = index.Scenario("run.py", "PersonDB", "python benchmarks/run.py",
+                         columns=(("server", "server"), ("rps", "req/s"),
+                                  ("master_rss", "master RSS", "MiB")))
+    lines = index.docs_table([run], index.results_by_scenario(str(tmp_path)))
+    assert lines[0] == "| server | req/s | master RSS |"
+    assert lines[2:] == ["| forkserve | 2,000 | — |"]
+    with pytest.raises(ValueError, match="no result.json of run.py"):
+        index.docs_table([run], {})

@@ -12,6 +12,7 @@
 - machine: the conditions of a run (load average, CPU steal, versions);
 - datasets: the cached PersonDB dataset;
 - results: one result schema, written by each scenario to
-  benchmarks/results/<scenario>.json, from which benchmarks/README.md's
-  index of scenarios is generated.
+  benchmarks/results/<scenario>/result.json;
+- index: benchmarks/README.md, generated from the scenarios' docstrings and
+  those results (and the table in docs/benchmarks.md).
 """
