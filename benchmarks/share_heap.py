@@ -55,7 +55,7 @@ MIB = 2 ** 20
 WORKERS = 4
 _LOADED = re.compile(rb"loaded \S+ in ([\d.]+) s")
 _SHARED = re.compile(rb"--share-heap: shared ([\d,]+) objects \(([\d,.]+) MB\) in ([\d.]+) s")
-_WARMED = re.compile(rb"--warmup: (\d+) requests \(.*?\) in ([\d.]+) s")
+_WARMED = re.compile(rb"(?:--warmup|pre_freeze): .*? in ([\d.]+) s")
 
 
 # -- the apps -----------------------------------------------------------------------
@@ -89,9 +89,10 @@ def django(args):
     def drive(port):
         return fetch_pages(port, PAGES, args.app_requests or args.requests, login(port))
     db = os.path.join(args.out, "django.sqlite3")
+    # The warm-up logs in to the admin first: a pre_freeze hook in a config file.
     return dict(app="django_shop.wsgi:application", cwd=APPS_DIR, health="/en/",
                 env={"DJANGO_SHOP_DB": db}, drive=drive, one_process=False,
-                warmup=sorted(set(PAGES) | {"/admin/login/"}))
+                warmup_config=os.path.join(APPS_DIR, "django_shop", "warmup.conf.py"))
 
 
 APPS = {"persondb": persondb, "flask": flask, "django": django}
@@ -149,13 +150,15 @@ def _get(connection, path, headers):
 
 
 def commands(python, setup, extra=()):
-    fs = [python, "-m", "forkserve", "-b", "127.0.0.1:0", *extra]
+    fs = [python, "-m", "forkserve", "-b", "127.0.0.1:0", "--stats", "127.0.0.1:0", *extra]
     app = setup["app"]
     yield "gunicorn", None
     yield "forkserve", fs + ["-w", str(WORKERS), app]
     yield "share-heap", fs + ["-w", str(WORKERS), "--share-heap", app]
-    if setup.get("warmup"):
-        warmup = [arg for path in setup["warmup"] for arg in ("--warmup", path)]
+    if setup.get("warmup") or setup.get("warmup_config"):
+        warmup = [arg for path in setup.get("warmup", ()) for arg in ("--warmup", path)]
+        if setup.get("warmup_config"):
+            warmup += ["-c", setup["warmup_config"]]
         yield "share-heap + warmup", fs + ["-w", str(WORKERS), "--share-heap", *warmup, app]
     if setup["one_process"]:
         yield "one process", fs + ["-w", "0", app]
@@ -183,6 +186,7 @@ def measure(name, argv, python, setup, args):
         ready_s = time.monotonic() - started
         answered, failed = setup["drive"](server.port)
         samples = sample_group(server.pid, name == "one process")
+        collections, pause = worker_gc(server)
         text = server.log()
         workers = [s for s in samples if s.role == "worker"]
         figures = dict(server=name, ready_s=ready_s, answered=answered, failed=failed,
@@ -191,11 +195,29 @@ def measure(name, argv, python, setup, args):
                        loaded_s=_number(_LOADED, text, 1), shared_s=_number(_SHARED, text, 3),
                        shared_objects=_number(_SHARED, text, 1),
                        shared_mb=_number(_SHARED, text, 2),
-                       warmup_s=_number(_WARMED, text, 2))
+                       warmup_s=_number(_WARMED, text, 1),
+                       gc_collections=collections, gc_pause_s=pause)
         if args.why and name.startswith("share-heap") and workers:
             busiest = max(workers, key=lambda s: s.private)
             figures["why"] = why(python, busiest.pid)
     return figures
+
+
+def worker_gc(server):
+    """The workers' garbage collections and seconds spent in them, from
+    forkserve's stats endpoint: (None, None) for a server without one."""
+    port = server.stats_port()
+    if port is None:
+        return None, None
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", "/json")
+        rows = [row for row in json.loads(connection.getresponse().read())["processes"]
+                if row["role"] == "worker"]
+    finally:
+        connection.close()
+    return (sum(row["gc_collections"] or 0 for row in rows),
+            sum(row["gc_pause"] or 0 for row in rows))
 
 
 def _number(pattern, text, group):
@@ -217,16 +239,20 @@ def why(python, pid):
 def report(app, python_version, rows, base):
     lines = [f"\n### {app}, Python {python_version}, {WORKERS} workers\n",
              "| server | answered | total PSS MiB | x one process | worker private MiB (max) "
-             "| load s | share-heap s | warmup s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| load s | share-heap s | warmup s | worker gc: collections, ms per 1,000 requests |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['total_pss'] / base:.2f}" if base else "-"
         loaded = f"{r['loaded_s']:.1f}" if r["loaded_s"] is not None else "-"
         shared = f"{r['shared_s']:.2f}" if r["shared_s"] is not None else "-"
         warmed = f"{r['warmup_s']:.2f}" if r["warmup_s"] is not None else "-"
+        collected = "-"
+        if r.get("gc_collections") is not None and r["answered"]:
+            collected = (f"{r['gc_collections']:,}, "
+                         f"{r['gc_pause_s'] * 1e6 / r['answered']:.1f}")
         lines.append(f"| {r['server']} | {r['answered']:,} (+{r['failed']} other) | "
                      f"{r['total_pss'] / MIB:,.1f} | {ratio} | {max(r['private']) / MIB:,.1f} | "
-                     f"{loaded} | {shared} | {warmed} |")
+                     f"{loaded} | {shared} | {warmed} | {collected} |")
     return "\n".join(lines)
 
 

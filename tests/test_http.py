@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from forkserve.http.body import Body
 from forkserve.http.h1 import (ClientDisconnected, Limits, RequestError, body_framing, chunk_size,
-                               escape, header_field, request_line)
+                               escape, header_field, request_head, request_line)
 from forkserve.http.protocol import Connection, Request
 from httpclient import LiveServer, Reader, fresh_server, is_closed, read_response, wait_closed  # noqa: F401
 from httpcorpus import GOOD, LIMITS, REJECTED, chunked, post, request
@@ -59,6 +59,45 @@ def test_header_field_strips_optional_whitespace_only_around_the_value():
     assert header_field(b"X-A: \t a  b \t\r\n", 100) == ("X-A", "a  b")
     assert header_field(b"X-A:\r\n", 100) == ("X-A", "")
     assert header_field(b"X-A: \xe9\r\n", 100) == ("X-A", "\xe9")
+
+
+_HEAD_TEXT = st.text(alphabet="aZ09-_/:. \t\r\n\xe9\x00\x7f%?*!", max_size=8)
+
+
+@st.composite
+def head_lines(draw):
+    """A request line and field lines, most of them valid, near the edges of the grammar."""
+    def part(usual):  # one in eight is any text
+        return draw(_HEAD_TEXT if draw(st.integers(0, 7)) == 0 else st.sampled_from(usual))
+
+    lines = [f"{part(['GET', 'M-1!', 'get'])} {part(['/', '/a?b=c', '*', 'http://h/x'])} "
+             f"{part(['HTTP/1.1', 'HTTP/1.0', 'HTTP/1.9', 'HTTP/2.0'])}"]
+    for _ in range(draw(st.integers(0, 4))):
+        lines.append(part(["Host", "X-A", "x_b"]) + ":" + part(["v", " \t a  b \t", "", "\xe9"]))
+    return [line.encode("latin-1") for line in lines]
+
+
+@settings(max_examples=800, suppress_health_check=[HealthCheck.too_slow])
+@given(head_lines())
+def test_request_head_reads_a_head_as_request_line_and_header_field_do_line_by_line(lines):
+    """The whole-head parse is a shortcut: whatever it accepts, the line
+    parsers accept with the same result; what it declines, they judge."""
+    head = b"".join(line + b"\r\n" for line in lines)
+    parsed = request_head(head.decode("latin-1"))
+    if parsed is None:
+        return
+    method, target, version, text, fields = parsed
+    assert request_line(lines[0] + b"\r\n", 1000) == (method, target, version, text)
+    assert fields == [header_field(line + b"\r\n", 1000) for line in lines[1:]]
+
+
+def test_request_head_declines_what_the_line_parsers_must_judge():
+    assert request_head("GET / HTTP/1.1\r\nHost: a\r\n") == (
+        "GET", "/", "HTTP/1.1", "GET / HTTP/1.1", [("Host", "a")])
+    for head in ("GET / HTTP/2.0\r\n", "GET / HTTP/1.1\r\nX : y\r\n",
+                 "GET / HTTP/1.1\r\n y\r\n", "GET / HTTP/1.1\r\nX: a\rb\r\n",
+                 "\r\nGET / HTTP/1.1\r\n", "GET /\xe9 HTTP/1.1\r\n"):
+        assert request_head(head) is None
 
 
 @pytest.mark.parametrize("version, te, cls, expected", [
@@ -935,3 +974,18 @@ def test_a_small_body_still_arriving_when_the_head_goes_out_is_read_whole():
         client.close()
         server.stop_accepting()
         server.close_now()
+
+
+def test_the_fixed_field_table_keys_a_name_as_the_general_rule_does():
+    """A field name found in the table skips the rule (HTTP_, upper case, "-"
+    as "_", names with "_" dropped), so each entry must agree with it."""
+    from forkserve.http.h1 import TCHAR
+    from forkserve.http.protocol import _FIELD_KEYS
+    for name, key in _FIELD_KEYS.items():
+        assert "_" not in name and re.fullmatch(f"[{TCHAR}]+", name)
+        assert key == "HTTP_" + name.upper().replace("-", "_")
+    connection = Connection(Limits())
+    connection.receive_data(b"GET / HTTP/1.1\r\nhOsT: a\r\nuser-AGENT: b\r\nX-Odd-One: c\r\n"
+                            b"Content-type: d\r\n\r\n")
+    assert connection.next_event().headers == {
+        "HTTP_HOST": "a", "HTTP_USER_AGENT": "b", "HTTP_X_ODD_ONE": "c", "CONTENT_TYPE": "d"}

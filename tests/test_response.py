@@ -138,3 +138,14 @@ def test_no_module_keeps_header_values_after_a_request():
         if name.startswith("forkserve.http"):
             kept = [key for key, value in vars(module).items() if holds(value)]
             assert not kept, f"{name} keeps a header value in {kept}"
+
+
+def test_the_fixed_tables_let_through_only_valid_names_and_statuses():
+    """A name or status found in the tables skips the checks, so each entry
+    must pass them: a token name with its own lower case, a status the checks
+    accept with its own code."""
+    from forkserve.http.response import _COMMON_NAMES, _NAME, _STATUS_CODES
+    for name, lower in _COMMON_NAMES.items():
+        assert _NAME.fullmatch(name) and lower == name.lower()
+    for status, code in _STATUS_CODES.items():
+        assert status.isprintable() and status[3] == " " and int(status[:3]) == code

@@ -127,6 +127,17 @@ def test_a_workers_own_garbage_is_collected_and_its_memory_does_not_grow(
 
 
 @needs_immortal
+def test_with_share_heap_a_worker_runs_full_collections_by_default(run_server, tmp_path):
+    """Old-generation cyclic garbage is the worker's own: with the master's
+    heap immortal and frozen, the default collects it (--worker-gc auto)."""
+    server, _ = _safety_server(run_server, tmp_path, "--share-heap")
+    for _ in range(60):  # cycles enough to promote some to generation 2 and collect it
+        assert server.get("/churn?n=2000")[0] == 200
+    threshold, full = map(int, server.get("/gcstats")[1].split())
+    assert threshold == 10 and full > 0, (threshold, full)
+
+
+@needs_immortal
 def test_hup_with_share_heap_ends_the_old_processes_and_frees_the_old_heap(
         run_server, tmp_path):
     version_file = tmp_path / "version"

@@ -75,6 +75,7 @@ HOOKS = {
 
 #: forkserve's own hooks, for moments Gunicorn does not have (see docs/gunicorn.md).
 FORKSERVE_HOOKS = {
+    "pre_freeze": 2,    # (server, app): the application is loaded; warm it up before freezing
     "post_freeze": 1,   # (server): the dataset is loaded and frozen, before the first fork
     "pre_retire": 2,    # (server, generation): a reload's new generation serves; this one drains
 }

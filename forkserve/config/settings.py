@@ -143,8 +143,9 @@ SETTINGS = (
     # --worker-gc: forkserve.memory.workergc holds the policies and their reasons.
     Setting("worker_gc", ("--worker-gc",), _worker_gc_policy, _WORKER_GC_DEFAULT,
             "When workers collect their own cyclic garbage: off, young (generations 0-1 at "
-            "Python's thresholds), normal (Python's defaults) or idle (young generations "
-            "between requests). The master's frozen heap is never collected.",
+            "Python's thresholds), normal (Python's defaults), idle (young generations "
+            "between requests) or auto (normal with --share-heap, else young). The master's "
+            "frozen heap is never collected.",
             metavar="POLICY", section="memory"),
     # --share-heap: forkserve.memory.heap holds what it marks and what it costs.
     Setting("share_heap", ("--share-heap",), values.flag, False,

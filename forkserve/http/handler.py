@@ -180,17 +180,21 @@ class Handler:
         throw = self.transport.throw
         head_timer, idle_timer = self._head_timer, self._idle_timer
         head_armed = False
-        self._started = time.perf_counter()
         try:
             try:
                 if first:
+                    self._started = time.perf_counter()
                     if head_timer is not None:
                         head_timer.again(throw, Expired)
                     head_armed = True
                     # a PROXY protocol header comes before the first request
                     self._proxy_info = self.server.proxy.read_header(reader, self.client_address)
-                # between requests, with nothing buffered: wait for the next one first
-                event = NEED_DATA if not first and not http.buffered else http.next_event()
+                    event = http.next_event()
+                elif http.buffered:  # pipelined: the request began when the last one ended
+                    self._started = time.perf_counter()
+                    event = http.next_event()
+                else:  # between requests, with nothing buffered: wait for the next one first
+                    event = NEED_DATA
                 while event is NEED_DATA:
                     if http.their_state is IDLE and not first:  # between requests
                         if idle_timer is None:

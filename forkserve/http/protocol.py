@@ -3,10 +3,10 @@ events out (a request head, body data, the end of the body); response parts
 in, bytes out. forkserve.http.handler drives it over a gevent socket, the
 stats endpoint over its select() loop, and the unit tests over plain bytes.
 
-The grammar is forkserve.http.h1's (pure functions of one line); this module
-owns what spans lines and requests: the head's rules, the body's framing
-(Content-Length, chunked, trailers), the limits, 100-continue and whether
-the connection is reused.
+The grammar is forkserve.http.h1's (pure functions of a line, or of a whole
+head in its usual form); this module owns what spans lines and requests:
+the head's rules, the body's framing (Content-Length, chunked, trailers),
+the limits, 100-continue and whether the connection is reused.
 
 States. The client's side (`their_state`):
   IDLE   no byte of the next request yet (a keep-alive wait)
@@ -37,8 +37,8 @@ Invariants, and why:
 """
 
 from forkserve.http.h1 import (BLANK_LINES, CHUNK_LINE_MAX, DISCARD_BYTES, REASONS, RequestError,
-                               body_framing, chunk_size, escape, header_field, request_line,
-                               request_target, trailer_allowed, valid_host)
+                               body_framing, chunk_size, escape, header_field, request_head,
+                               request_line, request_target, trailer_allowed, valid_host)
 from forkserve.http.response import encode_head, plan_head
 
 __all__ = ["Connection", "Request", "Data", "END", "NEED_DATA", "PEER_CLOSED",
@@ -48,6 +48,19 @@ IDLE, HEAD, BODY, DONE, ERROR, CLOSED = "IDLE", "HEAD", "BODY", "DONE", "ERROR",
 SEND_BODY = "SEND_BODY"
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+#: The request header names clients send most, as they spell them, each with
+#: the environ key _head_done would make of it (HTTP_ and the name upper-cased,
+#: "-" as "_"), so that the usual field is keyed with one lookup. A fixed
+#: table of names, not a cache: nothing is added to it while serving, and it
+#: holds no header value.
+_FIELD_KEYS = {name: "HTTP_" + spelling.upper().replace("-", "_") for spelling in (
+    "Host", "User-Agent", "Accept", "Accept-Encoding", "Accept-Language", "Connection",
+    "Content-Type", "Content-Length", "Cookie", "Authorization", "Referer", "Origin",
+    "Cache-Control", "Pragma", "If-None-Match", "If-Modified-Since", "Range", "Expect",
+    "Transfer-Encoding", "Upgrade-Insecure-Requests", "X-Forwarded-For", "X-Forwarded-Proto",
+    "X-Forwarded-Host", "X-Real-IP", "X-Request-ID", "Sec-Fetch-Dest", "Sec-Fetch-Mode",
+    "Sec-Fetch-Site", "Sec-Fetch-User", "DNT", "Priority") for name in (spelling, spelling.lower())}
 
 
 class _Sentinel:
@@ -78,12 +91,15 @@ class Request:
     __slots__ = ("method", "target", "version", "line", "headers", "chunked", "length",
                  "expect_continue", "path", "query", "authority")
 
-    def __init__(self, method, target, version, line, headers, chunked, length, expect_continue):
+    def __init__(self, method, target, version, line, headers, chunked, length, expect_continue,
+                 path, query, authority):
         self.method = method
         self.target = target
         # the target split as RFC 9112 3.2 says (h1.request_target): `authority`
         # is an absolute-form target's host, which replaces Host
-        self.path, self.query, self.authority = request_target(method, target)
+        self.path = path
+        self.query = query
+        self.authority = authority
         self.version = version
         self.line = line          # the request line as received, without CRLF (the access log's)
         self.headers = headers
@@ -131,7 +147,7 @@ class Connection:
         self._buf = b""
         self._pos = 0
         self._eof = False
-        self._lines = None        # the head so far: [request, headers, hosts, lengths, fields]
+        self._lines = None        # a head read line by line: [request, fields, blank lines]
         self._left = 0            # body bytes left (of the current chunk, if chunked)
         self._chunk_state = None  # chunked: "size", "data", "crlf", "trailer"
         self._body_total = 0
@@ -203,20 +219,15 @@ class Connection:
         self.their_state = HEAD
         limits = self.limits
         if self._lines is None:
-            self._lines = [None, {}, 0, [], 0]
             # the usual case: the whole head is here, no line is near a limit,
-            # and it starts with its request line
+            # and every line is in its usual form: one match for all of it
             end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
-            if end >= 0 and buf[pos] != 13:
-                lines = buf[pos:end + 2].splitlines(True)
-                # every line ends with CRLF (a bare CR or LF would make one more line)
-                if len(lines) == buf.count(b"\r\n", pos, end + 2):
+            if end >= 0:
+                head = request_head(buf[pos:end + 2].decode("latin-1"))
+                if head is not None:
                     self._pos = end + 4
-                    line = lines[0]
-                    self._lines[0] = request_line(line, limits.line_max)
-                    del lines[0]
-                    self._fields(lines)
-                    return self._head_done()
+                    return self._head_done(*head)
+            self._lines = [None, [], 0]
         while True:  # line by line, each checked against its limit as it comes
             buf, pos = self._buf, self._pos
             limit = limits.line_max + 2 if self._lines[0] is None else limits.field_size_max
@@ -232,67 +243,61 @@ class Connection:
                 end = found + 1
             self._pos = end
             line = buf[pos:end]
-            head = self._lines
-            if head[0] is None:
-                if line == b"\r\n" and head[4] < BLANK_LINES:
-                    head[4] += 1  # an empty line before the request line (RFC 9112 2.2)
+            request, fields, blank = self._lines
+            if request is None:
+                if line == b"\r\n" and blank < BLANK_LINES:
+                    self._lines[2] += 1  # an empty line before the request line (RFC 9112 2.2)
                     continue
-                head[0] = request_line(line, limits.line_max)
-                head[4] = 0
+                self._lines[0] = request_line(line, limits.line_max)
             elif line == b"\r\n":
-                return self._head_done()
+                self._lines = None
+                return self._head_done(*request, fields)
             else:
-                self._fields((line,))
+                if len(fields) == limits.fields_max:
+                    raise RequestError(431, f"more than {limits.fields_max} header fields")
+                fields.append(header_field(line, limits.field_size_max))
 
-    def _fields(self, lines):
-        """Add header lines (each with its CRLF) to the head being read."""
-        head = self._lines
-        headers = head[1]
-        count = head[4] + len(lines)
-        if count > self.limits.fields_max:
-            raise RequestError(431, f"more than {self.limits.fields_max} header fields")
-        head[4] = count
-        size_max = self.limits.field_size_max
-        for line in lines:
-            name, value = header_field(line, size_max)
-            if "_" in name:
-                continue  # dropped, as Gunicorn drops it: X_Forwarded_For must not pose as X-
-            key = name.upper().replace("-", "_")
-            if key == "HOST":
-                key = "HTTP_HOST"
-                head[2] += 1
-            elif key == "CONTENT_LENGTH":
-                head[3].append(value)
-                headers[key] = value
-                continue
-            elif key == "CONTENT_TYPE":
-                if key in headers:
-                    raise RequestError(400, "more than one Content-Type header")
-                headers[key] = value
-                continue
-            else:
-                key = "HTTP_" + key
+    def _head_done(self, method, target, version, text, fields):
+        """The request of a head read whole: its fields (name, value pairs)
+        keyed as the environ keys them, and the head's rules applied."""
+        fields_max = self.limits.fields_max
+        if len(fields) > fields_max:
+            raise RequestError(431, f"more than {fields_max} header fields")
+        headers = {}
+        repeated = None  # key -> every value, for a field that came more than once (rare)
+        for name, value in fields:
+            key = _FIELD_KEYS.get(name)
+            if key is None:
+                if "_" in name:
+                    continue  # dropped, as Gunicorn drops it: X_Forwarded_For must not pose as X-
+                key = "HTTP_" + name.upper().replace("-", "_")
             if key in headers:
+                if key == "HTTP_CONTENT_TYPE":
+                    raise RequestError(400, "more than one Content-Type header")
+                if repeated is None:
+                    repeated = {}
+                repeated.setdefault(key, [headers[key]]).append(value)
                 headers[key] += ("; " if key == "HTTP_COOKIE" else ",") + value
             else:
                 headers[key] = value
-
-    def _head_done(self):
-        (method, target, version, text), headers, hosts, lengths, _ = self._lines
-        self._lines = None
-        request = Request(method, target, version, text, headers, False, 0, False)
-        if hosts > 1:
+        # Content-Type and Content-Length are the two keys without HTTP_ (PEP 3333)
+        if "HTTP_CONTENT_TYPE" in headers:
+            headers["CONTENT_TYPE"] = headers.pop("HTTP_CONTENT_TYPE")
+        lengths = None
+        if "HTTP_CONTENT_LENGTH" in headers:
+            lengths = [headers.pop("HTTP_CONTENT_LENGTH")]
+            if repeated is not None and "HTTP_CONTENT_LENGTH" in repeated:
+                lengths = repeated["HTTP_CONTENT_LENGTH"]
+            headers["CONTENT_LENGTH"] = lengths[-1]
+        path, query, authority = request_target(method, target)
+        host = headers.get("HTTP_HOST")
+        if host is None:
+            if version == "HTTP/1.1":
+                raise RequestError(400, "HTTP/1.1 request without a Host header")
+        elif repeated is not None and "HTTP_HOST" in repeated:
             raise RequestError(400, "more than one Host header")
-        if hosts and not valid_host(headers["HTTP_HOST"]):
-            raise RequestError(400, f"invalid Host {escape(headers['HTTP_HOST'][:60])}")
-        if not hosts and version == "HTTP/1.1":
-            raise RequestError(400, "HTTP/1.1 request without a Host header")
-        transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
-        if transfer_encoding is None and not lengths:
-            chunked, length = False, 0
-        else:
-            chunked, length = body_framing(version, transfer_encoding, lengths,
-                                           self.limits.limit_request_body)
+        elif not valid_host(host):
+            raise RequestError(400, f"invalid Host {escape(host[:60])}")
         connection = headers.get("HTTP_CONNECTION")
         if connection is None:
             keep = version != "HTTP/1.0"
@@ -300,9 +305,19 @@ class Connection:
             tokens = {t.strip(" \t").lower() for t in connection.split(",")}
             keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
         self.keep_alive = keep and self._keep_alive_allowed
-        self._continue = bool((chunked or length) and version == "HTTP/1.1"
-                              and headers.get("HTTP_EXPECT", "").lower() == "100-continue")
         self._no_body = method == "HEAD"
+        transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
+        if transfer_encoding is None and lengths is None:  # no body: the usual request
+            self.their_state = DONE
+            self._continue = False
+            self.request = request = Request(method, target, version, text, headers, False, 0,
+                                             False, path, query, authority)
+            return request
+        chunked, length = body_framing(version, transfer_encoding, lengths or [],
+                                       self.limits.limit_request_body)
+        self._continue = expect = bool(
+            (chunked or length) and version == "HTTP/1.1"
+            and headers.get("HTTP_EXPECT", "").lower() == "100-continue")
         self._body_total = 0
         if chunked:
             self.their_state, self._chunk_state, self._left = BODY, "size", 0
@@ -310,9 +325,9 @@ class Connection:
             self.their_state, self._left = BODY, length
         else:
             self.their_state = DONE
-        request.chunked, request.length = chunked, None if chunked else length
-        request.expect_continue = self._continue
-        self.request = request
+        self.request = request = Request(method, target, version, text, headers, chunked,
+                                          None if chunked else length, expect, path, query,
+                                          authority)
         return request
 
     # --- the body
@@ -420,12 +435,13 @@ class Connection:
             return head
         if self._chunked:
             return head + self.response_data(body)
+        size = len(body)
         declared = self._declared  # framed by total (None), or by the application's length
         if declared is not None:
-            if len(body) > declared:
+            if size > declared:
                 return head + self.response_data(body)
-            self._declared = declared - len(body)
-        self.sent += len(body)
+            self._declared = declared - size
+        self.sent += size
         return head + body
 
     def _reusable(self, draining):

@@ -19,6 +19,7 @@ Invariants:
 """
 
 import re
+from http import HTTPStatus
 
 from forkserve.http.h1 import TCHAR
 
@@ -28,6 +29,24 @@ __all__ = ["ApplicationError", "FileWrapper", "check_start_response", "plan_head
 _NAME = re.compile(f"[{TCHAR}]+")
 _VALUE = re.compile("[\t\x20-\x7e\x80-\xff]*")
 _SPECIAL = frozenset({"content-length", "connection", "transfer-encoding", "date"})
+
+#: Every status line of the codes Python knows (http.HTTPStatus) with its
+#: standard reason phrase, and its code: such a status is valid without the
+#: checks and its code known without int(). A fixed table, not a cache.
+_STATUS_CODES = {f"{status.value} {status.phrase}": status.value for status in HTTPStatus}
+
+#: The response header names applications send most, as they spell them,
+#: each with its lower-case form: a name found here is a token without a
+#: regex match. A fixed table of names, not a cache: nothing is added to it
+#: while serving, and it holds no header value.
+_COMMON_NAMES = {name: name.lower() for spelling in (
+    "Content-Type", "Content-Length", "Content-Encoding", "Content-Language",
+    "Content-Disposition", "Content-Security-Policy", "Cache-Control", "Set-Cookie",
+    "Location", "Last-Modified", "ETag", "Expires", "Vary", "Date", "Connection",
+    "Transfer-Encoding", "Server", "Allow", "Retry-After", "WWW-Authenticate",
+    "X-Frame-Options", "X-Content-Type-Options", "Referrer-Policy",
+    "Cross-Origin-Opener-Policy", "Strict-Transport-Security",
+    "Access-Control-Allow-Origin") for name in (spelling, spelling.lower())}
 
 
 class ApplicationError(Exception):
@@ -57,8 +76,9 @@ class FileWrapper:
 def check_start_response(status, headers):
     """Raise ApplicationError unless `status` is a str like '200 OK' and
     `headers` a list (its items are checked when the head is built)."""
-    if type(status) is not str or len(status) < 4 or status[3] != " " \
-            or not status[:3].isdigit() or not status.isprintable():
+    if type(status) is not str or status not in _STATUS_CODES and (
+            len(status) < 4 or status[3] != " " or not status[:3].isdigit()
+            or not status.isprintable()):
         raise ApplicationError(f"invalid status {status!r}: must be a str like '200 OK'")
     if type(headers) is not list:
         raise ApplicationError(f"response headers must be a list, not {type(headers).__name__}")
@@ -74,7 +94,7 @@ def plan_head(status, headers, total, version, head_request):
     body must match (None: not enforced), `chunked` whether the body must be
     chunked, `close` whether the connection must close after it.
     """
-    code = int(status[:3])
+    code = _STATUS_CODES.get(status) or int(status[:3])
     if code < 200:
         raise ApplicationError(f"status {status!r}: 1xx responses are the server's to send")
     lines = ["HTTP/1.1 ", status, "\r\n"]
@@ -82,11 +102,14 @@ def plan_head(status, headers, total, version, head_request):
     close = dated = False
     try:
         for name, value in headers:
+            lname = _COMMON_NAMES.get(name)
+            if lname is None:
+                if not _NAME.fullmatch(name):
+                    raise ApplicationError(f"invalid response header {name!r}: {value!r}")
+                lname = name.lower()
             # printable ASCII is the usual value, checked without the regex
-            if not _NAME.fullmatch(name) or not (value.isascii() and value.isprintable()
-                                                 or _VALUE.fullmatch(value)):
+            if not (value.isascii() and value.isprintable() or _VALUE.fullmatch(value)):
                 raise ApplicationError(f"invalid response header {name!r}: {value!r}")
-            lname = name.lower()
             if lname in _SPECIAL:
                 if lname == "content-length":
                     if length is not None or not value.isdigit() or not value.isascii():

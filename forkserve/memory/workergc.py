@@ -14,6 +14,7 @@ applies one policy right after fork:
     idle    no automatic collection; the young generations are collected
             when the worker served no request since its last tick (about
             every second), so a collection never pauses a request.
+    auto    (the default) normal with --share-heap, young without it.
 
 Why none of them copies the master's pages: gc.freeze() moved every object
 the master made into the permanent generation, which no collection examines,
@@ -21,6 +22,16 @@ and a collection writes only the GC headers of the objects in the
 generations it collects: the worker's own. It reads the headers of frozen
 objects that those point to, and reading does not copy. (Measured in
 benchmarks/worker_gc.py, which also chose the default.)
+
+Why auto: young was chosen (below) on apps whose garbage dies young. With
+--share-heap, the Django test shop's worker growth was
+mostly cyclic garbage promoted to the oldest generation that young never
+collects. With the master's heap immortal and frozen, a full collection
+examines only the worker's own objects: measured A/B
+(benchmarks/results/share_heap/worker-gc-ab-312.txt, -313.txt), normal
+took no measurable time per request more than young (0.108-0.112 ms of
+collections per request either way) and a child's memory after 4,000
+requests was 12.1-12.3 MiB instead of 19.5-19.8.
 
 Collections and their pauses are counted through gc.callbacks and published
 in the worker's scoreboard slot, so the master's stats show them.
@@ -31,25 +42,26 @@ import time
 
 from forkserve.memory import cow
 
-__all__ = ["POLICIES", "DEFAULT", "GcStats", "apply", "parse_policy"]
+__all__ = ["POLICIES", "DEFAULT", "GcStats", "apply", "parse_policy", "resolve"]
 
 #: policy -> automatic thresholds (None: Python's defaults)
 _THRESHOLDS = {"off": (0, 10, 10), "young": (700, 10, 1 << 30), "normal": (700, 10, 10),
                "idle": (0, 10, 10)}
-POLICIES = tuple(_THRESHOLDS)
+POLICIES = ("auto", *_THRESHOLDS)
 #: Chosen from benchmarks/results/worker_gc.md: with "off", 20,000 requests
 #: grew two workers by 75 MiB (a probe leaving an exception and two linked
 #: dicts per request) and 15 MiB (Flask's own request handling); with
 #: "young", by 0.2 and 0.1 MiB at 0.3-0.45 ms per collection, and none of the
 #: master's frozen 72 MiB dataset was copied. "idle" did not collect under
 #: steady load, and its one collection took 193 ms.
-DEFAULT = "young"
+#: "auto": young, or normal with --share-heap (see "Why auto" above).
+DEFAULT = "auto"
 
 
 def parse_policy(value):
     """The --worker-gc converter: one of POLICIES."""
     policy = str(value).strip().lower()
-    if policy not in _THRESHOLDS:
+    if policy not in POLICIES:
         raise ValueError(f"expected one of {', '.join(POLICIES)}; got {value!r}")
     return policy
 
@@ -94,6 +106,13 @@ class _Policy:
             if requests == self._requests and gc.get_count()[0] > 0:
                 gc.collect(1)
             self._requests = requests
+
+
+def resolve(policy, share_heap):
+    """The policy a worker applies: "auto" made concrete for --share-heap or not."""
+    if policy != "auto":
+        return policy
+    return "normal" if share_heap else "young"
 
 
 def apply(policy, publish=None):

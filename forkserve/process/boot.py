@@ -4,7 +4,8 @@
 2. Bind every address (a port in use fails now, not after a long load).
 3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports.
 4. Import the application: its dataset loads here, once, in the master.
-5. --warmup requests (forkserve.process.warmup), then with --share-heap the
+5. --warmup requests (forkserve.process.warmup) and the pre_freeze hook, then
+   with --share-heap the
    whole heap is made immortal (forkserve.memory.heap);
    then gc.freeze() + gc.set_threshold(0) (cow.harden), then the post_freeze hook.
 6. listen(), log the real addresses, write the pid file; then fork workers
@@ -78,6 +79,7 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
         source_watch.install(cfg, role)
         if cfg.warmup:
             warmup.run(app, cfg.warmup)
+        hooks.pre_freeze(app)  # a warm-up in Python (forkserve.process.warmup.Client)
         if cfg.share_heap:
             _share_heap(cfg)
         cow.harden()

@@ -16,7 +16,7 @@ one-line calls on it. Each method does nothing when its hook is not defined.
 A hook that raises is logged with its traceback and then treated as
 Gunicorn treats it:
   - master hooks (on_starting, when_ready, pre_fork, on_reload, pre_exec,
-    child_exit, nworkers_changed, post_freeze, pre_retire): the server stops
+    child_exit, nworkers_changed, pre_freeze, post_freeze, pre_retire): the server stops
     (HaltServer); Gunicorn's arbiter dies of the exception too;
   - post_fork, post_worker_init: the worker fails to boot (the exception
     propagates to forkserve.process.worker, which exits WORKER_BOOT_ERROR);
@@ -200,6 +200,9 @@ class Hooks:
             self.current = WorkerView(single, 1, self.server.cfg)
             self.current.pid, self.current.booted = os.getpid(), True
         self._master_hook("when_ready")
+
+    def pre_freeze(self, app):
+        self._master_hook("pre_freeze", app)
 
     def post_freeze(self):
         self._master_hook("post_freeze")

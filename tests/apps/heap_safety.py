@@ -10,6 +10,7 @@ file named `<event>-<pid>` into WITNESS_DIR. Routes:
   /close         close the master's file and socket: "<pid> socket:[<inode>] True -1"
   /churn?n=N     allocate and drop N records (dicts, lists, str, cycles)
   /gc            gc.collect() in this worker: how many objects it freed
+  /gcstats       "<generation 2 threshold> <full collections so far>" in this worker
   /ballast       the size of the master's ballast (makes the master's heap big)
   /witness       writes request-<pid> (for --warmup: which process was asked)
   /raise         raises RuntimeError (for --warmup: a failing warm-up request)
@@ -100,6 +101,8 @@ def _app(environ, start_response):
         body = _churn(int(query.partition("n=")[2] or 1000))
     elif path == "/gc":
         body = str(gc.collect())
+    elif path == "/gcstats":
+        body = f"{gc.get_threshold()[2]} {gc.get_stats()[2]['collections']}"
     elif path == "/ballast":
         body = str(len(ballast))
     elif path == "/witness":
