@@ -7,7 +7,6 @@ Python runs: in the master, before the heap is shared and frozen.
 """
 
 import re
-import sys
 import urllib.parse
 from wsgiref.validate import validator
 
@@ -68,9 +67,10 @@ def _django_warmed(run_server, tmp_path, *flags):
     return server, log
 
 
-def test_pre_freeze_hook_logs_in_and_fetches_admin_pages_in_the_master(run_server, tmp_path):
+def test_pre_freeze_hook_logs_in_and_fetches_admin_pages_in_the_master(run_server, tmp_path,
+                                                                      monkeypatch):
     server, _ = _django_warmed(run_server, tmp_path)
-    sys.path.insert(0, str(APPS))
+    monkeypatch.syspath_prepend(str(APPS))
     from django_shop import client
     headers = client.login(server.port)  # the worker serves the admin as before
     assert server.get("/admin/shop/product/", headers=headers)[0] == 200
