@@ -142,7 +142,7 @@ SETTINGS = (
             "MiB. 0 disables.", metavar="MB", section="memory"),
     # --worker-gc: forkserve.memory.workergc holds the policies and their reasons.
     Setting("worker_gc", ("--worker-gc",), _worker_gc_policy, _WORKER_GC_DEFAULT,
-            "When workers collect their own cyclic garbage: off, young (generations 0-1 at "
+            "When workers (and a -w 0 process) collect their own cyclic garbage: off, young (generations 0-1 at "
             "Python's thresholds), normal (Python's defaults), idle (young generations "
             "between requests) or auto (normal with --share-heap, else young). The master's "
             "frozen heap is never collected.",

@@ -125,6 +125,11 @@ class Handler:
                 if each is not None:
                     each.close()
             self.transport.close()
+            # wsgi.errors (an ErrorStream) refers back to this handler: drop the
+            # environ so the connection is freed now, not by a collection that
+            # may never come (a -w 0 process with --worker-gc off, a master-
+            # frozen heap); an environ the application kept keeps its stream.
+            self.base_env = None
 
     def abort(self):
         """Shut the connection down (the server's close_now)."""
