@@ -90,6 +90,22 @@ def test_a_generation_that_dies_before_serving_stops_the_rollout():
         instance.reload()
 
 
+def test_a_read_that_fails_mid_reload_is_waited_out_not_taken_for_a_failed_generation():
+    # the master stops answering while it execs into the supervisor, after
+    # the new generation was seen starting
+    starting = report((10, "master", 1), (11, "worker", 1), (20, "master", 2))
+    instance = FakeInstance(FIRST, starting, ConnectionResetError(104, "reset"), SUPERVISED)
+    read = instance.read
+
+    def read_or_fail(address):
+        answer = read(address)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    instance.read = read_or_fail
+    assert instance.reload() == 2
+
+
 def test_an_instance_that_never_reloads_times_out_with_advice():
     instance = FakeInstance(FIRST)
     with pytest.raises(script.ReloadError, match="no new generation served within 5s.*--timeout"):
