@@ -55,6 +55,7 @@ class SingleServer(Driver):
         self.history = None  # the stats dashboard's, once its server runs
         self.requests = 0
         self.titled = None  # the request count the process title shows
+        self.gc = None  # the --worker-gc policy, applied once run() serves
         self.queue = HubSignals()
         self.next_memory_log = 0.0
         self.role = role
@@ -133,7 +134,8 @@ class SingleServer(Driver):
         cow.check()
         source_watch.poll()
         self.update_title()
-        self.gc.tick(self.requests)
+        if self.gc is not None:
+            self.gc.tick(self.requests)
         self.follow_generations()  # the clock: a generation that loads too long
         interval = self.cfg.memory_log_interval
         now = _now()
