@@ -34,10 +34,11 @@ Invariants and their reasons:
   another malloc than glibc's, nothing is taken and the fork goes ahead.
 """
 
+import contextlib
 import dataclasses
 import logging
 
-__all__ = ["RESPAWN_BUDGET", "Taken", "before_fork"]
+__all__ = ["RESPAWN_BUDGET", "Taken", "before_fork", "held", "take"]
 
 log = logging.getLogger("forkserve.error")
 
@@ -69,15 +70,38 @@ def _extension():
     return _free_space
 
 
-def before_fork(state=_State):
-    """Take the allocators' free space: a Taken, or None when nothing could
-    be taken (no extension) or the respawn budget is spent."""
+def take():
+    """Take the allocators' free space now, for good: a Taken, or None without
+    the extension."""
+    extension = _extension()
+    return Taken(*extension.hold()) if extension is not None else None
+
+
+@contextlib.contextmanager
+def held():
+    """Hold the allocators' free space inside the block and give it back after:
+    what is allocated inside goes to fresh pages, one object after the other.
+    For the master before any fork (with workers sharing its pages, giving
+    back would copy them). Yields a Taken, or None without the extension."""
     extension = _extension()
     if extension is None:
-        return None
+        yield None
+        return
+    taken = Taken(*extension.hold(True))
+    try:
+        yield taken
+    finally:
+        extension.release()
+
+
+def before_fork(state=_State):
+    """Take the allocators' free space before a worker's fork: a Taken, or None
+    when nothing could be taken (no extension) or the respawn budget is spent."""
     if state.first is not None and state.since_first >= RESPAWN_BUDGET:
         return None
-    taken = Taken(*extension.hold())
+    taken = take()
+    if taken is None:
+        return None
     if state.first is None:
         state.first = taken
         log.debug("Took the free space between the master's objects before the first fork: "

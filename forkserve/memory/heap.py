@@ -71,6 +71,9 @@ def share_heap():
     value = sharing.immortal_support().value
     started = time.perf_counter()
     with sharing.gc_paused():
+        # The warm-up's cyclic garbage would be made immortal with the rest; freed
+        # now, it leaves holes that the master takes before each fork (free_space).
+        gc.collect()
         gc.unfreeze()  # what an earlier gc.freeze() holds is not in gc.get_objects()
         roots = gc.get_objects()
         roots.append(sys.modules)

@@ -5,8 +5,9 @@
 3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports.
 4. Import the application: its dataset loads here, once, in the master.
 5. --warmup requests (forkserve.process.warmup) and the pre_freeze hook, then
-   with --share-heap the
-   whole heap is made immortal (forkserve.memory.heap);
+   with --share-heap the code that still writes after them is moved onto
+   pages of its own (forkserve.memory.code_layout) and the whole heap is
+   made immortal (forkserve.memory.heap);
    then gc.freeze() + gc.set_threshold(0) (cow.harden), then the post_freeze hook.
 6. listen(), log the real addresses, write the pid file; then fork workers
    (forkserve.process.master) or serve from this process (forkserve.process.single).
@@ -77,11 +78,12 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
                 return exits.APP_LOAD_ERROR
         gevent_servers.preload()
         source_watch.install(cfg, role)
-        if cfg.warmup:
-            warmup.run(app, cfg.warmup)
-        hooks.pre_freeze(app)  # a warm-up in Python (forkserve.process.warmup.Client)
+        with warmup.recording() as warmup_requests:
+            if cfg.warmup:
+                warmup.run(app, cfg.warmup)
+            hooks.pre_freeze(app)  # a warm-up in Python (forkserve.process.warmup.Client)
         if cfg.share_heap:
-            _share_heap(cfg)
+            _share_heap(cfg, warmup_requests)
         cow.harden()
         hooks.post_freeze()  # before the hold: what it starts must not inherit blocked signals
         signals.hold()  # until the master or single server has its handlers
@@ -164,12 +166,19 @@ def _load(cfg):
         return None
 
 
-def _share_heap(cfg):
+def _share_heap(cfg, warmup_requests):
     if cfg.workers == 0:
         log.info("--share-heap: skipped, pointless with -w 0 (no worker is forked to share "
                  "the heap with)")
         return
-    from forkserve.memory import heap
+    from forkserve.memory import code_layout, heap
+    if warmup_requests:  # the code still writing after the warm-up goes on pages of its own
+        try:
+            log.info("--share-heap: %s", code_layout.pack_writers(
+                lambda: warmup.replay(warmup_requests)))
+        except Exception as exc:  # the application's, replaying its own warm-up
+            log.warning("--share-heap: code not moved: replaying the warm-up's %d requests "
+                        "raised %r; the heap is shared as it is", len(warmup_requests), exc)
     log.info("--share-heap: %s", heap.share_heap())
 
 
