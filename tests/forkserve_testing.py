@@ -56,7 +56,8 @@ class ClientThreads:
 
 
 class ServerProcess:
-    def __init__(self, args, *, app, env=None, cwd=None, log_dir=None, bind="127.0.0.1:0"):
+    def __init__(self, args, *, app, env=None, cwd=None, log_dir=None, bind="127.0.0.1:0",
+                 preexec_fn=None):
         self.log_path = os.path.join(log_dir, f"server-{time.monotonic_ns()}.log")
         command = [sys.executable, "-m", "forkserve", "-b", bind, *args]
         if app:
@@ -67,7 +68,8 @@ class ServerProcess:
         environment.update(env or {})
         self.log_file = open(self.log_path, "w+b")
         self.proc = subprocess.Popen(command, cwd=cwd, env=environment, stdout=self.log_file,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=preexec_fn)
         self.port = None
 
     @property
