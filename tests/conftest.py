@@ -30,10 +30,8 @@ def _process_title_restored():
 def run_server(tmp_path):
     started = []
 
-    def start(*args, app="basic:app", env=None, wait=True, cwd=None, timeout=30,
-              preexec_fn=None):
-        server = ServerProcess(args, app=app, env=env, cwd=cwd or APPS, log_dir=tmp_path,
-                               preexec_fn=preexec_fn)
+    def start(*args, app="basic:app", env=None, wait=True, cwd=None, timeout=30):
+        server = ServerProcess(args, app=app, env=env, cwd=cwd or APPS, log_dir=tmp_path)
         started.append(server)
         if wait:
             server.wait_listening(timeout=timeout)

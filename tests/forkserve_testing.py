@@ -56,8 +56,7 @@ class ClientThreads:
 
 
 class ServerProcess:
-    def __init__(self, args, *, app, env=None, cwd=None, log_dir=None, bind="127.0.0.1:0",
-                 preexec_fn=None):
+    def __init__(self, args, *, app, env=None, cwd=None, log_dir=None, bind="127.0.0.1:0"):
         self.log_path = os.path.join(log_dir, f"server-{time.monotonic_ns()}.log")
         command = [sys.executable, "-m", "forkserve", "-b", bind, *args]
         if app:
@@ -68,8 +67,7 @@ class ServerProcess:
         environment.update(env or {})
         self.log_file = open(self.log_path, "w+b")
         self.proc = subprocess.Popen(command, cwd=cwd, env=environment, stdout=self.log_file,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=preexec_fn)
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         self.port = None
 
     @property

@@ -81,12 +81,6 @@ SETTINGS = (
             "Let workers race for new connections instead of each pausing accept() while it "
             "holds more than its share (plus an eighth) of the workers' open connections.",
             kind="flag"),
-    # --worker-slice: forkserve.process.timeslice says what the kernel does with it.
-    Setting("worker_slice", ("--worker-slice",), values.slice_milliseconds, 0.0,
-            "Linux 6.12+: ask the scheduler for this time slice (0.1-100 ms) for each worker "
-            "(and a -w 0 process), so a worker preempted by another runs again sooner. "
-            "0 keeps the kernel's slice. Where the kernel refuses, a warning is logged.",
-            metavar="MS"),
     Setting("backlog", ("--backlog",), values.whole(1), 2048,
             "Listen queue length: connections the kernel holds while workers are busy.",
             metavar="N"),

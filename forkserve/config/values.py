@@ -10,8 +10,8 @@ from typing import Any, Callable
 __all__ = [
     "ConfigError", "allowed_addresses", "bind_list", "cpu_count", "default_workers",
     "env_list", "flag", "json_mapping", "log_format", "log_level", "mapping", "name_or_id",
-    "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds",
-    "slice_milliseconds", "text", "umask", "whole"]
+    "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds", "text",
+    "umask", "whole"]
 
 
 class ConfigError(Exception):
@@ -46,22 +46,6 @@ def seconds(value) -> float:
 
 
 seconds.__name__ = "float"
-
-
-def slice_milliseconds(value) -> float:
-    """0 (the kernel's slice) or 0.1-100 ms: the range Linux keeps a
-    sched_setattr(2) slice request in (it clamps anything else)."""
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        raise ValueError(f"expected milliseconds: 0, or 0.1 to 100, got {value!r}") from None
-    if number != 0 and not 0.1 <= number <= 100:
-        raise ValueError(f"expected 0 (the kernel's slice) or 0.1 to 100 milliseconds, "
-                         f"got {value!r}")
-    return number
-
-
-slice_milliseconds.__name__ = "float"
 
 
 def text(value) -> str:

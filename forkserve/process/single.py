@@ -29,8 +29,7 @@ import gevent.event
 
 from forkserve.memory import cow, model, render, workergc
 from forkserve import exits, logs
-from forkserve.process import generation_protocol, procname, signals, source_watch, systemd, \
-    timeslice
+from forkserve.process import generation_protocol, procname, signals, source_watch, systemd
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
@@ -76,7 +75,6 @@ class SingleServer(Driver):
         # this process serves as a worker does: it collects its own garbage
         # by the --worker-gc policy (the frozen heap is never examined)
         self.gc = workergc.apply(workergc.resolve(self.cfg.worker_gc, self.cfg.share_heap))
-        timeslice.apply(self.cfg.worker_slice, "single process")
         self.queue.install(SINGLE_SIGNALS)  # run on the event loop, not in a signal handler
         signals.release()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,

@@ -22,7 +22,7 @@ import traceback
 
 from forkserve.memory import cow, limit, procfs, render, workergc
 from forkserve import exits, logs
-from forkserve.process import privileges, procname, signals, timeslice
+from forkserve.process import privileges, procname, signals
 from forkserve.process.balance import Admission
 from forkserve.process.hooks import Hooks
 from forkserve.process.gevent_servers import make_servers
@@ -140,7 +140,6 @@ class Worker:
                                                   read_anonymous, self._read_private_bytes)
         procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name)
         privileges.drop(self.cfg.user, self.cfg.group)
-        timeslice.apply(self.cfg.worker_slice, f"worker {self.worker_id}")
         cow.check()
         policy = workergc.resolve(self.cfg.worker_gc, self.cfg.share_heap)
         self.gc = workergc.apply(policy, functools.partial(self.scoreboard.set_gc, self.index))
