@@ -1,5 +1,6 @@
-"""Build hook for the optional C accelerators: forkserve.share()'s walker and
-`forkserve memory --why`'s walk.
+"""Build hook for the optional C accelerators: forkserve.share()'s walker,
+`forkserve memory --why`'s walk, and the hold on the allocators' free space
+across a worker's fork (forkserve.memory.free_space).
 
 Everything else lives in setup.cfg. The extensions are optional: where one
 cannot be compiled, its pure-Python walk is used instead.
@@ -11,6 +12,11 @@ setup(
         Extension(
             "forkserve.memory._immortal",
             sources=["forkserve/memory/_immortal.c"],
+            optional=True,
+        ),
+        Extension(
+            "forkserve.memory._free_space",
+            sources=["forkserve/memory/_free_space.c"],
             optional=True,
         ),
         Extension(

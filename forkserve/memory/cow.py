@@ -15,7 +15,9 @@ can be prevented, and when:
    moves every tracked object into the permanent generation, which no
    collection ever examines, so a worker's GC never rewrites the headers of
    the master's objects. gc.set_threshold(0) then turns automatic collection
-   off in a way that survives libraries calling gc.enable().
+   off in a way that survives libraries calling gc.enable(). Each fork
+   then takes the allocators' free space first (forkserve.memory.free_space),
+   so a worker's allocations do not fill the holes between shared objects.
 3. Workers inherit both, then apply their --worker-gc policy
    (forkserve.memory.workergc) through `set_worker_threshold()`: no policy
    collects the frozen heap, since no collection examines the permanent

@@ -33,8 +33,9 @@ Invariants and their reasons:
 
 Still written on read after it, hence still copied by workers: the
 specialisation caches inside code objects (co_code_adaptive, written as
-bytecode warms up), type version tags and method caches, pymalloc's free
-lists, lazily created instance dicts, and objects created after it.
+bytecode warms up), type version tags and method caches, lazily created
+instance dicts, and objects created after it. (The allocators' holes between
+the master's objects are taken before each fork: forkserve.memory.free_space.)
 """
 
 import gc

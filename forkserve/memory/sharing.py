@@ -47,8 +47,7 @@ Invariants and their reasons:
   the C walker; the Python walker, used only when the extension did not
   build, may leave marked containers behind whose contents stay unshared.
 
-Still written on read, and not handled here: pymalloc's free lists (a
-worker's new objects fill holes in the master's pages), the interpreter's
+Still written on read, and not handled here: the interpreter's
 specialization caches in code objects, type version tags, instance.__dict__
 or vars(instance) (creates the dict of an instance that keeps its attributes
 inline, the first time), and anything share() does not go into (above).

@@ -13,7 +13,10 @@ and allocates little, so the pages it shares with the workers stay clean:
 Signal handlers only enqueue (forkserve.process.signals); `handle_<name>()`
 methods run from the loop. The master waits with the original select(),
 fork() and waitpid() even when gevent has monkey-patched them for the
-application: the master never runs a gevent hub.
+application: the master never runs a gevent hub. Right before each fork,
+forkserve.memory.free_space takes the allocators' free space, so the new
+worker's allocations land on fresh pages, not in the holes between the
+master's objects.
 
 What to do with the workers (fork one, replace one that died after a
 backoff, recycle replacement first, stop one, give up after repeated boot
@@ -35,7 +38,7 @@ import time
 
 from forkserve import exits
 from forkserve.exits import HaltServer
-from forkserve.memory import copied_objects, model, procfs, render
+from forkserve.memory import copied_objects, free_space, model, procfs, render
 from forkserve.process import generation_protocol, procname, signals, source_watch, systemd
 from forkserve.process.boot_errors import BootErrors
 from forkserve.process.driver import FORK_ERRNOS, Driver
@@ -293,6 +296,7 @@ class Master(Driver):
         # and be lost: the worker unblocks them in init_process().
         signals.hold()
         try:
+            free_space.before_fork()  # the worker allocates off the master's pages
             pid = self._fork()
             if pid == 0:
                 worker.start()  # never returns
