@@ -31,11 +31,12 @@ plugin's last stats-endpoint sample.
 
 - context switches: voluntary + involuntary, from /proc/PID/status, per
   response;
-- from /proc/PID/schedstat (the scheduler's own accounting): "worker µs on
-  a CPU per turn", the workers' CPU time over the times the kernel put them
-  on a CPU (how long a worker runs before it sleeps or is preempted), and
-  "runnable wait µs/req", the time the workers spent ready to run but
-  waiting for a CPU, over wrk's responses;
+- from /proc/PID/schedstat (the scheduler's own accounting of the main
+  thread, where the event loop runs): "worker µs on a CPU per turn", the
+  workers' CPU time over the times the kernel put them on a CPU (how long
+  a worker runs before it sleeps or is preempted), and "runnable wait
+  µs/req", the time the workers spent ready to run but waiting for a CPU,
+  over wrk's responses;
 - with --perf, the workers' epoll_wait() calls (perf stat, the
   syscalls:sys_enter_epoll_wait tracepoint), given as responses per loop
   wake: how many requests a worker's gevent loop serves each time it wakes.
