@@ -31,6 +31,12 @@ plugin's last stats-endpoint sample.
 
 - context switches: voluntary + involuntary, from /proc/PID/status, per
   response;
+- from /proc/PID/schedstat (the scheduler's own accounting of the main
+  thread, where the event loop runs): "worker µs on a CPU per turn", the
+  workers' CPU time over the times the kernel put them on a CPU (how long
+  a worker runs before it sleeps or is preempted), and "runnable wait
+  µs/req", the time the workers spent ready to run but waiting for a CPU,
+  over wrk's responses;
 - with --perf, the workers' epoll_wait() calls (perf stat, the
   syscalls:sys_enter_epoll_wait tracepoint), given as responses per loop
   wake: how many requests a worker's gevent loop serves each time it wakes.
@@ -75,8 +81,8 @@ from benchmarks.harness.results import Result, command_line  # noqa: E402
 from benchmarks.harness.servers import HERE, REPO, ServerSpec  # noqa: E402
 from benchmarks.harness.start import start_spec  # noqa: E402
 
-__all__ = ["busiest_ratio", "parse_variant", "perf_count", "requests_from_title", "split_workers",
-           "summarize", "switches_from_status"]
+__all__ = ["busiest_ratio", "parse_variant", "perf_count", "requests_from_title",
+           "schedstat_fields", "split_workers", "summarize", "switches_from_status"]
 
 APP = "balance_app:app"  # benchmarks/ is on PYTHONPATH
 WORKERS = 4
@@ -153,6 +159,13 @@ def switches_from_status(text):
     return sum(int(n) for n in _SWITCHES.findall(text))
 
 
+def schedstat_fields(text):
+    """(ns on a CPU, ns runnable but waiting, turns on a CPU) from a
+    /proc/PID/schedstat text."""
+    on_cpu, waiting, turns = (int(field) for field in text.split()[:3])
+    return on_cpu, waiting, turns
+
+
 def perf_count(csv_text, event=EPOLL_WAIT):
     """The count of `event` in `perf stat -x,` output (None if not counted)."""
     for line in csv_text.splitlines():
@@ -192,10 +205,19 @@ def _switches(pid):
         return 0
 
 
+def _schedstat(pid):
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return schedstat_fields(f.read())
+    except (FileNotFoundError, ProcessLookupError):
+        return 0, 0, 0
+
+
 def readings(pids):
-    """{pid: (requests or None, CPU seconds, context switches)} for each worker."""
+    """{pid: (requests or None, CPU seconds, context switches, schedstat)} for
+    each worker."""
     return {pid: (requests_from_title(_cmdline(pid)), procs.cpu_seconds(pid) or 0.0,
-                  _switches(pid)) for pid in pids}
+                  _switches(pid), _schedstat(pid)) for pid in pids}
 
 
 def settled_readings(pids, timeout=5.0):
@@ -253,6 +275,7 @@ def measure(name, server, connections, seconds, workdir, perf=False):
     return {"server": name, "connections": connections, "rps": result.rate,
             "responses": result.responses,
             "switches": sum(after[p][2] - before[p][2] for p in pids),
+            "schedstat": [sum(after[p][3][i] - before[p][3][i] for p in pids) for i in range(3)],
             "wakes": wakes and wakes.count,
             "p99_ms": result.p99_us / 1000, "errors": result.errors,
             "requests": requests if len(requests) == len(pids) else None, "cpu": cpu}
@@ -276,6 +299,11 @@ def summarize(rows):
                                      for r in group if r["responses"]),
                     "switches_per_response": median(r.get("switches", 0) / r["responses"]
                                                     for r in group if r["responses"]),
+                    "turn_us": median(r["schedstat"][0] / r["schedstat"][2] / 1e3
+                                      for r in group if r.get("schedstat", (0, 0, 0))[2]),
+                    "wait_us_per_response": median(r["schedstat"][1] / r["responses"] / 1e3
+                                                   for r in group
+                                                   if r.get("schedstat") and r["responses"]),
                     "responses_per_wake": median(r["responses"] / r["wakes"] for r in group
                                                  if r.get("wakes")),
                     "busiest_requests": median(busiest_ratio(r["requests"])
@@ -316,13 +344,15 @@ def _f(value, spec):
 
 def render_summary(rows):
     lines = ["| connections | server | rounds | req/s | p99 ms | worker CPU µs/req | "
-             "context switches/req | req per loop wake | "
+             "context switches/req | worker µs on a CPU per turn | runnable wait µs/req | "
+             "req per loop wake | "
              "busiest/mean (requests) | busiest/mean (CPU) | most idle workers in a round |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in summarize(rows):
         lines.append(f"| {r['connections']} | {r['server']} | {r['rounds']} | "
                      f"{_f(r['rps'], ',.0f')} | {_f(r['p99_ms'], '.1f')} | "
                      f"{_f(r['cpu_us'], '.1f')} | {_f(r['switches_per_response'], '.2f')} | "
+                     f"{_f(r['turn_us'], '.0f')} | {_f(r['wait_us_per_response'], '.1f')} | "
                      f"{_f(r['responses_per_wake'], '.1f')} | "
                      f"{_f(r['busiest_requests'], '.2f')} | {_f(r['busiest_cpu'], '.2f')} | "
                      f"{r['idle_workers']} |")

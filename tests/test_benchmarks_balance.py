@@ -68,3 +68,17 @@ def test_the_summary_gives_switches_and_responses_per_loop_wake():
     (summary,) = balance.summarize(rows)
     assert summary["switches_per_response"] == 0.6
     assert summary["responses_per_wake"] == 15.0  # 20 and 10; the run without perf is left out
+
+
+def test_schedstat_gives_time_on_a_cpu_time_waiting_and_turns():
+    assert balance.schedstat_fields("2400000 5100000 31\n") == (2400000, 5100000, 31)
+
+
+def test_the_summary_gives_the_workers_turn_on_a_cpu_and_their_runnable_wait():
+    rows = [{"connections": 64, "server": "x", "rps": 10, "p99_ms": 1.0, "responses": 1000,
+             "requests": [500, 500], "cpu": [1.0, 1.0], "switches": 600, "wakes": None,
+             "schedstat": schedstat}
+            for schedstat in ([75_000_000, 140_000_000, 1000], [85_000_000, 160_000_000, 1000])]
+    (summary,) = balance.summarize(rows)
+    assert summary["turn_us"] == 80.0          # 75 and 85 µs a turn
+    assert summary["wait_us_per_response"] == 150.0  # 140 and 160 µs over 1000 responses
