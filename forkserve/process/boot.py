@@ -179,7 +179,7 @@ def _share_heap(cfg, warmup_requests):
         except Exception as exc:  # the application's, replaying its own warm-up
             log.warning("--share-heap: code not moved: replaying the warm-up's %d requests "
                         "raised %r; the heap is shared as it is", len(warmup_requests), exc)
-    log.info("--share-heap: %s", heap.share_heap())
+    log.info("--share-heap: %s", heap.share_heap(collect_first=bool(warmup_requests)))
 
 
 def _listen(cfg, listeners, stats_listener):
