@@ -36,8 +36,9 @@ Invariants and their reasons:
   (there is nothing to compare without them). Replaying them is the
   warm-up's own work done twice more; if a replayed request raises, the
   move stops there with a warning and the server starts as it would have.
-- It allocates while the collector is paused: a collection here would free
-  garbage and leave holes among the copies.
+- Automatic collection stays paused throughout: a collection while the
+  copies are made would free garbage among them. The garbage of the warm-up
+  and of the first replay is collected once, just before the copies.
 """
 
 import dataclasses
