@@ -9,8 +9,10 @@ can be prevented, and when:
 1. `begin_load()` runs before the application is imported: gc.disable(), so
    no collection runs while the dataset is being built. A collection during
    the load would free cyclic garbage and leave holes in pages that will be
-   shared; a worker's later allocations would fill those holes and copy the
-   pages. It also registers the exit hook (4) as early as possible.
+   shared, and on a big dataset the collections themselves take seconds (the
+   holes that remain are taken before each fork, forkserve.memory.free_space,
+   so a worker's allocations do not fill them). It also registers the exit
+   hook (4) as early as possible.
 2. `harden()` runs in the master right before the first fork: gc.freeze()
    moves every tracked object into the permanent generation, which no
    collection ever examines, so a worker's GC never rewrites the headers of
