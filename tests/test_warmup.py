@@ -80,3 +80,36 @@ def test_pre_freeze_hook_logs_in_and_fetches_admin_pages_in_the_master(run_serve
 def test_pre_freeze_hook_runs_before_the_heap_is_shared(run_server, tmp_path):
     _, log = _django_warmed(run_server, tmp_path, "--share-heap")
     assert log.index("pre_freeze: logged in") < SHARED.search(log).start()
+
+
+REPLAY_APP = '''
+CALLS = []
+
+def app(environ, start_response):
+    if environ.get("HTTP_X_WARMUP"):
+        CALLS.append(1)
+        if len(CALLS) > 1:  # the warm-up's request made again
+            raise RuntimeError("this warm-up cannot be repeated")
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"ok"]
+'''
+
+REPLAY_CONF = '''
+def pre_freeze(server, app):
+    from forkserve.process.warmup import Client
+    Client(app).get("/", headers=[("X-Warmup", "1")])
+'''
+
+
+@needs_immortal
+def test_a_warm_up_that_cannot_be_repeated_leaves_the_code_in_place_and_the_server_starts(
+        run_server, tmp_path):
+    (tmp_path / "once.py").write_text(REPLAY_APP)
+    (tmp_path / "once.conf.py").write_text(REPLAY_CONF)
+    server = run_server("--share-heap", "-w", "1", "-c", str(tmp_path / "once.conf.py"),
+                        app="once:app", cwd=tmp_path)
+    log = server.log()
+    assert ("moving the code that keeps writing stopped: replaying the warm-up's 1 requests "
+            "raised RuntimeError('this warm-up cannot be repeated')") in log, log
+    assert SHARED.search(log), log
+    assert server.get("/") == (200, "ok")

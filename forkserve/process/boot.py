@@ -177,8 +177,9 @@ def _share_heap(cfg, warmup_requests):
             log.info("--share-heap: %s", code_layout.pack_writers(
                 lambda: warmup.replay(warmup_requests)))
         except Exception as exc:  # the application's, replaying its own warm-up
-            log.warning("--share-heap: code not moved: replaying the warm-up's %d requests "
-                        "raised %r; the heap is shared as it is", len(warmup_requests), exc)
+            log.warning("--share-heap: moving the code that keeps writing stopped: replaying "
+                        "the warm-up's %d requests raised %r; the heap is shared as it is",
+                        len(warmup_requests), exc)
     log.info("--share-heap: %s", heap.share_heap(collect_first=bool(warmup_requests)))
 
 

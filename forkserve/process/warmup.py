@@ -21,6 +21,11 @@ is shared:
   behind the login. Pages only a logged-in user sees are otherwise first run
   in the workers.
 
+With --share-heap, the requests Clients make during the warm-up are
+recorded (recording()) and made twice more (replay()) by
+forkserve.memory.code_layout, which moves the code that keeps writing: a
+warm-up should be repeatable.
+
 Client is a plain WSGI caller, no socket: it keeps the cookies answers set
 (name -> value, for every path; expiry, Path and Domain are ignored: a
 warm-up is one short session) and sends them back. What a warm-up writes
