@@ -48,7 +48,7 @@
 /* Exported by CPython 3.11-3.13, declared only in an internal header. */
 extern int _PyObject_DebugMallocStats(FILE *out);
 
-/* What hold(1) took, for release(): in mmap()ed memory, so that keeping the
+/* What hold(record=True) took, for release(): in mmap()ed memory, so that keeping the
  * record takes none of the space being held. */
 typedef struct {
     void **items;

@@ -19,9 +19,10 @@ the copies sit together on a few pages; and it runs the warm-up's requests
 once more, so that the copies, and the call sites whose caches named the old
 functions' versions, specialise in the master. The workers then write into
 those few pages only. Measured on the Django shop (3.12, 4 workers, 20,000
-requests; docs/memory.md): the pages copied for code fell from 3.7 to 2.3
-MiB, a worker's private memory by about 1 MiB; the two replays cost about
-3 s of start-up.
+requests): the pages a worker copied because code on them was written fell
+from 3.7 to 2.3 MiB (a one-off page-by-page diff against the master), and
+the largest worker's private memory by about 1 MiB (docs/memory.md); the
+two replays cost about 3 s of start-up.
 
 Invariants and their reasons:
 
