@@ -193,6 +193,24 @@ def test_pid_file_is_written_and_removed(run_server, tmp_path):
     assert not pidfile.exists()
 
 
+def test_pid_file_exists_when_listening_is_logged(run_server, tmp_path):
+    """Scripts wait for "Listening at" and then read the pid file (Gunicorn writes it
+    first too); a handler on the log records whether it existed at that moment."""
+    pidfile, seen = tmp_path / "server.pid", tmp_path / "seen"
+    config = tmp_path / "probe.conf.py"
+    config.write_text('logconfig_dict = {"root": {"level": "INFO", "handlers": []}, '
+                      '"handlers": {"probe": {"()": "pid_file_probe.Handler"}, '
+                      '"console": {"class": "logging.StreamHandler"}}, '
+                      '"loggers": {"gunicorn.error": {"handlers": ["probe", "console"], '
+                      '"level": "INFO"}}}\n')
+    server = run_server("-w", "1", "--pid", str(pidfile), "-c", str(config),
+                        env={"PROBE_OUT": str(seen), "PROBE_PID_FILE": str(pidfile)}, wait=False)
+    poll(seen.exists, 30, message="the probe's note")
+    assert seen.read_text() == "True\n"
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(10) == 0
+
+
 def test_factory_spec_with_literal_arguments(run_server):
     server = run_server("-w", "1", app="factory:create_app('hi', punctuation='?')")
     assert server.get("/") == (200, "hi?")

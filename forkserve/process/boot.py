@@ -9,7 +9,8 @@
    pages of its own (forkserve.memory.code_layout) and the whole heap is
    made immortal (forkserve.memory.heap);
    then gc.freeze() + gc.set_threshold(0) (cow.harden), then the post_freeze hook.
-6. listen(), log the real addresses, write the pid file; then fork workers
+6. Write the pid file, then listen() and log the real addresses (as Gunicorn, so
+   whoever waits for "Listening at" finds the pid file); then fork workers
    (forkserve.process.master) or serve from this process (forkserve.process.single).
 
 `run()` returns an exit status; it never leaves a socket bound, a pid file
@@ -87,9 +88,9 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
         cow.harden()
         hooks.post_freeze()  # before the hold: what it starts must not inherit blocked signals
         signals.hold()  # until the master or single server has its handlers
-        _listen(cfg, listeners, stats_listener)
         if cfg.pid and not role.supervised:  # the supervisor keeps the pid file
-            pidfile = write_pidfile(cfg.pid)
+            pidfile = write_pidfile(cfg.pid)  # before "Listening at", which waiters read
+        _listen(cfg, listeners, stats_listener)
         return hooks.on_exit(_serve(cfg, app, listeners, app_name, stats_listener, role,
                                     hooks))
     except exits.HaltServer as halt:
