@@ -22,7 +22,7 @@ import traceback
 
 from forkserve.memory import cow, limit, procfs, render, workergc
 from forkserve import exits, logs
-from forkserve.process import privileges, procname, signals
+from forkserve.process import affinity, privileges, procname, signals
 from forkserve.process.balance import Admission
 from forkserve.process.hooks import Hooks
 from forkserve.process.gevent_servers import make_servers
@@ -149,6 +149,8 @@ class Worker:
         gevent.signal_handler(signal.SIGUSR1, logs.reopen)
         signals.release()  # blocked by the master across the fork; pending ones arrive now
         self._make_loop_pipe()
+        if self.cfg.cpu_affinity:
+            affinity.pin(self.number)
 
     def _make_loop_pipe(self):
         """Have libev make its wakeup pipe now, while the worker boots.
