@@ -23,7 +23,7 @@ def check(cfg, environ, pid) -> list:
             if name in cfg.hooks:
                 messages.append(f"the {name} hook never runs with -w 0 (no worker processes); "
                                 "use -w 1 or more, or drop the hook")
-        if cfg.cpu_affinity:
+        if cfg.cpu_affinity == "on":
             messages.append("--cpu-affinity pins worker processes and -w 0 has none; pin the "
                             "one process with taskset instead, or use -w 1 or more")
     if "worker_abort" in cfg.hooks and cfg.workers and not cfg.timeout:

@@ -8,9 +8,9 @@ import os
 from typing import Any, Callable
 
 __all__ = [
-    "ConfigError", "allowed_addresses", "bind_list", "cpu_count", "default_workers",
-    "env_list", "flag", "json_mapping", "log_format", "log_level", "mapping", "name_or_id",
-    "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds", "text",
+    "ConfigError", "allowed_addresses", "bind_list", "cpu_affinity", "cpu_count",
+    "default_workers", "env_list", "flag", "json_mapping", "log_format", "log_level", "mapping",
+    "name_or_id", "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds", "text",
     "umask", "whole"]
 
 
@@ -257,6 +257,23 @@ def proxy_protocol(value) -> str:
 
 
 proxy_protocol.__name__ = "str"
+
+
+def cpu_affinity(value) -> str:
+    """auto, on or off; a config file's True / False mean on / off."""
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    if value is None:
+        return "auto"
+    mode = str(value).strip().lower()
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"expected auto, on or off; got {value!r}")
+    return mode
+
+
+cpu_affinity.__name__ = "str"
 
 
 def cpu_count() -> int:

@@ -39,7 +39,8 @@ import time
 from forkserve import exits
 from forkserve.exits import HaltServer
 from forkserve.memory import copied_objects, free_space, model, procfs, render
-from forkserve.process import generation_protocol, procname, signals, source_watch, systemd
+from forkserve.process import (affinity, generation_protocol, procname, signals, source_watch,
+                               systemd)
 from forkserve.process.boot_errors import BootErrors
 from forkserve.process.driver import FORK_ERRNOS, Driver
 from forkserve.process.generations import Generations, reaped
@@ -117,6 +118,11 @@ class Master(Driver):
         self.why = copied_objects.listen(self.app_name, fork=self._fork)  # forkserve memory --why
         signals.release()
         log.info("Using master pid %d with %d workers", os.getpid(), self.target)
+        cpus = os.sched_getaffinity(0)
+        if affinity.choose(self.cfg.cpu_affinity, 1, self.target, cpus) is not None:
+            log.info("Pinning each worker to one of %d CPUs (--cpu-affinity %s%s)", len(cpus),
+                     self.cfg.cpu_affinity, ": more workers than CPUs; off to let them move"
+                     if self.cfg.cpu_affinity == "auto" else "")
         return self.serve()
 
     def begin(self):
@@ -286,10 +292,11 @@ class Master(Driver):
         if max_requests and self.cfg.max_requests_jitter:
             max_requests += random.randint(0, self.cfg.max_requests_jitter)
         number = self.lifecycle.free_number()
+        cpu = affinity.choose(self.cfg.cpu_affinity, number, self.target, os.sched_getaffinity(0))
         worker = Worker(index, self.app, self.listeners, self.cfg, self.scoreboard,
                         self.app_name, generation=self.generation, max_requests=max_requests,
                         close_fds=self.master_fds(), number=number,
-                        boot_errors=self.boot_errors, hooks=self.hooks)
+                        boot_errors=self.boot_errors, hooks=self.hooks, cpu=cpu)
         self.hooks.pre_fork(worker)
         # Until the worker has its own handlers, a signal sent to it (a TERM
         # right after the fork) must wait, not run the master's handler in it

@@ -52,7 +52,8 @@ class Worker:
     memory_check_gap = 0.005
 
     def __init__(self, index, app, listeners, cfg, scoreboard, app_name, *, generation=0,
-                 max_requests=0, close_fds=(), number=None, boot_errors=None, hooks=None):
+                 max_requests=0, close_fds=(), number=None, boot_errors=None, hooks=None,
+                 cpu=None):
         self.index = index  # the scoreboard slot
         #: the place in the pool a replacement inherits (forkserve.process.lifecycle)
         self.number = index + 1 if number is None else number
@@ -66,6 +67,7 @@ class Worker:
         self.close_fds = close_fds
         self.boot_errors = boot_errors  # where a boot failure's error goes to the master
         self.hooks = hooks or Hooks()   # the master's, with their server.pid
+        self.cpu = cpu                  # the CPU to pin it to (--cpu-affinity), or None
         #: the master this worker is forked from (created in it); when it is
         #: gone (SIGKILL), the worker stops rather than serve with no master
         self.master_pid = os.getpid()
@@ -149,8 +151,8 @@ class Worker:
         gevent.signal_handler(signal.SIGUSR1, logs.reopen)
         signals.release()  # blocked by the master across the fork; pending ones arrive now
         self._make_loop_pipe()
-        if self.cfg.cpu_affinity:
-            affinity.pin(self.number)
+        if self.cpu is not None:
+            affinity.pin(self.number, self.cpu)
 
     def _make_loop_pipe(self):
         """Have libev make its wakeup pipe now, while the worker boots.
