@@ -8,7 +8,9 @@
         --also "two=. -w 2" --also "two-race=. -w 2 --no-balance"
 
 Every server runs benchmarks/balance_app.py (a small JSON lookup) with 4
-workers, unpinned on all CPUs. For each connection count, wrk (one thread,
+workers on all CPUs (forkserve pins each worker to one of them when the
+workers outnumber the CPUs, its --cpu-affinity auto; `--also "unpinned=.
+--cpu-affinity off"` measures it without). For each connection count, wrk (one thread,
 hello.lua: GET / on keep-alive connections) runs against each server in
 turn, opening its connections afresh; --rounds repeats that, and the
 summary gives each figure's median over the rounds. Per worker:
