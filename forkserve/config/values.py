@@ -10,8 +10,8 @@ from typing import Any, Callable
 __all__ = [
     "ConfigError", "allowed_addresses", "bind_list", "cpu_affinity", "cpu_count",
     "default_workers", "env_list", "flag", "json_mapping", "log_format", "log_level", "mapping",
-    "name_or_id", "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds", "text",
-    "umask", "whole"]
+    "name_or_id", "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds",
+    "text", "umask", "whole"]
 
 
 class ConfigError(Exception):

@@ -17,8 +17,8 @@ and a p99 1.2x theirs (docs/http.md).
 
 Invariants:
 - Workers are pinned only to CPUs in the master's own affinity set (a
-  container's cpuset, taskset), read when the worker starts: never to one the
-  server may not use.
+  container's cpuset, taskset), read as each worker is forked: never to one
+  the server may not use.
 - Worker number n (1-based, the number a replacement inherits) gets the
   ((n - 1) mod k)-th of the k allowed CPUs, in ascending order: a recycled or
   killed worker's replacement runs where it did, and no CPU holds two
