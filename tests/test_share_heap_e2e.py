@@ -1,30 +1,33 @@
-"""--share-heap: the flag on each Python, and what an immortal master heap means.
+"""Heap sharing (on by default, --share-heap to insist, --no-share-heap to turn
+it off): the setting on each Python, and what an immortal master heap means.
 
-Immortal objects are never freed. These tests show what that does and does
-not change, on the real server: finalisers and weakref callbacks of the
-master's objects never run in a worker; a worker's own objects are ordinary
-(finalised, collected, its memory does not grow); a file or socket opened in
-the master closes when a worker closes it; a reload (HUP) still frees the
-old heap, because the old processes exit.
+Immortal objects are never freed, so the objects whose death runs code stay
+mortal. These tests show, on the real server, that nothing a user can see
+changes: the master's finalisers, weakref callbacks and generators' finally
+blocks run in the worker that drops them, as without sharing; a worker's own
+objects are ordinary (finalised, collected, its memory does not grow); a
+file or socket opened in the master closes when a worker closes it; a
+reload (HUP) still frees the old heap, because the old processes exit.
 """
 
 import os
 import re
 import signal
 import sys
-import sysconfig
 
 import pytest
 
 from forkserve import exits
+from forkserve.memory import sharing
 from forkserve_testing import poll
 from test_reload_e2e import _reload_to, _rss
 
 pytestmark = pytest.mark.e2e
 
-IMMORTAL = (sys.version_info >= (3, 12) and not sysconfig.get_config_var("Py_GIL_DISABLED"))
-needs_immortal = pytest.mark.skipif(not IMMORTAL, reason="--share-heap needs Python 3.12+")
-SHARED = re.compile(r"--share-heap: shared ([\d,]+) objects \(([\d,.]+) MB\) in ([\d.]+) s")
+IMMORTAL = sharing.immortal_supported()
+needs_immortal = pytest.mark.skipif(not IMMORTAL,
+                                    reason="heap sharing needs CPython 3.12-3.15 (checked)")
+SHARED = re.compile(r"Heap sharing: shared ([\d,]+) objects \(([\d,.]+) MB\) in ([\d.]+) s")
 
 
 @pytest.mark.skipif(IMMORTAL, reason="the refusal is for Pythons without immortal objects")
@@ -33,13 +36,21 @@ def test_share_heap_is_refused_at_start_without_immortal_objects(run_server):
     assert server.wait_exit() == exits.CONFIG_ERROR
     log = server.log()
     assert "--share-heap needs immortal objects" in log
-    assert "Python 3.12+" in log and "forkserve.store.Store" in log
+    assert "CPython 3.12 to 3.15" in log and "forkserve.store.Store" in log
     assert "Listening at" not in log
 
 
+@pytest.mark.skipif(IMMORTAL, reason="the log line is for Pythons without checked marking")
+def test_by_default_without_immortal_objects_the_server_says_so_and_serves(run_server):
+    server = run_server("-w", "1")
+    assert "Heap sharing off: " in server.log()
+    assert server.get("/pid")[0] == 200
+
+
 @needs_immortal
-def test_share_heap_logs_what_it_shared_and_workers_serve(run_server):
-    server = run_server("--share-heap", "-w", "2")
+@pytest.mark.parametrize("flags", [(), ("--share-heap",)], ids=["default", "--share-heap"])
+def test_the_heap_is_shared_by_default_and_workers_serve(run_server, flags):
+    server = run_server(*flags, "-w", "2")
     match = SHARED.search(server.log())
     assert match, server.log()
     assert int(match.group(1).replace(",", "")) > 10_000  # the whole heap, not a dataset
@@ -69,26 +80,36 @@ def _events(witness, pid):
                   if p.name.endswith(f"-{pid}"))
 
 
-def test_without_the_flag_a_worker_runs_the_master_objects_finalisers(run_server, tmp_path):
-    """The control: shows the next test could see a finaliser run."""
-    server, witness = _safety_server(run_server, tmp_path)
+MASTER_EVENTS = ["generator-finally", "master-del", "nested-del", "weakref-callback"]
+
+
+def test_without_sharing_a_worker_runs_the_master_objects_finalisers(run_server, tmp_path):
+    """The control: shows the next test could see every finaliser run."""
+    server, witness = _safety_server(run_server, tmp_path, "--no-share-heap")
+    assert not SHARED.search(server.log())
     worker = int(server.get("/pid")[1])
     assert server.get("/drop") == (200, "dropped")
-    assert _events(witness, worker) == ["master-del", "weakref-callback"]
+    assert _events(witness, worker) == MASTER_EVENTS
 
 
 @needs_immortal
-def test_master_objects_finalisers_and_weakref_callbacks_never_run_in_a_worker(
+def test_with_sharing_the_master_objects_finalisers_run_in_the_worker_that_drops_them(
         run_server, tmp_path):
-    server, witness = _safety_server(run_server, tmp_path, "--share-heap")
+    server, witness = _safety_server(run_server, tmp_path)
+    log = server.log()
+    assert SHARED.search(log), log
+    kept = re.search(r"kept mortal, so their finalisers still run: ([\d,]+) objects", log)
+    assert kept and int(kept.group(1).replace(",", "")) > 0, log
+    assert "heap_safety.Finalised" in log
     worker = int(server.get("/pid")[1])
     assert server.get("/drop") == (200, "dropped")
     assert server.get("/mine") == (200, "made and dropped")
-    # The worker's own object, in a cycle, is finalised by its collector.
-    assert _events(witness, worker) == ["worker-del"]
+    # As without sharing, and the worker's own object, in a cycle, by its collector.
+    assert _events(witness, worker) == sorted(MASTER_EVENTS + ["worker-del"])
     server.signal(signal.SIGTERM)
     assert server.wait_exit() == 0
-    assert not [p.name for p in witness.iterdir() if p.name.startswith(("master", "weak"))]
+    # None ran in the master, which never dropped them (it exits with os._exit).
+    assert not [p.name for p in witness.iterdir() if p.name.endswith(f"-{server.pid}")]
 
 
 @needs_immortal

@@ -39,7 +39,8 @@ class Setting:
     help: str
     metavar: str | None = None
     # "value" takes an argument; "flag" is a switch; "off" a switch that
-    # turns an on-by-default setting off (--no-...); "append" repeats;
+    # turns an on-by-default setting off (--no-...); "switch" a pair of
+    # flags (--x, --no-x) over a default that decides by itself; "append" repeats;
     # "optional" takes an argument or, alone, means "auto".
     kind: str = "value"
     section: str = "server"
@@ -56,7 +57,7 @@ class Setting:
             return "$WEB_CONCURRENCY, else the number of CPUs"
         value = self.default_value()
         if value is None:
-            return "(none)"
+            return "auto" if self.kind == "switch" else "(none)"
         if isinstance(value, list):
             return ",".join(value) or "(none)"
         if isinstance(value, dict):
@@ -153,12 +154,14 @@ SETTINGS = (
             "between requests) or auto (normal with --share-heap, else young). The master's "
             "frozen heap is never collected.",
             metavar="POLICY", section="memory"),
-    # --share-heap: forkserve.memory.heap holds what it marks and what it costs.
-    Setting("share_heap", ("--share-heap",), values.flag, False,
-            "Python 3.12+: once the application is loaded, make the master's whole heap "
-            "immortal so that workers' reads copy none of it. Objects that exist then are "
-            "never freed: their finalisers and weakref callbacks never run. Refused on 3.11.",
-            kind="flag", section="memory"),
+    # --share-heap: forkserve.memory.heap holds what it marks, what stays mortal and why.
+    Setting("share_heap", ("--share-heap", "--no-share-heap"), values.auto_flag, None,
+            "Once the application is loaded, make the master's heap immortal so that "
+            "workers' reads copy none of it; objects whose death runs code (finalisers, "
+            "weakref callbacks, open files) and what holds them stay mortal. On by default "
+            "where it was checked (CPython 3.12-3.15), off elsewhere with a log line; "
+            "--share-heap refuses to start where it cannot, --no-share-heap turns it off.",
+            kind="switch", section="memory"),
     Setting("warmup", ("--warmup",), values.url_path_list, lambda: [],
             "Before forking, the master GETs this path (e.g. /, /products?page=2) in-process, "
             "three times, so lazily built caches and specialised bytecode are built once and "
@@ -329,6 +332,11 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
         if setting.kind in ("flag", "off"):
             group.add_argument(*setting.flags, dest=dest, action="store_const",
                                const=setting.kind == "flag", default=None, help=setting.help)
+        elif setting.kind == "switch":  # --x on, --no-x off, neither: the default decides
+            group.add_argument(setting.flags[0], dest=dest, action="store_const", const=True,
+                               default=None, help=setting.help)
+            group.add_argument(setting.flags[1], dest=dest, action="store_const", const=False,
+                               default=None, help=f"Turn {setting.flags[0]} off.")
         elif setting.kind == "optional":  # the flag alone means "auto"
             group.add_argument(*setting.flags, dest=dest, nargs="?", const="auto",
                                default=None, metavar=setting.metavar, help=setting.help)

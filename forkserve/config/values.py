@@ -80,6 +80,16 @@ def flag_on_by_default(value) -> bool:
 flag_on_by_default.__name__ = "bool"
 
 
+def auto_flag(value):
+    """True, False, or None for "auto" (the default decides)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    return flag(value)
+
+
+auto_flag.__name__ = "bool"
+
+
 def bind_list(value) -> list:
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     addresses = [str(item).strip() for item in items if str(item).strip()]

@@ -1,51 +1,115 @@
-/* forkserve._immortal: the fast walker behind forkserve.share().
+/* forkserve.memory._immortal: the walker behind forkserve.share() and
+ * --share-heap.
  *
- * walk(root, immortal, utf8) visits every object reachable from root through
- * the kinds share() understands (dict keys and values, list, tuple, set,
- * frozenset, str, bytes, int, float, and the attributes of instances of
- * Python classes with a __dict__), and prepares each one so that reading it
- * in a forked worker writes nothing:
- *   - str, bytes and frozenset get their hash computed and cached;
+ * walk(root, resources, utf8) prepares everything reachable from root
+ * through the kinds a dataset is made of (dict keys and values, list, tuple
+ * and their subclasses such as named tuples, set, frozenset, str, bytes,
+ * int, float, and instances of Python classes: with a __dict__, with
+ * __slots__, dataclasses of either kind); share_heap(roots, resources, utf8)
+ * does the same for every object reachable from the items of the list
+ * roots, of every kind (the caller passes gc.get_objects() and sys.modules).
+ * Preparing an object means that reading it in a forked worker writes
+ * nothing to it:
+ *   - str, bytes and frozenset get their hash cached; so do tuples of
+ *     builtins from 3.14, which caches tuple hashes in the tuple;
  *   - non-ASCII str get their UTF-8 form cached when `utf8` is true;
- *   - when `immortal` is an int, it is written into the reference count.
- * It returns (objects, bytes): how many objects it prepared and roughly what
- * sys.getsizeof() says they weigh.
+ *   - it is made immortal, the way this version's interpreter reads it:
+ *       3.12, 3.13: the reference count word holds _Py_IMMORTAL_REFCNT;
+ *       3.14, 3.15: _Py_SetImmortalUntracked(), which also sets the
+ *         immortal bit of ob_flags that the interpreter's stack references
+ *         read (a count alone leaves an object that is still counted).
+ *     Those four are the versions this file was checked against (their
+ *     Include/object.h, refcount.h, internal/pycore_object.h and
+ *     pycore_stackref.h); CHECKED is 0 anywhere else (another version,
+ *     32-bit, free-threaded or a debug build), where only hash_only() exists.
+ * Each returns (objects, bytes, mortal, seeds, skipped): how many objects
+ * were made immortal and roughly what sys.getsizeof() says they weigh;
+ * {type: count} of the objects left mortal by the rule below, and of the
+ * seeds among them; and, for walk(), {type: count} of the objects found in
+ * the data that it does not go into.
  *
- * Invariants, and why they hold:
- * - No Python code runs during a walk and nothing releases the GIL: we call
- *   only C functions of builtin types (hashes, __sizeof__ of dict/set/int/str,
- *   tp_traverse) and allocate no GC-tracked object, so no collection, no
- *   finalizer and no other thread can change or free an object under us. We
- *   therefore take no references to what we visit.
- * - Immortal mode: the immortal reference count is the visited mark, so an
- *   object already immortal (None, small ints, interned and static strings,
- *   or anything an earlier walk marked) is skipped and not looked inside. The
- *   root is the exception: it is always looked inside, so share(x) after
- *   adding to x reaches the additions.
- * - Interned strings belong to the interpreter, whose finalization has its
- *   own bookkeeping for them (3.13 keeps mortal interned strings), so they
- *   are never marked; their hash is cached already.
- * - Containers are appended to `queue` as they are marked, with the
- *   reference count they had; the queue is both the work list (breadth
- *   first, no recursion, so depth is unlimited) and an undo log. If anything
- *   fails (MemoryError), every queued container gets its old count back
- *   before the error propagates, so no container stays marked without having
- *   been looked inside and a later share() can finish the job. Leaves that
- *   were marked (str, bytes, numbers) are complete and stay marked.
- * - Hash-only mode (immortal is None: Python 3.11, or a failed probe) marks
- *   nothing; an address bitmap records what was visited.
+ * The mortality rule. An immortal object is never freed, so its finaliser
+ * would never run. An object therefore stays mortal when its death can run
+ * code (a "seed"):
+ *   - its type has a finaliser (tp_finalize: __del__, files, sockets; or
+ *     tp_del), except a generator or coroutine that is not suspended (one
+ *     not started or finished runs nothing when it dies);
+ *   - a weakref with a callback points at it (WeakValueDictionary values,
+ *     weakref.finalize, WeakSet members);
+ *   - it is an instance of one of `resources`, the types that own an OS
+ *     resource without a finaliser (mmap, epoll, ...: the caller's list);
+ *   - (walk() only) it holds an object walk() does not go into that is a
+ *     seed or could hold one (any other GC-tracked object);
+ * and so does every object from which a seed is reachable through data, so
+ * that dropping a container, or an object two levels up, still frees what
+ * it holds. Modules, classes, functions and code objects are never made
+ * mortal on behalf of what they hold, and the walk up stops at them: they
+ * live as long as the program, and were they followed, every instance would
+ * reach its class and every function its module's globals, and nothing would
+ * be shared.
  *
- * The caller (forkserve/share.py) decides whether immortal mode is safe: it
- * takes the value from Py_REFCNT(Py_None) and probes it first.
+ * How, and the invariants that make it safe:
+ * - No Python code runs during a walk and nothing releases the GIL: only C
+ *   functions of builtin types run (hashes, __sizeof__ of dict/set/int/str,
+ *   tp_traverse, the generator's gi_suspended getter), and nothing is
+ *   allocated that the collector tracks, so no collection, finaliser or
+ *   other thread runs and nothing is freed under us. No reference is taken.
+ * - Leaves (exact str, bytes, int, float, complex: they hold nothing and
+ *   have no finaliser) are made immortal as they are found; immortality is
+ *   their visited mark.
+ * - Every other object found is a node: appended to `nodes` with its
+ *   reference count word as it was, then tagged: the word is set to
+ *   (index + 1) << 32 | IMMORTAL_LOW, which the interpreter reads as
+ *   immortal (an incref or decref by any C code changes nothing that
+ *   matters) and which names the node exactly: an object is a node iff the
+ *   high half, minus one, indexes `nodes` at that very object. Nodes are
+ *   the work list too (breadth first, no recursion, so any depth).
+ * - An edge parent -> child is recorded only where it can carry mortality
+ *   up: the child is a node and the parent is not a module, class,
+ *   function or code object.
+ * - When the walk ends, seeds are marked mortal and mortality spreads up
+ *   the recorded edges (linear in their number). Then every node gets its
+ *   word back and, unless mortal, is made immortal. On any failure
+ *   (MemoryError) every node gets its word back and nothing more is done:
+ *   no container stays marked without having been looked inside, and the
+ *   leaves already marked are complete, so calling again finishes the job.
+ * - Objects that were immortal before the walk (None, small ints, interned
+ *   and static strings, anything an earlier walk marked) are not looked
+ *   inside, except the root of walk(), so share(x) after adding to x
+ *   reaches the additions. Interned str are the interpreter's and never
+ *   marked; frame objects are never marked (a running frame's object is
+ *   reused as the function returns).
+ * - hash_only(root, utf8) is walk() without marking, for the versions
+ *   above that CHECKED excludes and 3.11: an address bitmap is its visited
+ *   mark.
+ *
+ * The caller (forkserve/memory/sharing.py) decides whether marking is safe
+ * here: it checks the version and runs a probe in a forked child first.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <frameobject.h>
+#include <string.h>
 
-#ifdef Py_GIL_DISABLED
-#error "forkserve._immortal does not support free-threaded builds (share() falls back to Python)"
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x03100000 \
+    && SIZEOF_VOID_P == 8 && !defined(Py_GIL_DISABLED) \
+    && !defined(Py_REF_DEBUG) && !defined(Py_TRACE_REFS)
+#define CHECKED 1
+#else
+#define CHECKED 0
 #endif
 
-#define IMMORTAL_OBJECTS (PY_VERSION_HEX >= 0x030C0000)
+#if CHECKED && PY_VERSION_HEX >= 0x030E0000
+/* Exported (PyAPI_FUNC) by 3.14 and 3.15, declared in their internal
+   pycore_object.h: sets ob_flags to _Py_IMMORTAL_FLAGS and the count to
+   _Py_IMMORTAL_INITIAL_REFCNT, unless the object is immortal already. */
+PyAPI_FUNC(void) _Py_SetImmortalUntracked(PyObject *op);
+#define IMMORTAL_LOW 0xC0000000u
+#define TUPLE_HASH_CACHED 1
+#elif CHECKED
+#define IMMORTAL_LOW 0xFFFFFFFFu   /* _Py_IMMORTAL_REFCNT, 64-bit 3.12 and 3.13 */
+#define TUPLE_HASH_CACHED 0
+#endif
 
 #ifndef Py_TPFLAGS_MANAGED_DICT
 #define Py_TPFLAGS_MANAGED_DICT 0
@@ -54,10 +118,6 @@
 #define Py_TPFLAGS_MANAGED_WEAKREF 0
 #endif
 
-/* sys.getsizeof() adds the GC header (two pointers) of GC types and, from
-   3.11, the two pointers before a managed dict or weakref. */
-#define GC_HEADER_SIZE (2 * (Py_ssize_t)sizeof(void *))
-#define MANAGED_PREHEADER_SIZE (2 * (Py_ssize_t)sizeof(void *))
 
 /* __sizeof__ of the builtin types whose storage lives outside the object and
    has no public layout (dict keys, set tables, int digits, str subclasses'
@@ -67,17 +127,20 @@ static PyObject *set_sizeof;
 static PyObject *frozenset_sizeof;
 static PyObject *int_sizeof;
 static PyObject *str_sizeof;
+/* The tp_dealloc of every class made by a class statement (subtype_dealloc,
+   which has no public name): read off such a class at import. */
+static destructor python_class_dealloc;
 
 enum kind {
-    K_SKIP,      /* not ours: types, modules, functions, arbitrary objects */
+    K_SKIP,      /* not data: types, modules, functions, C objects */
     K_STR,
     K_BYTES,
-    K_NUMBER,    /* int, float (and bool) */
+    K_NUMBER,    /* int, float, complex (and bool) */
     K_TUPLE,
     K_LIST,
     K_DICT,
     K_SET,       /* set and frozenset */
-    K_INSTANCE,  /* instance of a Python class with a __dict__ */
+    K_INSTANCE,  /* instance of a Python class: __dict__, __slots__ or both */
 };
 
 static enum kind
@@ -99,62 +162,197 @@ classify(PyObject *op)
     if (flags & Py_TPFLAGS_TUPLE_SUBCLASS) return K_TUPLE;
     if (flags & Py_TPFLAGS_BYTES_SUBCLASS) return K_BYTES;
     if (flags & Py_TPFLAGS_LONG_SUBCLASS) return K_NUMBER;
-    if (PyFloat_Check(op)) return K_NUMBER;
+    if (PyFloat_Check(op) || PyComplex_Check(op)) return K_NUMBER;
     if (PyAnySet_Check(op)) return K_SET;
-    if ((flags & Py_TPFLAGS_HEAPTYPE)
-        && (tp->tp_dictoffset != 0 || (flags & Py_TPFLAGS_MANAGED_DICT))
-        && tp->tp_traverse != NULL
+    if ((flags & Py_TPFLAGS_HEAPTYPE) && tp->tp_dealloc == python_class_dealloc
         && !PyModule_Check(op)) {
         return K_INSTANCE;
     }
     return K_SKIP;
 }
 
-/* Whether op must be queued to be looked inside: containers, and instances
-   of Python subclasses of any kind (their tp_traverse reports __dict__ and
-   slots). */
+/* A leaf holds no reference and has no finaliser: exact builtins only. */
 static int
-has_children(PyObject *op, enum kind k)
+is_leaf(PyObject *op)
 {
     PyTypeObject *tp = Py_TYPE(op);
-    return k >= K_TUPLE
-        || ((tp->tp_flags & Py_TPFLAGS_HEAPTYPE) && tp->tp_traverse != NULL);
+    return tp == &PyUnicode_Type || tp == &PyLong_Type || tp == &PyFloat_Type
+           || tp == &PyBytes_Type || tp == &PyComplex_Type;
 }
 
-
-/* ---- the queue (work list and undo log) ---------------------------------- */
-
-typedef struct {
-    PyObject *op;
-    Py_ssize_t refcnt;      /* before we marked it */
-} entry;
-
-typedef struct {
-    entry *items;
-    Py_ssize_t len, cap;
-} queue;
-
+/* Modules, classes, functions, code: mortality does not travel up through them. */
 static int
-queue_push(queue *q, PyObject *op)
+is_stop(PyObject *op)
 {
-    if (q->len == q->cap) {
-        Py_ssize_t cap = q->cap ? q->cap * 2 : 1024;
-        entry *items = PyMem_Realloc(q->items, (size_t)cap * sizeof(entry));
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        q->items = items;
-        q->cap = cap;
+    return PyModule_Check(op) || PyType_Check(op) || PyFunction_Check(op)
+           || PyCode_Check(op) || PyCFunction_Check(op);
+}
+
+/* Whether op's death can run code by itself: see "The mortality rule".
+   -1 with an exception set on failure. */
+static int
+is_seed(PyObject *op, PyObject *resources)
+{
+    PyTypeObject *tp = Py_TYPE(op);
+    if (tp == &PyDict_Type || tp == &PyList_Type || tp == &PyTuple_Type) {
+        return 0;  /* the common case, settled fast: no finaliser, no weakrefs */
     }
-    q->items[q->len].op = op;
-    q->items[q->len].refcnt = Py_REFCNT(op);
-    q->len++;
+    if (tp->tp_finalize != NULL || tp->tp_del != NULL) {
+        const char *suspended = PyGen_CheckExact(op) ? "gi_suspended"
+                                : PyCoro_CheckExact(op) ? "cr_suspended" : NULL;
+        if (suspended == NULL) return 1;
+        /* A C getter returning True or False (immortal): nothing is allocated
+           that the collector tracks. */
+        PyObject *state = PyObject_GetAttrString(op, suspended);
+        if (state == NULL) return -1;
+        int result = state == Py_True;
+        Py_DECREF(state);
+        if (result) return 1;
+    }
+    if (tp->tp_weaklistoffset != 0 && !PyType_Check(op)) {
+        /* As CPython's _PyObject_GET_WEAKREFS_LISTPTR for all but static
+           types (a negative offset is 3.12+'s managed weakref list). */
+        PyWeakReference *ref = *(PyWeakReference **)((char *)op + tp->tp_weaklistoffset);
+        for (; ref != NULL; ref = ref->wr_next) {
+            if (ref->wr_callback != NULL) return 1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(resources); i++) {
+        if (PyObject_TypeCheck(op, (PyTypeObject *)PyTuple_GET_ITEM(resources, i))) return 1;
+    }
+    return 0;
+}
+
+/* sys.getsizeof() adds the GC header (two pointers) of GC types and, from
+   3.11, the two pointers before a managed dict or weakref. */
+#define GC_HEADER_SIZE (2 * (Py_ssize_t)sizeof(void *))
+#define MANAGED_PREHEADER_SIZE (2 * (Py_ssize_t)sizeof(void *))
+
+static Py_ssize_t
+call_sizeof(PyObject *method, PyObject *op)
+{
+    PyObject *result = PyObject_CallOneArg(method, op);
+    if (result == NULL) return -1;
+    Py_ssize_t size = PyLong_AsSsize_t(result);
+    Py_DECREF(result);
+    return size;
+}
+
+/* What str.__sizeof__ says, without the call, for exact (compact) str. */
+static Py_ssize_t
+compact_str_size(PyObject *op)
+{
+    Py_ssize_t length = PyUnicode_GET_LENGTH(op);
+    if (PyUnicode_IS_COMPACT_ASCII(op)) {
+        return (Py_ssize_t)sizeof(PyASCIIObject) + length + 1;
+    }
+    Py_ssize_t size = (Py_ssize_t)sizeof(PyCompactUnicodeObject)
+                      + (length + 1) * PyUnicode_KIND(op);
+    PyCompactUnicodeObject *compact = (PyCompactUnicodeObject *)op;
+    if (compact->utf8 != NULL) {
+        size += compact->utf8_length + 1;
+    }
+    return size;
+}
+
+/* Roughly sys.getsizeof(op); -1 with an exception set on failure. */
+static Py_ssize_t
+size_of(PyObject *op, enum kind k)
+{
+    PyTypeObject *tp = Py_TYPE(op);
+    Py_ssize_t size;
+    switch (k) {
+    case K_STR:
+        size = tp == &PyUnicode_Type ? compact_str_size(op)
+                                     : call_sizeof(str_sizeof, op);
+        break;
+    case K_LIST:
+        size = tp->tp_basicsize
+               + ((PyListObject *)op)->allocated * (Py_ssize_t)sizeof(PyObject *);
+        break;
+    case K_NUMBER:
+        if (PyLong_Check(op)) {
+            size = call_sizeof(int_sizeof, op);
+            break;
+        }
+        /* fall through: float and complex have a fixed size */
+    case K_TUPLE:
+    case K_BYTES:
+    case K_INSTANCE:
+    case K_SKIP: {
+        size = tp->tp_basicsize;
+        if (tp->tp_itemsize != 0) {
+            Py_ssize_t items = Py_SIZE(op);
+            size += (items < 0 ? -items : items) * tp->tp_itemsize;
+        }
+        break;
+    }
+    case K_DICT:
+        size = call_sizeof(dict_sizeof, op);
+        break;
+    case K_SET:
+        size = call_sizeof(PyFrozenSet_Check(op) ? frozenset_sizeof : set_sizeof, op);
+        break;
+    default:
+        size = tp->tp_basicsize;
+    }
+    if (size < 0) return -1;
+    if (PyType_IS_GC(tp)) size += GC_HEADER_SIZE;
+    if (tp->tp_flags & (Py_TPFLAGS_MANAGED_DICT | Py_TPFLAGS_MANAGED_WEAKREF)) {
+        size += MANAGED_PREHEADER_SIZE;
+    }
+    return size;
+}
+
+#if TUPLE_HASH_CACHED
+/* Whether hashing this tuple runs only builtin hash functions. */
+static int
+hashes_as_builtin(PyObject *op, int depth)
+{
+    if (depth > 16) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(op); i++) {
+        PyObject *item = PyTuple_GET_ITEM(op, i);
+        PyTypeObject *tp = Py_TYPE(item);
+        if (is_leaf(item) || item == Py_None || tp == &PyBool_Type
+            || tp == &PyFrozenSet_Type) {
+            continue;
+        }
+        if (tp == &PyTuple_Type && hashes_as_builtin(item, depth + 1)) continue;
+        return 0;
+    }
+    return 1;
+}
+#endif
+
+/* Cache what a read would otherwise compute and store: the hash, and the
+   UTF-8 form of non-ASCII text. -1 on MemoryError. */
+static int
+prepare(PyObject *op, enum kind k, int utf8)
+{
+    if (k == K_STR) {
+        (void)PyUnicode_Type.tp_hash(op);
+        if (utf8 && !PyUnicode_IS_ASCII(op) && PyUnicode_AsUTF8AndSize(op, NULL) == NULL) {
+            /* Lone surrogates have no UTF-8 form; nothing to cache. */
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+            PyErr_Clear();
+        }
+    }
+    else if (k == K_BYTES) {
+        (void)PyBytes_Type.tp_hash(op);
+    }
+    else if (k == K_SET && PyFrozenSet_Check(op)) {
+        (void)PyFrozenSet_Type.tp_hash(op);
+    }
+#if TUPLE_HASH_CACHED
+    else if (Py_TYPE(op) == &PyTuple_Type && hashes_as_builtin(op, 0)) {
+        if (PyTuple_Type.tp_hash(op) == -1 && PyErr_Occurred()) return -1;
+    }
+#endif
     return 0;
 }
 
 
-/* ---- the address set (visited mark of hash-only mode) -------------------
+/* ---- the address set (visited mark of hash_only) -------------------------
  *
  * A bitmap with one bit per 16 bytes of address space, kept per MiB chunk
  * in a small hash table keyed by the chunk's address. Two distinct objects
@@ -253,341 +451,213 @@ addrset_free(addrset *s)
 }
 
 
-/* ---- the walk ------------------------------------------------------------- */
+/* ---- growable arrays -------------------------------------------------------- */
+
+/* Grow *items (of `size` bytes each) to hold at least need; -1 on MemoryError. */
+static int
+reserve(void **items, size_t size, Py_ssize_t *cap, Py_ssize_t need)
+{
+    if (need <= *cap) return 0;
+    Py_ssize_t grown = *cap ? *cap : 1024;
+    while (grown < need) grown *= 2;
+    void *more = PyMem_Realloc(*items, (size_t)grown * size);
+    if (more == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *items = more;
+    *cap = grown;
+    return 0;
+}
+
+/* {type: count} += 1 for type(op); -1 on MemoryError. */
+static int
+count_type(PyObject *counts, PyObject *op)
+{
+    PyObject *tp = (PyObject *)Py_TYPE(op);
+    PyObject *old = PyDict_GetItemWithError(counts, tp);
+    if (old == NULL && PyErr_Occurred()) return -1;
+    PyObject *new = PyLong_FromSsize_t(old == NULL ? 1 : PyLong_AsSsize_t(old) + 1);
+    if (new == NULL) return -1;
+    int status = PyDict_SetItem(counts, tp, new);
+    Py_DECREF(new);
+    return status;
+}
+
+
+/* ---- the walk ---------------------------------------------------------------- */
+
+/* F_KEEP: a root that was immortal before the walk: looked inside, left as it was. */
+enum { F_SEED = 1, F_MORTAL = 2, F_STOP = 4, F_KEEP = 8 };
 
 typedef struct {
-    int immortal_mode;
-    Py_ssize_t immortal;    /* the value to write, from Py_REFCNT(Py_None) */
+    int heap;               /* share_heap(): every kind; walk(): data kinds */
+    int marking;            /* 0: hash_only() */
     int utf8;
-    queue queue;
-    addrset seen;
-    Py_ssize_t objects;
-    Py_ssize_t bytes;
+    PyObject *resources;    /* tuple of types owning an OS resource */
+    PyObject *skipped;      /* walk(): {type: count} of what it does not go into */
+    /* nodes */
+    PyObject **node_op;
+    uint64_t *node_word;    /* the reference count word before the walk */
+    uint8_t *node_flags;
+    uint32_t *node_parents; /* first recorded edge into the node, + 1; 0: none */
+    Py_ssize_t nodes, node_cap, flags_cap, parents_cap, word_cap;
+    /* edges child <- parent, as singly linked lists per child */
+    uint32_t *edge_parent, *edge_next;
+    Py_ssize_t edges, edge_cap, edge_next_cap;
+    Py_ssize_t current;     /* the node being looked inside, or -1 */
+    addrset seen;           /* hash_only()'s visited mark */
+    Py_ssize_t objects, bytes;
 } walk_state;
 
+static inline uint64_t
+word_of(PyObject *op)
+{
+    uint64_t word;
+    memcpy(&word, op, sizeof(word));
+    return word;
+}
+
+static inline void
+set_word(PyObject *op, uint64_t word)
+{
+    memcpy(op, &word, sizeof(word));
+}
+
+/* The node index of op, or -1 if op is not a node of this walk. */
+static inline Py_ssize_t
+node_index(walk_state *w, PyObject *op)
+{
+    uint64_t word = word_of(op);
+    Py_ssize_t index = (Py_ssize_t)(word >> 32) - 1;
+    if (index >= 0 && index < w->nodes && w->node_op[index] == op) return index;
+    return -1;
+}
+
+#if CHECKED
+static void
+make_immortal(PyObject *op)
+{
+#if PY_VERSION_HEX >= 0x030E0000
+    _Py_SetImmortalUntracked(op);
+#else
+    set_word(op, (uint64_t)IMMORTAL_LOW);
+#endif
+}
+#endif
+
 static int
-is_immortal(PyObject *op)
+record_edge(walk_state *w, Py_ssize_t child)
 {
-#if IMMORTAL_OBJECTS
-    return _Py_IsImmortal(op);
-#else
-    (void)op;
+    Py_ssize_t parent = w->current;
+    if (parent < 0 || (w->node_flags[parent] & F_STOP)) return 0;
+    /* A module, class, function or code object is mortal only as a seed. */
+    if ((w->node_flags[child] & (F_STOP | F_SEED)) == F_STOP) return 0;
+    if (reserve((void **)&w->edge_parent, sizeof(uint32_t), &w->edge_cap, w->edges + 1) < 0
+        || reserve((void **)&w->edge_next, sizeof(uint32_t), &w->edge_next_cap,
+                   w->edges + 1) < 0) {
+        return -1;
+    }
+    w->edge_parent[w->edges] = (uint32_t)parent;
+    w->edge_next[w->edges] = w->node_parents[child];
+    w->node_parents[child] = (uint32_t)(++w->edges);
     return 0;
-#endif
 }
 
-static Py_ssize_t
-call_sizeof(PyObject *method, PyObject *op)
+/* Append op to the nodes (tagging it when marking); -1 on MemoryError. */
+static int
+add_node(walk_state *w, PyObject *op)
 {
-    PyObject *result = PyObject_CallOneArg(method, op);
-    if (result == NULL) return -1;
-    Py_ssize_t size = PyLong_AsSsize_t(result);
-    Py_DECREF(result);
-    return size;
-}
-
-/* What str.__sizeof__ says, without the call, for exact (compact) str. */
-static Py_ssize_t
-compact_str_size(PyObject *op)
-{
-    Py_ssize_t length = PyUnicode_GET_LENGTH(op);
-    if (PyUnicode_IS_COMPACT_ASCII(op)) {
-        return (Py_ssize_t)sizeof(PyASCIIObject) + length + 1;
+    Py_ssize_t n = w->nodes + 1;
+    if (n >= ((Py_ssize_t)1 << 32) - 1) {
+        PyErr_SetString(PyExc_MemoryError, "more than 2**32 objects to walk");
+        return -1;
     }
-    Py_ssize_t size = (Py_ssize_t)sizeof(PyCompactUnicodeObject)
-                      + (length + 1) * PyUnicode_KIND(op);
-    PyCompactUnicodeObject *compact = (PyCompactUnicodeObject *)op;
-    if (compact->utf8 != NULL) {
-        size += compact->utf8_length + 1;
+    if (reserve((void **)&w->node_op, sizeof(PyObject *), &w->node_cap, n) < 0
+        || reserve((void **)&w->node_word, sizeof(uint64_t), &w->word_cap, n) < 0
+        || reserve((void **)&w->node_flags, sizeof(uint8_t), &w->flags_cap, n) < 0
+        || reserve((void **)&w->node_parents, sizeof(uint32_t), &w->parents_cap, n) < 0) {
+        return -1;
     }
-    return size;
-}
-
-/* Roughly sys.getsizeof(op); -1 with an exception set on failure. */
-static Py_ssize_t
-size_of(PyObject *op, enum kind k)
-{
-    PyTypeObject *tp = Py_TYPE(op);
-    Py_ssize_t size;
-    switch (k) {
-    case K_STR:
-        size = tp == &PyUnicode_Type ? compact_str_size(op)
-                                     : call_sizeof(str_sizeof, op);
-        break;
-    case K_LIST:
-        size = tp->tp_basicsize
-               + ((PyListObject *)op)->allocated * (Py_ssize_t)sizeof(PyObject *);
-        break;
-    case K_TUPLE:
-    case K_BYTES:
-        size = tp->tp_basicsize + Py_SIZE(op) * tp->tp_itemsize;
-        break;
-    case K_NUMBER:
-        size = PyLong_Check(op) ? call_sizeof(int_sizeof, op) : tp->tp_basicsize;
-        break;
-    case K_DICT:
-#if PY_VERSION_HEX < 0x030D0000
-        /* Public until 3.12 (cpython/dictobject.h); saves a call per dict. */
-        size = _PyDict_SizeOf((PyDictObject *)op);
-#else
-        size = call_sizeof(dict_sizeof, op);
-#endif
-        break;
-    case K_SET:
-        size = call_sizeof(PyFrozenSet_Check(op) ? frozenset_sizeof : set_sizeof, op);
-        break;
-    default:
-        size = tp->tp_basicsize;
-    }
+    Py_ssize_t size = size_of(op, classify(op));  /* here, while op is in the cache */
     if (size < 0) return -1;
-    if (PyType_IS_GC(tp)) size += GC_HEADER_SIZE;
-    if (tp->tp_flags & (Py_TPFLAGS_MANAGED_DICT | Py_TPFLAGS_MANAGED_WEAKREF)) {
-        size += MANAGED_PREHEADER_SIZE;
-    }
-    return size;
-}
-
-/* Cache what a read would otherwise compute and store: the hash, and the
-   UTF-8 form of non-ASCII text. -1 on MemoryError. */
-static int
-prepare_leaf(walk_state *w, PyObject *op, enum kind k)
-{
-    if (k == K_STR) {
-        (void)PyUnicode_Type.tp_hash(op);
-        if (w->utf8 && !PyUnicode_IS_ASCII(op)
-            && PyUnicode_AsUTF8AndSize(op, NULL) == NULL) {
-            /* Lone surrogates have no UTF-8 form; nothing to cache. */
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
-            PyErr_Clear();
-        }
-    }
-    else if (k == K_BYTES) {
-        (void)PyBytes_Type.tp_hash(op);
-    }
-    else if (k == K_SET && PyFrozenSet_Check(op)) {
-        (void)PyFrozenSet_Type.tp_hash(op);
+    w->bytes += size;
+    w->objects++;
+    Py_ssize_t index = w->nodes;
+    w->node_op[index] = op;
+    w->node_word[index] = word_of(op);
+    w->node_flags[index] = 0;
+    w->node_parents[index] = 0;
+    w->nodes = n;
+#if CHECKED
+    if (w->marking) set_word(op, ((uint64_t)n << 32) | IMMORTAL_LOW);
+#endif
+    if (w->marking) {
+        int seed = is_seed(op, w->resources);
+        if (seed < 0) return -1;
+        if (seed) w->node_flags[index] |= F_SEED;
+        if (is_stop(op)) w->node_flags[index] |= F_STOP;
+        if (record_edge(w, index) < 0) return -1;
     }
     return 0;
 }
 
-/* Visit one object found in a container (also a tp_traverse visitproc):
-   prepare it, count it, queue it if it has children, mark it. */
+/* Visit an object found inside the node being looked at (also a
+   tp_traverse visitproc). */
 static int
 visit(PyObject *op, void *arg)
 {
     walk_state *w = (walk_state *)arg;
-    if (w->immortal_mode && is_immortal(op)) return 0;
-
+    if (op == NULL) return 0;
+    if (w->marking) {
+        Py_ssize_t index = node_index(w, op);
+        if (index >= 0) return record_edge(w, index);
+#if CHECKED
+        if (_Py_IsImmortal(op)) return 0;
+#endif
+    }
     enum kind k = classify(op);
-    if (k == K_SKIP) return 0;
-    if (k == K_STR && w->immortal_mode && PyUnicode_CHECK_INTERNED(op)) return 0;
-    if (!w->immortal_mode) {
+    if (w->heap) {
+        if (PyFrame_Check(op)) return 0;
+    }
+    else if (k == K_SKIP) {
+        if (!w->marking || is_stop(op)) return 0;  /* a class is not data, nor skipped */
+        if (w->current >= 0) {
+            int seed = is_seed(op, w->resources);
+            if (seed < 0) return -1;
+            if (seed || (PyObject_IS_GC(op) && !is_stop(op))) {
+                w->node_flags[w->current] |= F_SEED;
+            }
+        }
+        return count_type(w->skipped, op);
+    }
+    if (k == K_STR && w->marking && PyUnicode_CHECK_INTERNED(op)) return 0;
+    if (!w->marking) {
         int added = addrset_add(&w->seen, op);
         if (added <= 0) return added;
     }
-
-    if (prepare_leaf(w, op, k) < 0) return -1;
-    if (has_children(op, k)) {
-        /* Weighed in expand(), which reads its storage anyway. */
-        if (queue_push(&w->queue, op) < 0) return -1;
-    }
-    else {
+    if (prepare(op, k, w->utf8) < 0) return -1;
+    if (is_leaf(op)) {
         Py_ssize_t size = size_of(op, k);
         if (size < 0) return -1;
         w->bytes += size;
-    }
-#if IMMORTAL_OBJECTS
-    if (w->immortal_mode) op->ob_refcnt = w->immortal;
+        w->objects++;
+#if CHECKED
+        if (w->marking) make_immortal(op);
 #endif
-    w->objects++;
-    return 0;
+        return 0;
+    }
+    return add_node(w, op);
 }
 
-/* Weigh a queued object and visit everything inside it. */
+/* Visit everything inside node `index`. */
 static int
-expand(walk_state *w, PyObject *op, int counted)
+expand(walk_state *w, Py_ssize_t index)
 {
-    enum kind k = classify(op);
-    if (counted) {
-        Py_ssize_t size = size_of(op, k);
-        if (size < 0) return -1;
-        w->bytes += size;
-    }
-    if (k == K_DICT) {
-        Py_ssize_t pos = 0;
-        PyObject *key, *value;
-        while (PyDict_Next(op, &pos, &key, &value)) {
-            if (visit(key, w) < 0 || visit(value, w) < 0) return -1;
-        }
-    }
-    else if (k == K_LIST || k == K_TUPLE) {
-        Py_ssize_t n = Py_SIZE(op);
-        PyObject **items = k == K_LIST ? ((PyListObject *)op)->ob_item
-                                       : ((PyTupleObject *)op)->ob_item;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (visit(items[i], w) < 0) return -1;
-        }
-    }
-    /* Sets (whose table layout is private), instances, and the extra
-       __dict__ or slots of Python subclasses of the kinds above. */
-    PyTypeObject *tp = Py_TYPE(op);
-    if (tp->tp_traverse != NULL
-        && (k == K_SET || (tp->tp_flags & Py_TPFLAGS_HEAPTYPE))) {
-        if (tp->tp_traverse(op, visit, w) != 0) return -1;
-    }
-    return 0;
-}
-
-static void
-undo_marks(walk_state *w)
-{
-#if IMMORTAL_OBJECTS
-    if (!w->immortal_mode) return;
-    for (Py_ssize_t i = 0; i < w->queue.len; i++) {
-        w->queue.items[i].op->ob_refcnt = w->queue.items[i].refcnt;
-    }
-#else
-    (void)w;
-#endif
-}
-
-static int
-run_walk(walk_state *w, PyObject *root)
-{
-    int root_was_shared = w->immortal_mode && is_immortal(root);
-    if (root_was_shared) {
-        /* Already shared: not counted again, but looked inside. */
-        enum kind k = classify(root);
-        if (k != K_SKIP && has_children(root, k)
-            && queue_push(&w->queue, root) < 0) {
-            return -1;
-        }
-    }
-    else if (visit(root, w) < 0) {
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < w->queue.len; i++) {
-        if (expand(w, w->queue.items[i].op, !root_was_shared || i > 0) < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-PyDoc_STRVAR(walk_doc,
-"walk(root, immortal, utf8, /) -> (objects, bytes)\n\n"
-"Prepare everything reachable from root for sharing across fork().\n"
-"immortal: the reference count to write (Py_REFCNT(None)), or None to only\n"
-"cache hashes. utf8: also cache the UTF-8 form of non-ASCII str.\n"
-"Use forkserve.share(), which checks that immortal mode is safe first.");
-
-static PyObject *
-walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "walk() takes (root, immortal, utf8)");
-        return NULL;
-    }
-    walk_state w = {0};
-    if (args[1] != Py_None) {
-#if IMMORTAL_OBJECTS
-        w.immortal_mode = 1;
-        w.immortal = PyLong_AsSsize_t(args[1]);
-        if (w.immortal == -1 && PyErr_Occurred()) return NULL;
-#else
-        PyErr_SetString(PyExc_RuntimeError,
-                        "this Python has no immortal objects; pass immortal=None");
-        return NULL;
-#endif
-    }
-    w.utf8 = PyObject_IsTrue(args[2]);
-    if (w.utf8 < 0) return NULL;
-
-    int status = run_walk(&w, args[0]);
-    if (status < 0) undo_marks(&w);
-    PyMem_Free(w.queue.items);
-    addrset_free(&w.seen);
-    if (status < 0) return NULL;
-    return Py_BuildValue("(nn)", w.objects, w.bytes);
-}
-
-/* ---- the whole heap (forkserve --share-heap) ------------------------------
- *
- * share_heap(roots, immortal, utf8) marks immortal every object reachable
- * from the items of the list `roots` (the caller passes sys.modules and what
- * gc.get_objects() returns), of every kind: code, functions, types, modules,
- * instances of C types, and the untracked objects they hold (str, bytes,
- * numbers, tuples). It looks inside an object with:
- *   - PyDict_Next for dicts (tp_traverse skips the str keys of a dict),
- *   - the constants, names and tables of code objects (not GC-tracked, so
- *     tp_traverse knows nothing of them),
- *   - tp_traverse for everything else the collector would look inside
- *     (PyObject_IS_GC: type_traverse must never see a static type).
- * What it never marks, and why:
- *   - the list `roots` itself (marking would leak it);
- *   - frame objects: a running frame's object is reused as the function
- *     returns; the objects its locals hold are reached through the
- *     collector's lists, or not at all if they are untracked leaves;
- *   - interned str, for the reason walk() gives above.
- * The invariants of walk() hold: no Python code runs, nothing is allocated
- * that the collector tracks, the immortal mark is the visited mark. On
- * failure (MemoryError) the containers queued so far get their counts back.
- */
-
-#include <frameobject.h>
-
-#if IMMORTAL_OBJECTS
-static Py_ssize_t
-generic_size(PyObject *op)
-{
-    PyTypeObject *tp = Py_TYPE(op);
-    Py_ssize_t size = tp->tp_basicsize;
-    if (tp->tp_itemsize != 0) {
-        Py_ssize_t items = Py_SIZE(op);
-        size += (items < 0 ? -items : items) * tp->tp_itemsize;
-    }
-    if (PyType_IS_GC(tp)) size += GC_HEADER_SIZE;
-    if (tp->tp_flags & (Py_TPFLAGS_MANAGED_DICT | Py_TPFLAGS_MANAGED_WEAKREF)) {
-        size += MANAGED_PREHEADER_SIZE;
-    }
-    return size;
-}
-
-static int
-heap_visit(PyObject *op, void *arg)
-{
-    walk_state *w = (walk_state *)arg;
-    if (op == NULL || is_immortal(op)) return 0;
-    if (PyFrame_Check(op)) return 0;
-    enum kind k = classify(op);
-    if (k == K_STR && PyUnicode_CHECK_INTERNED(op)) return 0;
-
-    if (prepare_leaf(w, op, k) < 0) return -1;
-    if (PyType_Check(op)) {
-        /* The attribute caches and specialised bytecode key on a type's
-           version tag, assigned (written into the type) on first use:
-           assign it here, in the master, once. 0 if the type has none to
-           give (then it is assigned later, as usual). */
-        (void)PyUnstable_Type_AssignVersionTag((PyTypeObject *)op);
-    }
-    Py_ssize_t size = (k == K_SKIP || k == K_INSTANCE) ? generic_size(op) : size_of(op, k);
-    if (size < 0) return -1;
-    w->bytes += size;
-    if (PyCode_Check(op) || PyDict_Check(op) || PyObject_IS_GC(op)) {
-        if (queue_push(&w->queue, op) < 0) return -1;
-    }
-#if IMMORTAL_OBJECTS
-    op->ob_refcnt = w->immortal;
-#endif
-    w->objects++;
-    return 0;
-}
-
-static int
-heap_expand(walk_state *w, PyObject *op)
-{
-    if (PyCode_Check(op)) {
+    PyObject *op = w->node_op[index];
+    w->current = index;
+    if (w->heap && PyCode_Check(op)) {
+        /* Code objects are not GC-tracked: tp_traverse knows nothing of these. */
         PyCodeObject *code = (PyCodeObject *)op;
         PyObject *parts[] = {
             code->co_consts, code->co_names, code->co_exceptiontable,
@@ -595,123 +665,379 @@ heap_expand(walk_state *w, PyObject *op)
             code->co_name, code->co_qualname, code->co_linetable,
         };
         for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
-            if (heap_visit(parts[i], w) < 0) return -1;
+            if (visit(parts[i], w) < 0) return -1;
         }
         return 0;
     }
+#if PY_VERSION_HEX >= 0x030C0000
+    if (w->heap && PyType_Check(op)) {
+        /* The attribute caches and specialised bytecode key on a type's
+           version tag, assigned (written into the type) on first use:
+           assign it here, in the master, once. */
+        (void)PyUnstable_Type_AssignVersionTag((PyTypeObject *)op);
+    }
+#endif
+    enum kind k = classify(op);
+    /* PyDict_Next because tp_traverse skips a dict's str keys. */
     if (PyDict_Check(op)) {
         Py_ssize_t pos = 0;
         PyObject *key, *value;
         while (PyDict_Next(op, &pos, &key, &value)) {
-            if (heap_visit(key, w) < 0 || heap_visit(value, w) < 0) return -1;
+            if (visit(key, w) < 0 || visit(value, w) < 0) return -1;
         }
     }
-    traverseproc traverse = Py_TYPE(op)->tp_traverse;
-    if (traverse != NULL && PyObject_IS_GC(op)) {
-        if (traverse(op, heap_visit, w) != 0) return -1;
+    else if (!w->heap && (k == K_LIST || k == K_TUPLE)) {
+        Py_ssize_t n = Py_SIZE(op);
+        PyObject **items = k == K_LIST ? ((PyListObject *)op)->ob_item
+                                       : ((PyTupleObject *)op)->ob_item;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (visit(items[i], w) < 0) return -1;
+        }
+    }
+    PyTypeObject *tp = Py_TYPE(op);
+    traverseproc traverse = tp->tp_traverse;
+    if (traverse == NULL || !PyObject_IS_GC(op)) return 0;
+    if (w->heap) {
+        /* What the collector would look inside, lists and tuples included
+           (type_traverse must never see a static type: PyObject_IS_GC). */
+        if (PyDict_CheckExact(op)) return 0;
+        return traverse(op, visit, w) != 0 ? -1 : 0;
+    }
+    /* Sets (whose table layout is private), instances, and the extra
+       __dict__ or slots of Python subclasses of the kinds above. */
+    if (k == K_SET || (tp->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        return traverse(op, visit, w) != 0 ? -1 : 0;
     }
     return 0;
 }
+
+/* Give every node its word back; with done, make the immortal ones so. */
+static void
+settle(walk_state *w, int done)
+{
+    for (Py_ssize_t i = 0; i < w->nodes; i++) {
+        PyObject *op = w->node_op[i];
+#if defined(__GNUC__)
+        /* The nodes lie all over the heap: fetch the headers a few ahead. */
+        if (i + 16 < w->nodes) __builtin_prefetch(w->node_op[i + 16], 1);
 #endif
+        if (w->marking) set_word(op, w->node_word[i]);
+        if (!done) continue;
+        if (w->node_flags[i] & (F_MORTAL | F_KEEP)) {
+            /* Counted as it was found: not made immortal after all. */
+            Py_ssize_t size = size_of(op, classify(op));
+            if (size < 0) {
+                PyErr_Clear();  /* a weight is not worth failing the whole walk over */
+                size = 0;
+            }
+            w->bytes -= size;
+            w->objects--;
+            continue;
+        }
+#if CHECKED
+        if (w->marking) make_immortal(op);
+#endif
+    }
+}
+
+/* {type: count} of the nodes left mortal, and of the seeds among them. Only
+   once every node has its final count: a dict's reference to a type still
+   tagged would be lost. */
+static int
+count_mortal(walk_state *w, PyObject *mortal, PyObject *seeds)
+{
+    for (Py_ssize_t i = 0; i < w->nodes; i++) {
+        uint8_t flags = w->node_flags[i];
+        if ((flags & (F_MORTAL | F_KEEP)) != F_MORTAL) continue;
+        if (count_type(mortal, w->node_op[i]) < 0
+            || ((flags & F_SEED) && count_type(seeds, w->node_op[i]) < 0)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Mortality: every seed, and every node from which a seed is reachable
+   through recorded edges. */
+static int
+spread_mortality(walk_state *w)
+{
+    uint32_t *todo = PyMem_Malloc((size_t)(w->nodes ? w->nodes : 1) * sizeof(uint32_t));
+    if (todo == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t pending = 0;
+    for (Py_ssize_t i = 0; i < w->nodes; i++) {
+        if (w->node_flags[i] & F_SEED) {
+            w->node_flags[i] |= F_MORTAL;
+            todo[pending++] = (uint32_t)i;
+        }
+    }
+    while (pending > 0) {
+        uint32_t child = todo[--pending];
+        for (uint32_t edge = w->node_parents[child]; edge != 0; edge = w->edge_next[edge - 1]) {
+            uint32_t parent = w->edge_parent[edge - 1];
+            if (!(w->node_flags[parent] & F_MORTAL)) {
+                w->node_flags[parent] |= F_MORTAL;
+                todo[pending++] = parent;
+            }
+        }
+    }
+    PyMem_Free(todo);
+    return 0;
+}
+
+static void
+free_state(walk_state *w)
+{
+    PyMem_Free(w->node_op);
+    PyMem_Free(w->node_word);
+    PyMem_Free(w->node_flags);
+    PyMem_Free(w->node_parents);
+    PyMem_Free(w->edge_parent);
+    PyMem_Free(w->edge_next);
+    addrset_free(&w->seen);
+}
+
+/* Walk from the roots (the root's own node is looked inside even if it was
+   already immortal, for walk()), settle, and build the result. */
+static PyObject *
+run(walk_state *w, PyObject *const *roots, Py_ssize_t nroots, PyObject *skip)
+{
+    PyObject *mortal = PyDict_New(), *seeds = PyDict_New();
+    w->skipped = PyDict_New();
+    int status = (mortal == NULL || seeds == NULL || w->skipped == NULL) ? -1 : 0;
+    w->current = -1;
+    for (Py_ssize_t i = 0; status == 0 && i < nroots; i++) {
+        PyObject *root = roots[i];
+        if (root == skip) continue;
+#if CHECKED
+        if (!w->heap && w->marking && _Py_IsImmortal(root) && node_index(w, root) < 0) {
+            /* Already shared: not counted again, but looked inside. */
+            enum kind k = classify(root);
+            if (k == K_SKIP || is_leaf(root)) continue;
+            Py_ssize_t before = w->nodes;
+            status = add_node(w, root);
+            if (status == 0) w->node_flags[before] |= F_KEEP;
+            continue;
+        }
+#endif
+        if (!w->heap && classify(root) == K_SKIP) {
+            status = count_type(w->skipped, root);
+            continue;
+        }
+        status = visit(root, w);
+    }
+    for (Py_ssize_t i = 0; status == 0 && i < w->nodes; i++) {
+        status = expand(w, i);
+    }
+    w->current = -1;
+    if (status == 0 && w->marking) status = spread_mortality(w);
+    settle(w, status == 0);
+    if (status == 0 && w->marking) status = count_mortal(w, mortal, seeds);
+    free_state(w);
+    PyObject *result = status == 0
+        ? Py_BuildValue("(nnOOO)", w->objects, w->bytes, mortal, seeds, w->skipped) : NULL;
+    Py_XDECREF(mortal);
+    Py_XDECREF(seeds);
+    Py_XDECREF(w->skipped);
+    return result;
+}
+
+
+/* ---- the module ------------------------------------------------------------- */
+
+#if CHECKED
+static int
+resources_arg(PyObject *resources)
+{
+    if (!PyTuple_Check(resources)) {
+        PyErr_SetString(PyExc_TypeError, "resources must be a tuple of types");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(resources); i++) {
+        if (!PyType_Check(PyTuple_GET_ITEM(resources, i))) {
+            PyErr_SetString(PyExc_TypeError, "resources must be a tuple of types");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(walk_doc,
+"walk(root, resources, utf8, /) -> (objects, bytes, mortal, seeds, skipped)\n\n"
+"Make everything a dataset reachable from root is made of immortal, but\n"
+"for what the mortality rule keeps mortal. resources: a tuple of types\n"
+"that own an OS resource without a finaliser. utf8: also cache the UTF-8\n"
+"form of non-ASCII str. Use forkserve.share(), which probes first.");
+
+static PyObject *
+walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "walk() takes (root, resources, utf8)");
+        return NULL;
+    }
+    if (resources_arg(args[1]) < 0) return NULL;
+    walk_state w = {0};
+    w.marking = 1;
+    w.resources = args[1];
+    w.utf8 = PyObject_IsTrue(args[2]);
+    if (w.utf8 < 0) return NULL;
+    return run(&w, args, 1, NULL);
+}
 
 PyDoc_STRVAR(share_heap_doc,
-"share_heap(roots, immortal, utf8, /) -> (objects, bytes)\n\n"
-"Mark immortal everything reachable from the items of the list roots.\n"
-"immortal: the reference count to write (Py_REFCNT(None)). utf8: also cache\n"
-"the UTF-8 form of non-ASCII str. Use forkserve.memory.heap.share_heap().");
+"share_heap(roots, resources, utf8, /) -> (objects, bytes, mortal, seeds, skipped)\n\n"
+"As walk(), for every object reachable from the items of the list roots, of\n"
+"every kind. Use forkserve.memory.heap.share_heap().");
 
 static PyObject *
 share_heap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     if (nargs != 3 || !PyList_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "share_heap() takes (list of roots, immortal, utf8)");
+        PyErr_SetString(PyExc_TypeError,
+                        "share_heap() takes (list of roots, resources, utf8)");
         return NULL;
     }
-#if IMMORTAL_OBJECTS
+    if (resources_arg(args[1]) < 0) return NULL;
     walk_state w = {0};
-    w.immortal_mode = 1;
-    w.immortal = PyLong_AsSsize_t(args[1]);
-    if (w.immortal == -1 && PyErr_Occurred()) return NULL;
+    w.heap = 1;
+    w.marking = 1;
+    w.resources = args[1];
     w.utf8 = PyObject_IsTrue(args[2]);
     if (w.utf8 < 0) return NULL;
-
     PyObject *roots = args[0];
-    int status = 0;
-    for (Py_ssize_t i = 0; status == 0 && i < PyList_GET_SIZE(roots); i++) {
-        PyObject *root = PyList_GET_ITEM(roots, i);
-        if (root == roots) continue;
-        status = heap_visit(root, &w);
-    }
-    for (Py_ssize_t i = 0; status == 0 && i < w.queue.len; i++) {
-        status = heap_expand(&w, w.queue.items[i].op);
-    }
-    if (status < 0) undo_marks(&w);
-    PyMem_Free(w.queue.items);
-    if (status < 0) return NULL;
-    return Py_BuildValue("(nn)", w.objects, w.bytes);
-#else
-    PyErr_SetString(PyExc_RuntimeError, "this Python has no immortal objects (3.12 added them)");
-    return NULL;
-#endif
+    /* The list itself is never marked: marking it would leak it. */
+    return run(&w, ((PyListObject *)roots)->ob_item, PyList_GET_SIZE(roots), roots);
 }
 
+PyDoc_STRVAR(mark_doc,
+"mark(objects, /) -> words\n\n"
+"Prepare each item of the list objects and make it immortal as the walks\n"
+"do; return their reference count words as they were. For the probe.");
+
+static PyObject *
+mark(PyObject *module, PyObject *objects)
+{
+    (void)module;
+    if (!PyList_CheckExact(objects)) {
+        PyErr_SetString(PyExc_TypeError, "mark() takes a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(objects);
+    PyObject *words = PyList_New(n);
+    if (words == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *op = PyList_GET_ITEM(objects, i);
+        PyObject *word = PyLong_FromUnsignedLongLong(word_of(op));
+        if (word == NULL || prepare(op, classify(op), 1) < 0) {
+            Py_XDECREF(word);
+            Py_DECREF(words);
+            return NULL;
+        }
+        PyList_SET_ITEM(words, i, word);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        make_immortal(PyList_GET_ITEM(objects, i));
+    }
+    return words;
+}
+
+PyDoc_STRVAR(restore_doc,
+"restore(objects, words, /)\n\n"
+"Give each item of the list objects back the word mark() returned for it:\n"
+"ordinary objects again. Only for what mark() marked, with no reference\n"
+"taken or dropped in between.");
+
+static PyObject *
+restore(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])
+        || PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "restore() takes (objects, words), two lists");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[0]); i++) {
+        unsigned long long word = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(args[1], i));
+        if (word == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+        set_word(PyList_GET_ITEM(args[0], i), (uint64_t)word);
+    }
+    Py_RETURN_NONE;
+}
+#endif
+
+PyDoc_STRVAR(hash_only_doc,
+"hash_only(root, utf8, /) -> (objects, bytes, {}, {}, {})\n\n"
+"Cache the hashes (and UTF-8 forms) of the dataset reachable from root;\n"
+"mark nothing. For the interpreters marking is not checked on.");
+
+static PyObject *
+hash_only(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "hash_only() takes (root, utf8)");
+        return NULL;
+    }
+    walk_state w = {0};
+    w.utf8 = PyObject_IsTrue(args[1]);
+    if (w.utf8 < 0) return NULL;
+    return run(&w, args, 1, NULL);
+}
 
 PyDoc_STRVAR(refcnt_doc,
 "refcnt(obj, /) -> int\n\n"
-"The raw reference count field of obj (counting this call's references).");
+"The raw reference count word of obj (counting this call's references).");
 
 static PyObject *
 refcnt(PyObject *module, PyObject *op)
 {
     (void)module;
-    return PyLong_FromSsize_t(Py_REFCNT(op));
+    return PyLong_FromUnsignedLongLong(word_of(op));
 }
 
 PyDoc_STRVAR(is_immortal_doc,
-"is_immortal(obj, /) -> bool\n\nWhether the interpreter treats obj as immortal.");
+"is_immortal(obj, /) -> bool\n\n"
+"Whether the interpreter treats obj as immortal: its count, and from 3.14\n"
+"also the immortal bit of ob_flags that stack references read.");
 
 static PyObject *
 is_immortal_py(PyObject *module, PyObject *op)
 {
     (void)module;
-    return PyBool_FromLong(is_immortal(op));
-}
-
-#if IMMORTAL_OBJECTS
-PyDoc_STRVAR(mark_doc,
-"mark(obj, value, /)\n\nWrite value into obj's reference count. Only for share()'s probe.");
-
-static PyObject *
-mark(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "mark() takes (obj, value)");
-        return NULL;
-    }
-    Py_ssize_t value = PyLong_AsSsize_t(args[1]);
-    if (value == -1 && PyErr_Occurred()) return NULL;
-    args[0]->ob_refcnt = value;
-    Py_RETURN_NONE;
-}
+#if CHECKED && PY_VERSION_HEX >= 0x030E0000
+    return PyBool_FromLong(_Py_IsImmortal(op) && (op->ob_flags & 1));
+#elif CHECKED
+    return PyBool_FromLong(_Py_IsImmortal(op));
+#else
+    (void)op;
+    Py_RETURN_FALSE;
 #endif
+}
 
 static PyMethodDef methods[] = {
+#if CHECKED
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL, walk_doc},
     {"share_heap", (PyCFunction)(void (*)(void))share_heap, METH_FASTCALL, share_heap_doc},
+    {"mark", mark, METH_O, mark_doc},
+    {"restore", (PyCFunction)(void (*)(void))restore, METH_FASTCALL, restore_doc},
+#endif
+    {"hash_only", (PyCFunction)(void (*)(void))hash_only, METH_FASTCALL, hash_only_doc},
     {"refcnt", refcnt, METH_O, refcnt_doc},
     {"is_immortal", is_immortal_py, METH_O, is_immortal_doc},
-#if IMMORTAL_OBJECTS
-    {"mark", (PyCFunction)(void (*)(void))mark, METH_FASTCALL, mark_doc},
-#endif
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "forkserve._immortal",
-    .m_doc = "C walker behind forkserve.share(); see forkserve/share.py.",
+    .m_name = "forkserve.memory._immortal",
+    .m_doc = "The walker behind forkserve.share() and --share-heap; see "
+             "forkserve/memory/sharing.py.",
     .m_size = -1,
     .m_methods = methods,
 };
@@ -720,6 +1046,18 @@ static PyObject *
 sizeof_method(PyTypeObject *tp)
 {
     return PyObject_GetAttrString((PyObject *)tp, "__sizeof__");
+}
+
+/* subtype_dealloc, read off a class made here (and then dropped). */
+static destructor
+read_python_class_dealloc(void)
+{
+    PyObject *cls = PyObject_CallFunction((PyObject *)&PyType_Type, "s()N",
+                                          "_forkserve_probe_class", PyDict_New());
+    if (cls == NULL) return NULL;
+    destructor dealloc = ((PyTypeObject *)cls)->tp_dealloc;
+    Py_DECREF(cls);
+    return dealloc;
 }
 
 PyMODINIT_FUNC
@@ -731,8 +1069,9 @@ PyInit__immortal(void)
         frozenset_sizeof = sizeof_method(&PyFrozenSet_Type);
         int_sizeof = sizeof_method(&PyLong_Type);
         str_sizeof = sizeof_method(&PyUnicode_Type);
+        python_class_dealloc = read_python_class_dealloc();
         if (!dict_sizeof || !set_sizeof || !frozenset_sizeof || !int_sizeof
-            || !str_sizeof) {
+            || !str_sizeof || !python_class_dealloc) {
             Py_CLEAR(dict_sizeof);
             Py_CLEAR(set_sizeof);
             Py_CLEAR(frozenset_sizeof);
@@ -741,5 +1080,12 @@ PyInit__immortal(void)
             return NULL;
         }
     }
-    return PyModule_Create(&module_def);
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    /* CHECKED: this build marks objects (walk, share_heap, mark exist). */
+    if (PyModule_AddIntConstant(module, "CHECKED", CHECKED) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -1,41 +1,45 @@
-"""--share-heap: make the master's whole heap immortal before the first fork.
+"""Sharing the master's whole heap (on by default; --no-share-heap turns it off).
 
 forkserve.share(obj) keeps one dataset shared; share_heap() does the same
 for everything the master holds once the application is loaded, so that an
-application that changes nothing still has workers that read without
-writing reference counts into the master's pages. Call it in the master
-after the application is loaded and before gc.freeze and the first fork
-(forkserve.process.boot does, when --share-heap is on).
+application that changes nothing has workers that read without writing
+reference counts into the master's pages. The master calls it after the
+application is loaded (and warmed up) and before gc.freeze and the first
+fork (forkserve.process.boot).
 
 What it marks: every object reachable from sys.modules and from the
 collector's lists (gc.get_objects(), after gc.unfreeze() so that what an
 earlier share() froze is seen too): modules, types, functions, code objects,
 instances, and the untracked objects they hold (str, bytes, int, float,
-tuples). It caches str/bytes/frozenset hashes and the UTF-8 form of non-ASCII
-str, as share() does. The C walker is forkserve.memory._immortal.share_heap;
-its header comment says what it looks inside and what it never marks.
+tuples). It caches str/bytes/frozenset hashes (tuples too from 3.14) and the
+UTF-8 form of non-ASCII str, as share() does. The C walker is
+forkserve.memory._immortal.share_heap; its header comment says what it looks
+inside and what it never marks.
 
 Invariants and their reasons:
 
-- Immortal objects are never freed. A finaliser (__del__), a weakref
-  callback or a close-on-free of any object that exists when share_heap()
-  runs never runs, in the master or in a worker: files, sockets and
-  generators left open in the master stay open until closed explicitly
-  (close() works as before) or the process exits. Objects created after it
-  (everything a worker allocates for a request) are ordinary objects.
+- Finalisers keep their meaning. An object whose death can run code (a
+  __del__ or other finaliser, a weakref callback pointing at it, a suspended
+  generator or coroutine, an OS resource: file, socket, mmap, subprocess)
+  stays mortal, and so does every object from which one is reachable through
+  data: a worker that drops an object made at import still closes its file
+  and runs its __del__, as without sharing. Modules, classes, functions and
+  code objects live as long as the program and are made immortal whatever
+  they hold. The report counts what stayed mortal, by type.
+- Everything else is never freed, in the master or in a worker. That is the
+  point: nothing made before the fork is ever freed by a worker anyway while
+  the master holds it.
 - Only the master at boot calls it, once per process. A reload (HUP) starts
   a new master process and ends the old one, which frees everything.
-- It refuses rather than half-works: on Python 3.11, free-threaded or debug
-  builds, without the C extension, or when share()'s probe fails,
-  `refusal()` says why and the server does not start (there is no pure
-  Python walk of the whole heap: it would allocate while it walks, and take
-  minutes on a large heap).
+- Where marking was not checked (3.11, 3.16+, free-threaded or debug builds,
+  no C extension, a failed probe), `unavailable()` says why: the default
+  logs that line and goes on with gc.freeze alone; an explicit --share-heap
+  refuses to start.
 
 Still written on read after it, hence still copied by workers: the
 specialisation caches inside code objects (co_code_adaptive, written as
 bytecode warms up), type version tags and method caches, lazily created
-instance dicts, and objects created after it. (The allocators' holes between
-the master's objects are taken before each fork: forkserve.memory.free_space.)
+instance dicts, the objects kept mortal, and objects created after it.
 """
 
 import gc
@@ -44,35 +48,44 @@ import time
 
 from forkserve.memory import sharing
 
-__all__ = ["refusal", "share_heap"]
+__all__ = ["refusal", "share_heap", "shared", "unavailable"]
+
+_state = {"shared": False}
+
+
+def shared():
+    """Whether this process (or the master it was forked from) shared its heap."""
+    return _state["shared"]
+
+
+def unavailable():
+    """Why the heap cannot be shared here, as a clause; None if it can."""
+    support = sharing.immortal_support()
+    return None if support.ok else support.reason
 
 
 def refusal():
-    """Why --share-heap cannot work here, as a sentence; None if it can."""
-    support = sharing.immortal_support()
-    if support.value is None:
-        reason = support.reason
-    elif sharing.accelerator() is None:
-        reason = ("the C extension forkserve.memory._immortal is not built (reinstall forkserve "
-                  "where a C compiler and the Python headers are available)")
-    else:
+    """Why an explicit --share-heap cannot start here, as a sentence; None if it can."""
+    reason = unavailable()
+    if reason is None:
         return None
-    return (f"--share-heap needs immortal objects (CPython 3.12 or 3.13, not free-threaded), "
-            f"and here {reason}. Run forkserve on Python 3.12+, or keep a large dataset "
-            "shared on any Python with forkserve.store.Store; or drop --share-heap.")
+    return (f"--share-heap needs immortal objects (CPython 3.12 to 3.15, 64-bit, not "
+            f"free-threaded), and here {reason}. Run forkserve on one of those, or keep a "
+            "large dataset shared on any Python with forkserve.store.Store; or drop "
+            "--share-heap (the default shares the heap where it can).")
 
 
 def share_heap(collect_first=False):
-    """Mark the whole heap immortal; a sharing.ShareReport. Check refusal() first.
+    """Mark the whole heap immortal but for the mortality rule; a
+    sharing.ShareReport. Check unavailable() first.
 
     collect_first: collect the cyclic garbage first (a warm-up's; measured to
     pay after a warm-up only: on the Flask shop without one, the workers
     ended 0.4-0.5 MiB larger with it)."""
-    reason = refusal()
+    reason = unavailable()
     if reason is not None:
-        raise RuntimeError(reason)
+        raise RuntimeError(refusal())
     accelerator = sharing.accelerator()
-    value = sharing.immortal_support().value
     started = time.perf_counter()
     with sharing.gc_paused():
         if collect_first:
@@ -82,7 +95,9 @@ def share_heap(collect_first=False):
         gc.unfreeze()  # what an earlier gc.freeze() holds is not in gc.get_objects()
         roots = gc.get_objects()
         roots.append(sys.modules)
-        objects, size = accelerator.share_heap(roots, value, sharing.fill_utf8_cache)
+        result = accelerator.share_heap(roots, sharing.resource_types(),
+                                        sharing.fill_utf8_cache)
         del roots
     gc.freeze()
-    return sharing.ShareReport(objects, size, time.perf_counter() - started, True, "c")
+    _state["shared"] = True
+    return sharing.report_of(result, started)

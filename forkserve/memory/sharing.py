@@ -5,54 +5,52 @@
 
 Why: after fork, a worker shares the master's pages until it writes to one.
 Reading a Python object writes to it: its reference count on every access,
-the cached hash of a str the first time it is hashed, and its GC header when
-a collection runs. forkserve.memory.cow stops the collector; share() stops the rest
-for everything reachable from obj, so random reads in a worker copy nothing.
+the cached hash of a str (and from 3.14 of a tuple) the first time it is
+hashed, and its GC header when a collection runs. forkserve.memory.cow stops
+the collector; share() stops the rest for everything reachable from obj, so
+random reads in a worker copy nothing.
 
-What share(obj) does, in order:
+What share(obj) does, in order (the C walker, forkserve/memory/_immortal.c,
+says how):
 
-1. Walks the graph from obj through dicts (keys and values), lists, tuples,
-   sets, frozensets, str, bytes, int, float, and instances of Python classes
-   with a __dict__ (their attributes and slots). It does not go into types,
-   modules, functions, or other objects without a __dict__ (a datetime, a
-   Decimal): those, and their pages, are still written on read.
-2. Caches the hash of every str, bytes and frozenset, and the UTF-8 form of
-   every non-ASCII str (see fill_utf8_cache).
-3. On Python 3.12 and 3.13 (not free-threaded), writes the interpreter's
-   immortal reference count into each object, taken from Py_REFCNT(None).
-   The interpreter then never changes that count, and never frees the
-   object. The immortal mark is also the walk's visited mark: objects that
-   are already immortal (None, small ints, interned strings, anything an
-   earlier share() marked) are skipped and not looked inside, except obj
-   itself, which is always looked inside. Interned strings are left to the
-   interpreter: 3.12 makes them immortal itself, and 3.13 keeps the ones
-   from sys.intern() mortal and settles their counts at exit.
+1. Walks the graph from obj through what records are made of: dicts (keys
+   and values), lists, tuples (named tuples too), sets, frozensets, str,
+   bytes, int, float, and instances of Python classes (with a __dict__,
+   __slots__, or both: dataclasses, frozen or with slots=True). It does not go
+   into types, modules, functions, or objects of C types (a datetime, a
+   Decimal, a deque): it counts those by type, and the report names them.
+2. Caches the hash of every str, bytes and frozenset (and of tuples of
+   builtins from 3.14), and the UTF-8 form of every non-ASCII str.
+3. Makes each object immortal, as the interpreter reads it (a count on 3.12
+   and 3.13; the count and the immortal bit of ob_flags from 3.14), except
+   what the mortality rule keeps mortal: an object whose death can run code
+   (a finaliser, a weakref callback pointing at it, a suspended generator,
+   an OS resource) and every object it is reachable from through data. So
+   dropping what holds a file still closes the file. The report counts what
+   stayed mortal, by type.
 4. gc.freeze(), so no collection examines the shared objects again.
 
 Invariants and their reasons:
 
-- Nothing is marked before a probe (once per process) has shown that this
-  interpreter leaves the mark alone: a fresh object is marked, referenced
-  and dereferenced, and its count must not move. On 3.11, free-threaded or
-  debug builds, or when the probe fails, share() only caches hashes and
-  freezes the GC, and warns once per process (SharingWarning).
+- Nothing is marked unless this interpreter is one the marking was checked
+  against (CPython 3.12 to 3.15, 64-bit, not free-threaded, not a debug
+  build: CHECKED_VERSIONS) and a probe (forkserve.memory.probe, once per
+  process) has shown that a forked child's reads leave a marked object's
+  page unwritten. Anywhere else share() only caches hashes and freezes the
+  GC, and warns once per process (SharingWarning) saying why.
 - Shared objects are never freed. Share only data that lives as long as the
   process. Replacing the dataset is a reload (a new master process), not an
   assignment: the old objects would stay in memory.
 - Mutating a shared container after share() is allowed and safe, but what
   it replaces or removes is leaked, and what it adds is not shared until
   share() is called on the container (or on the added objects) again.
-- A failed share() (MemoryError) leaves no container marked without having
-  been looked inside, so calling it again finishes the job. That holds for
-  the C walker; the Python walker, used only when the extension did not
-  build, may leave marked containers behind whose contents stay unshared.
+- A failed share() (MemoryError) leaves no container marked: calling it
+  again finishes the job.
 
 Still written on read, and not handled here: the interpreter's
 specialization caches in code objects, type version tags, instance.__dict__
 or vars(instance) (creates the dict of an instance that keeps its attributes
 inline, the first time), and anything share() does not go into (above).
-Tuple hashes are not cached by the interpreter at all before 3.14: hashing a
-tuple reads it, and writes nothing.
 """
 
 import contextlib
@@ -66,10 +64,15 @@ import sysconfig
 import time
 import warnings
 
-from forkserve.memory.walker import ctypes_backend as _ctypes_backend
+from forkserve.memory import probe
 from forkserve.memory.walker import walk as _walk_python
 
-__all__ = ["ShareReport", "SharingWarning", "immortal_supported", "share"]
+__all__ = ["CHECKED_VERSIONS", "ShareReport", "SharingWarning", "immortal_supported", "share"]
+
+#: The versions whose headers the marking was checked against
+#: (forkserve/memory/_immortal.c says what each reads). Any other gets no
+#: marking and one log line.
+CHECKED_VERSIONS = ((3, 12), (3, 13), (3, 14), (3, 15))
 
 #: Fill the UTF-8 cache of non-ASCII str before fork. PyUnicode_AsUTF8()
 #: (orjson, C functions taking text as char *) stores the UTF-8 form inside
@@ -84,6 +87,15 @@ fill_utf8_cache = True
 #: Set to a non-empty value to ignore the C extension (tests, debugging).
 NO_C_ENV = "FORKSERVE_NO_C"
 
+#: Types that own an OS resource and release it when they die, looked up in
+#: the modules already imported (nothing is imported for this). Most also
+#: have a finaliser, which the walker sees by itself; mmap, epoll and
+#: SemLock do not.
+RESOURCE_TYPES = (("mmap", "mmap"), ("select", "epoll"), ("select", "devpoll"),
+                  ("select", "kqueue"), ("_multiprocessing", "SemLock"),
+                  ("_sqlite3", "Connection"), ("sqlite3", "Connection"),
+                  ("_socket", "socket"), ("_io", "_IOBase"), ("subprocess", "Popen"))
+
 _state = {"warned": False}
 
 
@@ -93,20 +105,59 @@ class SharingWarning(RuntimeWarning):
 
 @dataclasses.dataclass(frozen=True)
 class ShareReport:
-    """What share() did. `bytes` is roughly the sys.getsizeof() total."""
+    """What share() or --share-heap did. `bytes` is roughly the sys.getsizeof()
+    total of the objects made immortal; `mortal`, `seeds` and `skipped` map
+    type names to how many objects stayed mortal (the mortality rule), of
+    those how many die running code themselves (the rest hold one), and how
+    many were not gone into (share() only: not data it knows)."""
 
     objects: int
     bytes: int
     seconds: float
     immortal: bool
-    method: str  # "c" or "python" (immortal), or "hash-only"
+    method: str  # "c" (immortal) or "hash-only"
+    mortal: dict = dataclasses.field(default_factory=dict)
+    seeds: dict = dataclasses.field(default_factory=dict)
+    skipped: dict = dataclasses.field(default_factory=dict)
 
     def __str__(self):
-        what = "shared" if self.immortal else "cached hashes of"
-        how = (f"immortal, {'C' if self.method == 'c' else 'Python'} walker"
-               if self.immortal else "not immortal on this interpreter")
-        return (f"{what} {self.objects:,} objects ({self.bytes / 1e6:,.1f} MB) "
-                f"in {self.seconds:.2f} s: {how}")
+        size = f"({self.bytes / 1e6:,.1f} MB) in {self.seconds:.2f} s"
+        if not self.immortal:
+            return (f"cached hashes of {self.objects:,} objects {size}: "
+                    "not immortal on this interpreter")
+        skipped = sum(self.skipped.values())
+        if skipped:
+            text = (f"shared {self.objects:,} objects {size}; NOT shared: {skipped:,} "
+                    f"objects of kinds share() does not go into ({_by_type(self.skipped)})")
+        else:
+            text = f"shared {self.objects:,} objects {size}"
+        mortal = sum(self.mortal.values())
+        if mortal:
+            text += f"; kept mortal, so their finalisers still run: {mortal:,} objects"
+            seeds = sum(self.seeds.values())
+            if seeds:
+                text += f", {seeds:,} that run code when they die ({_by_type(self.seeds, shown=8)})"
+            text += f" and what holds them ({_by_type(self.mortal)})"
+        return text
+
+
+def _by_type(counts, shown=4):
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    text = ", ".join(f"{name} {count:,}" for name, count in ranked[:shown])
+    return text + (f" and {len(ranked) - shown} more types" if len(ranked) > shown else "")
+
+
+def report_of(result, started, immortal=True):
+    """A ShareReport from a walker's (objects, bytes, mortal, seeds, skipped)."""
+    objects, size, mortal, seeds, skipped = result
+    return ShareReport(objects, size, time.perf_counter() - started, immortal,
+                       "c" if immortal else "hash-only", _named(mortal), _named(seeds),
+                       _named(skipped))
+
+
+def _named(counts):
+    return {f"{getattr(tp, '__module__', '?')}.{tp.__qualname__}".removeprefix("builtins."): n
+            for tp, n in counts.items()}
 
 
 def share(obj):
@@ -116,31 +167,24 @@ def share(obj):
     ShareReport. See the module docstring for what is and is not covered.
     """
     started = time.perf_counter()
+    support = immortal_support()
     accelerator = _accelerator()
-    support = _support(accelerator is not None)
-    immortal = support.value is not None
     with _gc_paused():
-        if accelerator is not None:
-            objects, size = accelerator.walk(obj, support.value, fill_utf8_cache)
+        if support.ok:
+            result = accelerator.walk(obj, resource_types(), fill_utf8_cache)
+        elif accelerator is not None:
+            result = accelerator.hash_only(obj, fill_utf8_cache)
         else:
-            backend = _ctypes_backend() if immortal else None
-            objects, size = _walk_python(obj, backend, support.value, fill_utf8_cache)
+            result = _walk_python(obj, fill_utf8_cache)
     gc.freeze()
-    method = ("c" if accelerator is not None else "python") if immortal else "hash-only"
-    report = ShareReport(objects, size, time.perf_counter() - started, immortal, method)
-    if not immortal:
+    if not support.ok:
         _warn_once(support.reason)
-    return report
+    return report_of(result, started, immortal=support.ok)
 
 
 def immortal_supported():
     """Whether share() makes objects immortal here (the probe's verdict)."""
-    return immortal_support().value is not None
-
-
-def immortal_support():
-    """The probe's verdict: .value, the count to write, or None and .reason."""
-    return _support(_accelerator() is not None)
+    return immortal_support().ok
 
 
 def accelerator():
@@ -153,13 +197,24 @@ def gc_paused():
     return _gc_paused()
 
 
+def resource_types():
+    """RESOURCE_TYPES, as the types of the modules imported so far."""
+    found = []
+    for module_name, name in RESOURCE_TYPES:
+        module = sys.modules.get(module_name)
+        candidate = getattr(module, name, None) if module is not None else None
+        if isinstance(candidate, type) and candidate not in found:
+            found.append(candidate)
+    return tuple(found)
+
+
 # ---- choosing how ---------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class _Support:
-    value: object  # the immortal reference count to write, or None
-    reason: str    # why not, when value is None
+class Support:
+    ok: bool      # objects are made immortal
+    reason: str   # why not, when not ok
 
 
 def c_extension(name):
@@ -177,31 +232,48 @@ def _accelerator():
     return c_extension("_immortal")
 
 
+def immortal_support():
+    """Whether objects are made immortal here (.ok), or why not (.reason)."""
+    return _support(_accelerator() is not None)
+
+
 @functools.cache
 def _support(accelerated):
-    if sys.implementation.name != "cpython":
-        return _Support(None, f"{sys.implementation.name} has no immortal objects")
-    if sys.version_info < (3, 12):
-        return _Support(None, f"Python {sys.version_info[0]}.{sys.version_info[1]} "
-                              "has no immortal objects (3.12 added them)")
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        return _Support(None, "free-threaded builds count references differently")
-    if hasattr(sys, "gettotalrefcount"):
-        return _Support(None, "debug builds track every reference")
-    if accelerated:
-        from forkserve.memory import _immortal as backend
-    else:
-        backend = _ctypes_backend()
-        if backend is None:
-            return _Support(None, "the C extension forkserve.memory._immortal is not built "
-                                  "and ctypes is unavailable")
-    value = backend.refcnt(None)
-    if value != sys.getrefcount(None):
-        return _Support(None, "reference counts cannot be read reliably here")
-    failure = _probe(backend, value)
+    reason = unchecked_reason()
+    if reason:
+        return Support(False, reason)
+    if not accelerated:
+        return Support(False, "the C extension forkserve.memory._immortal is not built "
+                              "(reinstall forkserve where a C compiler and the Python "
+                              "headers are available)")
+    from forkserve.memory import _immortal as backend
+    if not backend.CHECKED:
+        return Support(False, "forkserve.memory._immortal was built without the marking "
+                              "for this interpreter")
+    failure = probe.run(backend.mark, backend.restore)
     if failure:
-        return _Support(None, f"the immortality probe failed ({failure})")
-    return _Support(value, "")
+        return Support(False, f"the immortality probe failed ({failure})")
+    return Support(True, "")
+
+
+def unchecked_reason():
+    """Why this interpreter is not one the marking was checked against; "" if it is."""
+    version = sys.version_info[:2]
+    name = f"Python {version[0]}.{version[1]}"
+    if sys.implementation.name != "cpython":
+        return f"{sys.implementation.name} has no immortal objects"
+    if version < (3, 12):
+        return f"{name} has no immortal objects (3.12 added them)"
+    if version not in CHECKED_VERSIONS:
+        return (f"{name} is newer than the versions forkserve's marking was checked "
+                f"against (3.12 to 3.15)")
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return "free-threaded builds count references differently"
+    if hasattr(sys, "gettotalrefcount"):
+        return "debug builds track every reference"
+    if sys.maxsize < 2**32:
+        return "32-bit builds lay out the reference count differently"
+    return ""
 
 
 def _warn_once(reason):
@@ -236,40 +308,3 @@ def _gc_paused():
     finally:
         if enabled:
             gc.enable()
-
-
-# ---- the probe --------------------------------------------------------------
-
-
-def _probe(backend, value):
-    """Mark fresh objects with value and use them; None if the mark held."""
-    subjects = [["forkserve.share probe"],
-                "".join(["forkserve.share probe ", str(os.getpid())])]
-    for subject in subjects:
-        backend.mark(subject, value)
-        if not backend.is_immortal(subject):
-            return f"an object marked {value:#x} is not immortal"
-        _exercise(subject)
-        moved = backend.refcnt(subject)
-        if moved != value:
-            return f"a marked reference count moved from {value:#x} to {moved:#x}"
-    if backend.is_immortal(object()):
-        return "a fresh object looks immortal"
-    return None
-
-
-def _exercise(obj):
-    """Take and drop references the ways the interpreter and C code do."""
-    held = [obj] * 64
-    table = {"key": obj}
-    for _ in range(32):
-        _pass_along(table["key"], 4)
-        copy = tuple(held)
-        held.extend(copy[:2])
-        del held[-2:], copy
-    held.clear()
-    table.clear()
-
-
-def _pass_along(obj, depth):
-    return obj if depth == 0 else _pass_along(obj, depth - 1)

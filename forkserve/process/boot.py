@@ -5,9 +5,10 @@
 3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports.
 4. Import the application: its dataset loads here, once, in the master.
 5. --warmup requests (forkserve.process.warmup) and the pre_freeze hook, then
-   with --share-heap the code that still writes after them is moved onto
-   pages of its own (forkserve.memory.code_layout) and the whole heap is
-   made immortal (forkserve.memory.heap);
+   (unless --no-share-heap, and where it was checked) the code that still
+   writes after them is moved onto pages of its own
+   (forkserve.memory.code_layout) and the heap is made immortal but for
+   what finalisers need (forkserve.memory.heap);
    then gc.freeze() + gc.set_threshold(0) (cow.harden), then the post_freeze hook.
 6. Write the pid file, then listen() and log the real addresses (as Gunicorn, so
    whoever waits for "Listening at" finds the pid file); then fork workers
@@ -47,7 +48,7 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     if status is not None:
         return status
     hooks = install_hooks(cfg)
-    if cfg.share_heap:
+    if cfg.share_heap:  # asked for by name: refuse rather than start without it
         from forkserve.memory import heap
         refused = heap.refusal()
         if refused:
@@ -83,7 +84,7 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
             if cfg.warmup:
                 warmup.run(app, cfg.warmup)
             hooks.pre_freeze(app)  # a warm-up in Python (forkserve.process.warmup.Client)
-        if cfg.share_heap:
+        if cfg.share_heap is not False:
             _share_heap(cfg, warmup_requests)
         cow.harden()
         hooks.post_freeze()  # before the hold: what it starts must not inherit blocked signals
@@ -168,20 +169,28 @@ def _load(cfg):
 
 
 def _share_heap(cfg, warmup_requests):
+    """Share the heap (on unless --no-share-heap); say so, or why not."""
     if cfg.workers == 0:
-        log.info("--share-heap: skipped, pointless with -w 0 (no worker is forked to share "
-                 "the heap with)")
+        if cfg.share_heap:
+            log.info("--share-heap: skipped, pointless with -w 0 (no worker is forked to "
+                     "share the heap with)")
         return
     from forkserve.memory import code_layout, heap
+    reason = heap.unavailable()
+    if reason is not None:  # only the default gets here: --share-heap was refused at start
+        log.info("Heap sharing off: %s; workers copy the pages of what they read "
+                 "(gc.freeze still keeps collections off the master's objects)", reason)
+        return
     if warmup_requests:  # the code still writing after the warm-up goes on pages of its own
         try:
-            log.info("--share-heap: %s", code_layout.pack_writers(
+            log.info("Heap sharing: %s", code_layout.pack_writers(
                 lambda: warmup.replay(warmup_requests)))
         except Exception as exc:  # the application's, replaying its own warm-up
-            log.warning("--share-heap: moving the code that keeps writing stopped: replaying "
+            log.warning("Heap sharing: moving the code that keeps writing stopped: replaying "
                         "the warm-up's %d requests raised %r; the heap is shared as it is",
                         len(warmup_requests), exc)
-    log.info("--share-heap: %s", heap.share_heap(collect_first=bool(warmup_requests)))
+    log.info("Heap sharing: %s (--no-share-heap turns it off)",
+             heap.share_heap(collect_first=bool(warmup_requests)))
 
 
 def _listen(cfg, listeners, stats_listener):

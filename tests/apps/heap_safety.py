@@ -1,11 +1,12 @@
 """What --share-heap means for finalisers, files and garbage, made observable.
 
-At load (in the master) it creates an object with __del__, a weakref with a
-callback, a file and a socket. A finaliser or callback that runs writes a
-file named `<event>-<pid>` into WITNESS_DIR. Routes:
+At load (in the master) it creates an object with __del__, one held two
+levels down in plain data, a weakref with a callback, a suspended generator
+with a finally, a file and a socket. A finaliser, callback or finally that
+runs writes a file named `<event>-<pid>` into WITNESS_DIR. Routes:
 
   /pid           the serving process's pid
-  /drop          drop the master's finaliser object and weakref target
+  /drop          drop the master's finaliser objects, weakref target and generator
   /mine          create and drop a worker's own object with __del__ and a cycle
   /close         close the master's file and socket: "<pid> socket:[<inode>] True -1"
   /churn?n=N     allocate and drop N records (dicts, lists, str, cycles)
@@ -47,16 +48,31 @@ def _callback(reference):
     _mark("weakref-callback")
 
 
-held = {"finalised": Finalised("master-del"), "target": Target()}
+class Wrapper:
+    def __init__(self, inside):
+        self.inside = inside
+
+
+def _suspended():
+    try:
+        yield "started"
+        yield "never reached"
+    finally:
+        _mark("generator-finally")
+
+
+held = {"finalised": Finalised("master-del"), "target": Target(),
+        "nested": {"inner": [Wrapper(Finalised("nested-del"))]}, "generator": _suspended()}
 held["reference"] = weakref.ref(held["target"], _callback)
+next(held["generator"])
 master_file = open(__file__, "rb")
 master_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 ballast = [{"n": n, "text": f"record {n} " * 4} for n in range(BALLAST_MB * 2800)]
 
 
 def _drop():
-    held.pop("finalised", None)
-    held.pop("target", None)
+    for name in ("finalised", "target", "nested", "generator"):
+        held.pop(name, None)
     gc.collect()
     return "dropped"
 

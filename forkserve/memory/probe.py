@@ -1,0 +1,163 @@
+"""The probe behind share() and --share-heap: does a marked object's page stay
+unwritten when a forked child reads it?
+
+That is the effect sharing promises, so that is what is checked, not a proxy
+of it (a count read back after the reads cannot see a version whose reads
+write and then undo, as 3.14's stack references do with an object whose count
+alone says immortal):
+
+1. Two subjects, a tuple and a str, are allocated alone on pages of their
+   own: each is larger than glibc's largest mmap threshold (32 MiB), so malloc
+   maps it by itself (jemalloc and tcmalloc give such sizes extents of their
+   own too), and its header sits at the start of its first page, which is
+   checked. They are marked as the walks mark (`mark`), their words saved.
+2. A child is forked. It stops its collector, then uses the subjects the
+   ways the interpreter and C code take and drop references: locals,
+   arguments and return values through nested calls, a global, a class
+   attribute, list and dict items, iteration, len, hash, comparison. It also
+   takes a reference to a small ordinary object, the control.
+3. The child reads /proc/self/pagemap: the page of each subject's header must
+   still be shared with the parent (not "exclusively mapped", bit 56) and the
+   control's page must be exclusive (copied by the reference it took). A
+   control that is not seen copied means this kernel cannot show a copy: the
+   probe fails rather than pass blind.
+4. The parent restores the subjects' words (they become ordinary objects
+   again and are freed) and returns None, or why the probe failed.
+
+It costs two 33 MiB allocations for the moment it runs, and one fork, once
+per process (sharing caches the verdict).
+"""
+
+import gc
+import os
+import struct
+import sys
+import warnings
+
+__all__ = ["run"]
+
+#: Larger than glibc's DEFAULT_MMAP_THRESHOLD_MAX (32 MiB on 64-bit), the most
+#: its dynamic mmap threshold can rise to: such a block is always mapped alone.
+ALONE = 33 << 20
+PAGE = os.sysconf("SC_PAGE_SIZE")
+_PRESENT = 1 << 63
+_EXCLUSIVE = 1 << 56  # "page exclusively mapped" (Linux 4.2+)
+
+
+class _Held:
+    """Where the child finds the subjects through an attribute."""
+
+    subjects = ()
+
+
+def run(mark, restore):
+    """None if marked objects stay unwritten in a forked child; else why not.
+
+    mark(list) marks each item and returns their old words; restore(list,
+    words) puts them back."""
+    subjects = [(None,) * (ALONE // 8), " " * ALONE]
+    if any(id(subject) % PAGE >= 256 for subject in subjects):
+        return "the probe could not place its objects on pages of their own"
+    control = object()
+    _Held.subjects = subjects
+    words = mark(subjects)
+    try:
+        verdict = _in_child(subjects, control)
+    finally:
+        restore(subjects, words)
+        _Held.subjects = ()
+    return verdict
+
+
+def _in_child(subjects, control):
+    close = _unpatched("close")  # gevent's closes when its loop next runs: not soon enough
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        # 3.12+ warns when a process with other threads forks (a child might
+        # inherit a lock some thread held). This child only reads its own
+        # memory and /proc, takes no lock, and leaves through os._exit.
+        warnings.filterwarnings("ignore", r".*multi-threaded.*fork", DeprecationWarning)
+        pid = _unpatched("fork")()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        status = 0
+        try:
+            close(read)
+            gc.disable()
+            _use_all()
+            keep = [control]
+            answer = _check(subjects, keep[0])
+            os.write(write, answer.encode())
+        except BaseException as exc:  # the child must always reach os._exit
+            status = 1
+            try:
+                os.write(write, f"the probe's child failed: {exc!r}"[:500].encode())
+            except OSError:
+                pass
+        os._exit(status)
+    close(write)
+    try:
+        chunks = []
+        while chunk := os.read(read, 4096):
+            chunks.append(chunk)
+    finally:
+        close(read)
+        _unpatched("waitpid")(pid, 0)
+    answer = b"".join(chunks).decode()
+    return None if answer == "ok" else answer or "the probe's child said nothing"
+
+
+def _unpatched(name):
+    """os.<name>, as it was before gevent's monkey-patching: the probe's child
+    must not run gevent's fork hooks, and no hub runs to wait for it or to
+    carry out a close."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("os"):
+        return monkey.get_original("os", name)
+    return getattr(os, name)
+
+
+def _use_all():
+    for index in range(len(_Held.subjects)):
+        subject = _Held.subjects[index]
+        hash(subject)  # once each: hashing 4 million items takes a while
+        if not subject == subject:
+            raise AssertionError("the subject changed")
+        _use(subject, 8)
+
+
+def _use(subject, depth):
+    """Take and drop references the ways the interpreter and C code do."""
+    local = subject
+    table = {"key": local}
+    items = [local, table["key"]]
+    for item in items:
+        if item is not subject:
+            raise AssertionError("the subject changed")
+    len(local)
+    local[0]
+    items.clear()
+    if depth:
+        return _use(_pass(local), depth - 1)
+    return local
+
+
+def _pass(value):
+    return value
+
+
+def _check(subjects, control):
+    """"ok", or what the pages say went wrong (runs in the child)."""
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        def entry(address):
+            pagemap.seek(address // PAGE * 8)
+            return struct.unpack("<Q", pagemap.read(8))[0]
+
+        control_entry = entry(id(control))
+        if not control_entry & _PRESENT or not control_entry & _EXCLUSIVE:
+            return ("the probe cannot see copied pages here (/proc/self/pagemap shows "
+                    "no exclusive page after a write)")
+        for subject in subjects:
+            if entry(id(subject)) & _EXCLUSIVE:
+                return (f"a marked {type(subject).__name__}'s page was copied when a "
+                        "forked child read it")
+    return "ok"
