@@ -1,4 +1,5 @@
-"""--share-heap measured side by side: Gunicorn --preload, forkserve, forkserve --share-heap.
+"""Heap sharing measured side by side: Gunicorn --preload, forkserve (sharing on by
+default), forkserve --no-share-heap.
 
     python benchmarks/share_heap.py --python .venv312/bin/python            # PersonDB, 300,000 people
     python benchmarks/share_heap.py --python .venv313/bin/python --apps persondb
@@ -9,8 +10,9 @@ For one Python, each app is served in turn, 4 workers, by:
 
 - gunicorn: Gunicorn --preload -k gevent (on a socket this harness bound),
   monkey-patched before the app loads (benchmarks/gunicorn_patched.conf.py);
-- forkserve: forkserve, no flag;
-- share-heap: forkserve --share-heap;
+- forkserve: forkserve, no flag (the heap is shared where the Python allows);
+- no-share-heap: forkserve --no-share-heap;
+- forkserve + warmup: the default with the app's warm-up (Flask, Django);
 - one process: forkserve -w 0 (PersonDB only: the "x one process" base).
 
 Each server gets the same requests after it is ready: random PersonDB
@@ -20,8 +22,8 @@ lookups with wrk (benchmarks/harness/wrk.py), or for the Flask and Django test a
 server is read from /proc: total PSS, and each worker's private memory
 (anonymous private pages: what it copied plus what it allocated). For
 forkserve, the master's log gives the application's load time and, with the
-flag, how long making the heap immortal took. With --why, `forkserve memory
---why --json` runs on the share-heap server's busiest worker and the
+default, how long making the heap immortal took. With --why, `forkserve memory
+--why --json` runs on the sharing server's busiest worker and the
 benchmark prints what is still copied, by type.
 """
 
@@ -54,7 +56,7 @@ sys.path.insert(0, APPS_DIR)  # the Flask and Django test apps' client modules
 MIB = 2 ** 20
 WORKERS = 4
 _LOADED = re.compile(rb"loaded \S+ in ([\d.]+) s")
-_SHARED = re.compile(rb"--share-heap: shared ([\d,]+) objects \(([\d,.]+) MB\) in ([\d.]+) s")
+_SHARED = re.compile(rb"Heap sharing: shared ([\d,]+) objects \(([\d,.]+) MB\) in ([\d.]+) s")
 _WARMED = re.compile(rb"(?:--warmup|pre_freeze): .*? in ([\d.]+) s")
 
 
@@ -154,12 +156,12 @@ def commands(python, setup, extra=()):
     app = setup["app"]
     yield "gunicorn", None
     yield "forkserve", fs + ["-w", str(WORKERS), app]
-    yield "share-heap", fs + ["-w", str(WORKERS), "--share-heap", app]
+    yield "no-share-heap", fs + ["-w", str(WORKERS), "--no-share-heap", app]
     if setup.get("warmup") or setup.get("warmup_config"):
         warmup = [arg for path in setup.get("warmup", ()) for arg in ("--warmup", path)]
         if setup.get("warmup_config"):
             warmup += ["-c", setup["warmup_config"]]
-        yield "share-heap + warmup", fs + ["-w", str(WORKERS), "--share-heap", *warmup, app]
+        yield "forkserve + warmup", fs + ["-w", str(WORKERS), *warmup, app]
     if setup["one_process"]:
         yield "one process", fs + ["-w", "0", app]
 
@@ -197,7 +199,7 @@ def measure(name, argv, python, setup, args):
                        shared_mb=_number(_SHARED, text, 2),
                        warmup_s=_number(_WARMED, text, 1),
                        gc_collections=collections, gc_pause_s=pause)
-        if args.why and name.startswith("share-heap") and workers:
+        if args.why and name.startswith("forkserve") and workers:
             busiest = max(workers, key=lambda s: s.private)
             figures["why"] = why(python, busiest.pid)
     return figures
@@ -239,7 +241,7 @@ def why(python, pid):
 def report(app, python_version, rows, base):
     lines = [f"\n### {app}, Python {python_version}, {WORKERS} workers\n",
              "| server | answered | total PSS MiB | x one process | worker private MiB (max) "
-             "| load s | share-heap s | warmup s | worker gc: collections, ms per 1,000 requests |",
+             "| load s | sharing s | warmup s | worker gc: collections, ms per 1,000 requests |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['total_pss'] / base:.2f}" if base else "-"

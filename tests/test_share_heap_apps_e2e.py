@@ -1,9 +1,9 @@
-"""A real Flask app and a real Django project answer the same with --share-heap.
+"""A real Flask app and a real Django project answer the same with heap sharing.
 
 tests/apps/flask_shop (blueprints, Jinja templates, JSON) and
 tests/apps/django_shop (ORM on sqlite, the admin with a logged-in session,
-templates, i18n) are each served twice, without and with the flag, and
-every page of their client's list is compared.
+templates, i18n) are each served twice, with --no-share-heap and with the
+default (the heap shared), and every page of their client's list is compared.
 """
 
 import re
@@ -39,9 +39,9 @@ def _answers(run_server, flags, app, env, pages, login=None):
 
 
 def _compare(run_server, app, env_for, pages, login=None, flags=()):
-    plain, _ = _answers(run_server, [], app, env_for("plain"), pages, login)
-    shared, log = _answers(run_server, ["--share-heap", *flags], app, env_for("shared"), pages,
-                           login)
+    plain, _ = _answers(run_server, ["--no-share-heap", *flags], app, env_for("plain"), pages,
+                        login)
+    shared, log = _answers(run_server, list(flags), app, env_for("shared"), pages, login)
     assert SHARED.search(log), log
     assert [(p, s) for p, s, _ in plain if s != 200] == []
     for before, after in zip(plain, shared):
@@ -66,5 +66,5 @@ def test_django_project_answers_the_same_after_its_warm_up_code_is_moved(run_ser
                    lambda name: {"DJANGO_SHOP_DB": str(tmp_path / f"{name}.sqlite3")},
                    django_client.PAGES, django_client.login,
                    flags=["-c", str(APPS / "django_shop" / "warmup.conf.py")])
-    moved = re.search(r"--share-heap: moved ([\d,]+) code objects \(([\d,]+) kept writing", log)
+    moved = re.search(r"Heap sharing: moved ([\d,]+) code objects \(([\d,]+) kept writing", log)
     assert moved and int(moved.group(2).replace(",", "")) > 0, log

@@ -42,11 +42,16 @@
  *     seed or could hold one (any other GC-tracked object);
  * and so does every object from which a seed is reachable through data, so
  * that dropping a container, or an object two levels up, still frees what
- * it holds. Modules, classes, functions and code objects are never made
- * mortal on behalf of what they hold, and the walk up stops at them: they
- * live as long as the program, and were they followed, every instance would
- * reach its class and every function its module's globals, and nothing would
- * be shared.
+ * it holds; and so does the state a seed of a C type keeps in C objects and
+ * containers (spread_down: a sqlite connection's cached statements, which
+ * hold its database file open until they are freed). Modules, classes and code objects are never made mortal on
+ * behalf of what they hold, and the walk up stops at them: they live as
+ * long as the program, and were they followed, every instance would reach
+ * its class, and nothing would be shared. A function is followed only from
+ * what it alone holds (its closure, defaults and __dict__: a wrapper closing
+ * over a file), never from its globals or code, or every function would reach
+ * its module's globals. A builtin method bound to an object (file.read kept
+ * in a dict) is followed like any data.
  *
  * How, and the invariants that make it safe:
  * - No Python code runs during a walk and nothing releases the GIL: only C
@@ -180,12 +185,18 @@ is_leaf(PyObject *op)
            || tp == &PyBytes_Type || tp == &PyComplex_Type;
 }
 
-/* Modules, classes, functions, code: mortality does not travel up through them. */
+/* Modules, classes and code: mortality does not travel up through them.
+   A builtin function bound to an object (file.read, kept in a dict) is that
+   object's method, not a function of the program: it is followed. Python
+   functions are followed only through what they alone hold (expand()). */
 static int
 is_stop(PyObject *op)
 {
-    return PyModule_Check(op) || PyType_Check(op) || PyFunction_Check(op)
-           || PyCode_Check(op) || PyCFunction_Check(op);
+    if (PyCFunction_Check(op)) {
+        PyObject *self = PyCFunction_GET_SELF(op);
+        return self == NULL || PyModule_Check(self) || PyType_Check(self);
+    }
+    return PyModule_Check(op) || PyType_Check(op) || PyCode_Check(op);
 }
 
 /* Whether op's death can run code by itself: see "The mortality rule".
@@ -487,8 +498,9 @@ count_type(PyObject *counts, PyObject *op)
 
 /* ---- the walk ---------------------------------------------------------------- */
 
-/* F_KEEP: a root that was immortal before the walk: looked inside, left as it was. */
-enum { F_SEED = 1, F_MORTAL = 2, F_STOP = 4, F_KEEP = 8 };
+/* F_KEEP: a root that was immortal before the walk: looked inside, left as it was.
+   F_OWNED: reached from a C seed through C objects and containers (spread_down). */
+enum { F_SEED = 1, F_MORTAL = 2, F_STOP = 4, F_KEEP = 8, F_OWNED = 16 };
 
 typedef struct {
     int heap;               /* share_heap(): every kind; walk(): data kinds */
@@ -656,6 +668,19 @@ expand(walk_state *w, Py_ssize_t index)
 {
     PyObject *op = w->node_op[index];
     w->current = index;
+    if (w->heap && PyFunction_Check(op)) {
+        /* A function is followed up from its closure, defaults and __dict__
+           (what dropping the function frees), never from its globals, module
+           or code: every function would then reach its module's globals. */
+        PyObject *own[] = {
+            PyFunction_GET_CLOSURE(op), PyFunction_GET_DEFAULTS(op),
+            PyFunction_GET_KW_DEFAULTS(op), ((PyFunctionObject *)op)->func_dict,
+        };
+        for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++) {
+            if (visit(own[i], w) < 0) return -1;
+        }
+        w->current = -1;  /* the rest is walked, and records no edge */
+    }
     if (w->heap && PyCode_Check(op)) {
         /* Code objects are not GC-tracked: tp_traverse knows nothing of these. */
         PyCodeObject *code = (PyCodeObject *)op;
@@ -757,8 +782,67 @@ count_mortal(walk_state *w, PyObject *mortal, PyObject *seeds)
     return 0;
 }
 
-/* Mortality: every seed, and every node from which a seed is reachable
-   through recorded edges. */
+/* The nodes of a C seed's own state: from a seed of a C type (a sqlite
+   connection, a file), every C object and container it reaches through C
+   objects and containers, but no Python class's instance, function, class,
+   module or generator. They die with it as they would without sharing: a
+   sqlite connection's cached statements keep its database file open until
+   they are freed. Never from a Python object's or a generator's seed, whose
+   children are the application's data. */
+typedef struct {
+    walk_state *w;
+    uint32_t *todo;
+    Py_ssize_t pending;
+} down_state;
+
+static int
+is_python_instance(PyObject *op)
+{
+    return Py_TYPE(op)->tp_dealloc == python_class_dealloc;
+}
+
+static int
+runs_python(PyObject *op)
+{
+    return is_python_instance(op) || PyFunction_Check(op) || PyGen_Check(op)
+           || PyCoro_CheckExact(op) || PyAsyncGen_CheckExact(op);
+}
+
+static int
+down_visit(PyObject *op, void *arg)
+{
+    down_state *d = (down_state *)arg;
+    if (op == NULL) return 0;
+    Py_ssize_t index = node_index(d->w, op);
+    if (index < 0 || (d->w->node_flags[index] & (F_OWNED | F_STOP)) || runs_python(op)) {
+        return 0;
+    }
+    d->w->node_flags[index] |= F_OWNED | F_MORTAL;
+    d->todo[d->pending++] = (uint32_t)index;
+    return 0;
+}
+
+static void
+spread_down(walk_state *w, uint32_t *todo)
+{
+    down_state d = {w, todo, 0};
+    for (Py_ssize_t i = 0; i < w->nodes; i++) {
+        if ((w->node_flags[i] & F_SEED) && !runs_python(w->node_op[i])) {
+            w->node_flags[i] |= F_OWNED;
+            todo[d.pending++] = (uint32_t)i;
+        }
+    }
+    while (d.pending > 0) {
+        PyObject *op = w->node_op[todo[--d.pending]];
+        traverseproc traverse = Py_TYPE(op)->tp_traverse;
+        if (traverse != NULL && PyObject_IS_GC(op)) {
+            (void)traverse(op, down_visit, &d);
+        }
+    }
+}
+
+/* Mortality: every seed, every node from which a seed is reachable through
+   recorded edges, and the state C seeds own (spread_down). */
 static int
 spread_mortality(walk_state *w)
 {
@@ -784,6 +868,7 @@ spread_mortality(walk_state *w)
             }
         }
     }
+    spread_down(w, todo);  /* each node is pushed once: todo has room for all */
     PyMem_Free(todo);
     return 0;
 }
