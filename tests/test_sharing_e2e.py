@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from forkserve.memory import procfs
+from forkserve.memory import procfs, sharing
 from forkserve_testing import poll
 from loadgen import blast
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.memory]
 
 ROWS = 100_000
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-IMMORTAL = sys.version_info >= (3, 12)
+IMMORTAL = sharing.immortal_supported()
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +77,11 @@ def measured(tmp_path_factory, dataset):
     csv_path, emails = dataset
     paths = [f"/person/{email}" for email in emails]
     figures = {}
-    # mode: (the app's PERSONDB_MODE, extra flags); "heap" is plain dicts + --share-heap
-    modes = {"dict": ("dict", []), "store": ("store", [])}
+    # mode: (the app's PERSONDB_MODE, extra flags); "dict" is plain dicts with the heap
+    # sharing turned off (the control), "heap" plain dicts as a user runs them: the default
+    modes = {"dict": ("dict", ["--no-share-heap"]), "store": ("store", [])}
     if IMMORTAL:
-        modes.update(share=("share", []), heap=("dict", ["--share-heap"]))
+        modes.update(share=("share", []), heap=("dict", []))
     log_dir = tmp_path_factory.mktemp("servers")
     for mode, (app_mode, flags) in modes.items():
         server = forkserve_testing.ServerProcess(
@@ -113,7 +114,7 @@ def measured(tmp_path_factory, dataset):
     with open(csv_path) as source, open(tiny, "w") as target:
         target.writelines(line for _, line in zip(range(11), source))
     server = forkserve_testing.ServerProcess(
-        ["-w", "1"], app="examples.persondb.app:app", cwd=ROOT,
+        ["-w", "1", "--no-share-heap"], app="examples.persondb.app:app", cwd=ROOT,
         env={"PERSONDB_CSV": str(tiny), "PERSONDB_MODE": "dict"}, log_dir=log_dir)
     try:
         server.wait_listening(timeout=60)
@@ -141,8 +142,9 @@ def test_every_lookup_was_answered(measured):
                   f"{measured[mode]['total_pss'] / 2**20:.1f} MiB", end="")
 
 
-def test_plain_dicts_with_the_gc_recipe_are_copied_into_each_worker(measured):
-    """The control: shows the measurement can fail. Refcounts copy the pages.
+def test_plain_dicts_with_the_gc_recipe_alone_are_copied_into_each_worker(measured):
+    """The control (--no-share-heap): shows the measurement can fail. Refcounts copy
+    the pages.
 
     Every record is read once, by whichever worker got its connection. How
     the kernel spreads the 32 connections between the two workers is not
@@ -153,15 +155,15 @@ def test_plain_dicts_with_the_gc_recipe_are_copied_into_each_worker(measured):
     assert max(growth) > 0.40 * measured["dataset"], _report(measured, "dict")
 
 
-@pytest.mark.skipif(not IMMORTAL, reason="immortal objects need Python 3.12+")
+@pytest.mark.skipif(not IMMORTAL, reason="immortal objects need CPython 3.12-3.15")
 def test_shared_dicts_stay_shared_under_random_reads(measured):
     for growth in measured["share"]["growth"]:
         assert growth < 0.05 * measured["dataset"], _report(measured, "share")
 
 
-@pytest.mark.skipif(not IMMORTAL, reason="--share-heap needs Python 3.12+")
-def test_plain_dicts_under_share_heap_stay_shared_under_random_reads(measured):
-    """The app calls nothing: --share-heap alone keeps its dataset shared."""
+@pytest.mark.skipif(not IMMORTAL, reason="heap sharing needs CPython 3.12-3.15")
+def test_plain_dicts_stay_shared_under_random_reads_by_default(measured):
+    """The app calls nothing and the server is given no flag: its dataset stays shared."""
     for growth in measured["heap"]["growth"]:
         assert growth < 0.05 * measured["dataset"], _report(measured, "heap")
 
@@ -186,13 +188,13 @@ def test_why_names_the_dataset_dict_as_what_the_workers_copied(measured):
     assert top["bytes"] > 0.8 * answer["on_objects_bytes"]
 
 
-@pytest.mark.skipif(not IMMORTAL, reason="immortal objects need Python 3.12+")
+@pytest.mark.skipif(not IMMORTAL, reason="immortal objects need CPython 3.12-3.15")
 def test_why_finds_nearly_nothing_copied_from_a_shared_dataset(measured):
     answer = measured["share"]["why"]
     assert answer["on_objects_bytes"] < 0.05 * measured["dataset"], answer["owners"][:3]
 
 
-@pytest.mark.skipif(not IMMORTAL, reason="--share-heap needs Python 3.12+")
-def test_why_finds_nearly_nothing_copied_from_plain_dicts_under_share_heap(measured):
+@pytest.mark.skipif(not IMMORTAL, reason="heap sharing needs CPython 3.12-3.15")
+def test_why_finds_nearly_nothing_copied_from_plain_dicts_by_default(measured):
     answer = measured["heap"]["why"]
     assert answer["on_objects_bytes"] < 0.05 * measured["dataset"], answer["owners"][:3]
