@@ -254,6 +254,16 @@ SETTINGS = (
     Setting("reload_engine", ("--reload-engine",), values.reload_engine, "auto",
             "How --reload watches: auto or poll (forkserve always polls; inotify is refused).",
             metavar="ENGINE"),
+    Setting("protocol", ("--protocol",), values.protocol, "http",
+            "What a bind address without a uwsgi: or http: prefix speaks: http, or uwsgi "
+            "(the binary protocol of nginx's uwsgi_pass; one request per connection). "
+            "-b uwsgi:127.0.0.1:3031 makes one listener speak uwsgi.",
+            metavar="http|uwsgi", section="http"),
+    Setting("uwsgi_allow_ips", ("--uwsgi-allow-from",), values.allowed_addresses,
+            lambda: ["127.0.0.1", "::1"],
+            "Peers a uwsgi listener serves (others are closed, logged): addresses, networks "
+            "or '*'. Unix-socket peers are always served.", metavar="ADDRESSES",
+            section="http"),
     Setting("proxy_allow_ips", ("--proxy-allow-from",), values.allowed_addresses,
             lambda: ["127.0.0.1", "::1"],
             "Peers allowed to send a PROXY protocol header (others get 403): addresses, "

@@ -185,9 +185,9 @@ def _share_heap(cfg, warmup_requests):
 
 
 def _listen(cfg, listeners, stats_listener):
-    for listener in listeners:
+    for listener, protocol in zip(listeners, sockets.protocols(cfg.bind, cfg.protocol)):
         listener.listen(cfg.backlog)
-        log.info("Listening at: %s (%d)", sockets.describe(listener), os.getpid())
+        log.info("Listening at: %s (%d)", sockets.describe(listener, protocol), os.getpid())
     if stats_listener is not None:
         stats_listener.listen(16)
         log.info("Stats at: %s (dashboard at /, JSON at /json, Prometheus at /metrics)",
