@@ -122,6 +122,10 @@ SETTINGS = (
             "Read settings from FILE: a Python file (like gunicorn.conf.py) or a TOML file "
             "(its [tool.forkserve] table, or the whole file). ./forkserve.conf.py, else "
             "./gunicorn.conf.py, is read when present and no -c is given.", metavar="FILE"),
+    Setting("ini", ("--ini",), values.text, None,
+            "Read a uWSGI ini file's [uwsgi] section (FILE:SECTION for another): its options "
+            "become forkserve's settings, as docs/uwsgi.md lists (-c reads a .ini file so "
+            "too).", metavar="FILE"),
     Setting("check_config", ("--check-config",), values.flag, False,
             "Check the settings and load the application, then exit: 0 if all is well, 2 if "
             "a setting is invalid or would be ignored.",
@@ -251,6 +255,9 @@ SETTINGS = (
     Setting("reload_extra_files", ("--reload-extra-file",), values.path_list, lambda: [],
             "With --reload, also watch this file (templates, data). Repeat for several.",
             metavar="FILE", kind="append"),
+    Setting("touch_reload", ("--touch-reload",), values.path_list, lambda: [],
+            "Reload gracefully (as HUP) when this file's modification time changes (uWSGI's "
+            "touch-reload). Repeat for several.", metavar="FILE", kind="append"),
     Setting("reload_engine", ("--reload-engine",), values.reload_engine, "auto",
             "How --reload watches: auto or poll (forkserve always polls; inotify is refused).",
             metavar="ENGINE"),
@@ -281,6 +288,8 @@ class Config:
     sources: dict = dataclasses.field(default_factory=dict)
     #: server hooks from the config file, {name: function} (forkserve.process.hooks)
     hooks: dict = dataclasses.field(default_factory=dict)
+    #: what the config file asks that forkserve does differently, logged once at start
+    warnings: list = dataclasses.field(default_factory=list)
 
     def __getattr__(self, name):
         try:
@@ -293,7 +302,7 @@ class Config:
         for name, raw in changes.items():
             values[name] = _convert(BY_NAME[name], raw, "argument")
         return Config(app=self.app, values=values, sources=dict(self.sources),
-                      hooks=dict(self.hooks))
+                      hooks=dict(self.hooks), warnings=list(self.warnings))
 
 
 def _convert(setting: Setting, raw, where: str):
@@ -363,12 +372,17 @@ def parse(argv, environ=None, cwd=None) -> Config:
     env_cli = _command_line(parser, shlex.split(environ.get("FORKSERVE_CMD_ARGS", "")),
                             "environment FORKSERVE_CMD_ARGS")
 
-    config_path = cli.get("config") or env_cli.get("config") or environ.get("FORKSERVE_CONFIG")
+    ini = cli.get("ini") or env_cli.get("ini")  # a uWSGI ini file (forkserve.config.uwsgi)
+    if ini and (cli.get("config") or env_cli.get("config")):
+        raise ConfigError(f"both --ini {ini} and -c were given; forkserve reads one config file")
+    config_path = ini or cli.get("config") or env_cli.get("config") or \
+        environ.get("FORKSERVE_CONFIG")
     found = None
     for default_file in ("forkserve.conf.py", "gunicorn.conf.py"):  # Gunicorn reads the latter
         if config_path is None and os.path.isfile(os.path.join(cwd, default_file)):
             config_path = found = os.path.join(cwd, default_file)
-    file_values = files.read_config_file(config_path, set(BY_NAME)) if config_path else {}
+    file_values = files.read_config_file(config_path, set(BY_NAME), ini=bool(ini),
+                                         environ=environ) if config_path else {}
 
     values, sources = {}, {}
     for setting in SETTINGS:
@@ -390,6 +404,8 @@ def parse(argv, environ=None, cwd=None) -> Config:
         values["config"] = config_path
     if found:
         sources["config"] = "found in the working directory"
+    elif ini:
+        sources["config"] = "--ini"
 
     for app, source in ((cli.get("app"), "command line"),
                         (env_cli.get("app"), "environment FORKSERVE_CMD_ARGS"),
@@ -400,7 +416,7 @@ def parse(argv, environ=None, cwd=None) -> Config:
             break
     sources["app"] = source
     return Config(app=app, values=values, sources=sources,
-                  hooks=file_values.get("hooks", {}))
+                  hooks=file_values.get("hooks", {}), warnings=file_values.get("warnings", []))
 
 
 def _command_line(parser, argv, where) -> dict:

@@ -56,7 +56,7 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     app_name = app_name or cfg.app or "app"
     if cfg.config:  # the one file read, named so a stray ./gunicorn.conf.py is noticed
         log.info("Config file read: %s (%s)", cfg.config, cfg.sources["config"])
-    for message in moot:
+    for message in cfg.warnings + moot:  # what the config asks that forkserve does otherwise
         log.warning("%s", message)
     if cfg.check_config:  # binds nothing: the checked server may be running on the port
         if app is None and _load(cfg) is None:
