@@ -118,12 +118,25 @@ def test_placeholders_in_common_use_expand_as_uwsgi_expands_them():
     assert values("chdir = %x-%e")["chdir"] == "uwsgi-ini"
 
 
+def test_references_follow_uwsgi_s_passes():
+    # %(name) is resolved after every line is read: forward, first definition wins
+    assert values("chdir = %(base)/app\nbase = /srv\nbase = /other")["chdir"] == "/srv/app"
+    assert values("one = %(two)\ntwo = /x\nchdir = %(one)/y")["chdir"] == "/x/y"  # nested
+    # a placeholder's value is taken as written: uWSGI expands no $(ENV) in it
+    assert values("set-ph = x=$(RUN)\nchdir = %(x)")["chdir"] == "$(RUN)"
+    assert values("base = $(RUN)\nchdir = %(base)")["chdir"] == "/run/shop"
+    assert values("chdir = $(NOPE:-/tmp)/a\npidfile = $(RUN-/x)/p")["chdir"] == "/tmp/a"
+    assert values("pidfile = $(RUN-/x)/p")["pid"] == "/run/shop/p"
+    assert "nest deeper" in errors("one = %(two)\ntwo = %(one)\nchdir = %(one)")[0]
+
+
 def test_unsupported_placeholders_are_named():
     assert "placeholder %v is not supported" in errors("chdir = %v/app")[0]
     assert "placeholder %0 is not supported" in errors("chdir = /srv/%0")[0]
     assert "@(file://x)" in errors("chdir = @(file://x)")[0]
     assert "$(NOPE)" in errors("chdir = $(NOPE)/x")[0]
     assert "%(nowhere) names no option" in errors("chdir = %(nowhere)")[0]
+    assert "set-placeholder: expected NAME=VALUE" in errors("set-placeholder = nothing")[0]
     # uWSGI leaves a log format's %(vars) alone; it is ignored here anyway
     assert not errors("log-format = %(addr) %(uri) %(status)")
 

@@ -109,6 +109,11 @@ def test_post_body_follows_the_packet_in_any_split(step):
     assert env["CONTENT_TYPE"] == "application/x-www-form-urlencoded"
 
 
+def test_content_length_zero_stays_in_the_environ_as_on_the_http_side():
+    _, (request,) = feed(encode_packet(nginx_vars("PUT", "/", CONTENT_LENGTH="0")))
+    assert request_environ(BASE, request)["CONTENT_LENGTH"] == "0" and request.length == 0
+
+
 def test_body_is_read_through_wsgi_input_and_nothing_after_it_is_parsed():
     body = b'{"a": 1}'
     smuggled = encode_packet(nginx_vars(uri="/admin"))

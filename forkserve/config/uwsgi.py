@@ -418,7 +418,6 @@ PLACEHOLDERS = {
     "t": "the Unix time, in seconds",
     "%": "a literal %",
 }
-_PLACEHOLDER = re.compile(r"%\((\w[\w.-]*)\)|%(.)|\$\((\w+)\)|@\(([^)]*)\)")
 
 
 def _magic(path, section):
@@ -463,7 +462,13 @@ def looks_like_uwsgi_ini(text):
 
 
 def translate(text, path, environ, section="uwsgi"):
-    """An ini file's [section] as forkserve settings (a Translation)."""
+    """An ini file's [section] as forkserve settings (a Translation).
+
+    Placeholders are expanded in uWSGI's order: the magic ones (%d, %n...)
+    as the file is read; then $(ENV) in every option's value; then
+    %(name), from the first option, variable or set-placeholder of that
+    name anywhere in the file (a placeholder's value is taken as written,
+    so a $(ENV) in it stays unexpanded, as in uWSGI), recursively."""
     path = os.path.abspath(path)
     where = os.path.basename(path)
     entries = parse_ini(text, section)
@@ -471,22 +476,30 @@ def translate(text, path, environ, section="uwsgi"):
         return Translation({}, [], [f"{path} has no [{section}] section; forkserve reads "
                                     f"uWSGI's options from it"])
     magic = _magic(path, section)
-    defined = {"here": os.path.dirname(path)}  # %(here): Paste's name for %d without the /
-    referenced = set(re.findall(r"%\((\w[\w.-]*)\)", text))
+    defined, problems, read = {}, {}, []
+    for number, key, raw in entries:
+        value = _substitute(_MAGIC, raw, lambda letter: magic.get(letter),
+                            problems.setdefault(number, []), _magic_unknown)
+        if key in ("set-placeholder", "set-ph"):
+            name, sep, content = value.partition("=")
+            if not sep:
+                problems[number].append("expected NAME=VALUE")
+            defined.setdefault(name.strip(), content.strip())
+            continue
+        value = _substitute(_ENV, value, lambda name: _getenv(name, environ),
+                            problems[number], "the environment variable {} is not set")
+        defined.setdefault(key, value)
+        read.append((number, key, raw, value))
+    defined.setdefault("here", os.path.dirname(path))  # Paste's name for %d, without the /
+    referenced = set(re.findall(r"%\(([^)]*)\)", text))
     values, warnings, errors, notes = {}, [], [], {}
     context = {"dir": os.path.dirname(path)}
-    for number, key, raw in entries:
+    for number, key, raw, value in read:
         line = f"{where} line {number}"
-        value, problems = _expand(raw, defined, magic, environ)
-        defined[key] = value
+        value = _references(value, defined, problems[number])
         option = BY_NAME.get(key)
         if option is None:
-            if key in ("set-placeholder", "set-ph"):
-                name, sep, content = value.partition("=")
-                if not sep:
-                    errors.append(f"{line}: {key} = {raw}: expected NAME=VALUE")
-                defined[name.strip()] = content.strip()
-            elif key not in referenced:
+            if key not in referenced:
                 close = difflib.get_close_matches(key, BY_NAME, n=1, cutoff=0.75)
                 hint = f"did you mean {close[0]}? " if close else ""
                 errors.append(f"{line}: unknown uWSGI option {key!r}: {hint}remove it, or see "
@@ -498,8 +511,8 @@ def translate(text, path, environ, section="uwsgi"):
                 continue
             errors.append(f"{line}: {key} is not supported by forkserve: {option.note}")
             continue
-        if problems and option.kind != "warned":  # a warned value is never used
-            errors += [f"{line}: {key} = {raw}: {problem}" for problem in problems]
+        if problems[number] and option.kind != "warned":  # a warned value is never used
+            errors += [f"{line}: {key} = {raw}: {problem}" for problem in problems[number]]
             continue
         try:
             changes = option.apply(value, context)
@@ -520,6 +533,8 @@ def translate(text, path, environ, section="uwsgi"):
                 values[setting] += joined + setting_value
             else:
                 values[setting] = setting_value
+    errors = [f"{where} line {number}: {key}: {problem}" for number, key, _ in entries
+              if key in ("set-placeholder", "set-ph") for problem in problems[number]] + errors
     warnings = list(notes.values()) + warnings
     module = values.pop("_module", None)
     callable_ = values.pop("_callable", None)
@@ -536,35 +551,61 @@ def translate(text, path, environ, section="uwsgi"):
     return Translation(values, warnings, errors)
 
 
-def _expand(raw, defined, magic, environ):
-    """(value, problems): `raw` with its placeholders replaced."""
-    problems = []
+_MAGIC = re.compile(r"%([^(])")
+_ENV = re.compile(r"\$\(([^)]*)\)")
+_REFERENCE = re.compile(r"%\(([^)]*)\)")
+_AT = re.compile(r"@\(([^)]*)\)")
+#: how deep %(name) references may nest (uWSGI loops forever on a cycle)
+REFERENCE_DEPTH = 16
 
+
+def _substitute(pattern, value, lookup, problems, unknown):
+    """`value` with each match of `pattern` replaced by lookup(its group), or
+    left as it is and a problem noted (`unknown` formats it) if None."""
     def replace(match):
-        name, letter, env, at = match.groups()
-        if name is not None:
-            if name in defined:
-                return defined[name]
-            problems.append(f"%({name}) names no option or variable set before this line")
+        found = lookup(match.group(1))
+        if found is None:
+            if unknown:
+                problems.append(unknown.format(match.group(1)) if isinstance(unknown, str)
+                                else unknown(match.group(1)))
             return match.group(0)
-        if env is not None:
-            if env not in environ:
-                problems.append(f"$({env}): the environment variable {env} is not set")
-                return ""
-            return environ[env]
-        if at is not None:
-            problems.append(f"@({at}): reading values from files or commands is not "
-                            "supported; write the value")
-            return match.group(0)
-        if letter in magic:
-            return magic[letter]
-        if letter.isalnum() or letter in "[*":
-            problems.append(f"the placeholder %{letter} is not supported by forkserve "
-                            f"(supported: {', '.join('%' + k for k in PLACEHOLDERS)}, "
-                            "%(name), $(ENV))")
-        return match.group(0)
+        return found
+    return pattern.sub(replace, value)
 
-    return _PLACEHOLDER.sub(replace, raw), problems
+
+def _magic_unknown(letter):
+    if not (letter.isalnum() or letter in "[*"):
+        return None
+    return (f"the placeholder %{letter} is not supported by forkserve (supported: "
+            f"{', '.join('%' + k for k in PLACEHOLDERS)}, %(name), $(ENV))")
+
+
+def _getenv(name, environ):
+    """$(NAME), $(NAME:-DEFAULT) (unset or empty) and $(NAME-DEFAULT) (unset), as uWSGI."""
+    if ":-" in name:
+        name, _, default = name.partition(":-")
+        return environ.get(name) or default
+    if "-" in name:
+        name, _, default = name.partition("-")
+        return environ.get(name, default)
+    return environ.get(name)
+
+
+def _references(value, defined, problems):
+    """%(name) resolved from `defined`, nested references too; @(...) refused."""
+    for _ in range(REFERENCE_DEPTH):
+        expanded = _substitute(_REFERENCE, value, defined.get, [], None)
+        if expanded == value:
+            break
+        value = expanded
+    else:
+        problems.append(f"%() references nest deeper than {REFERENCE_DEPTH} (a cycle?)")
+    for name in _REFERENCE.findall(value):
+        problems.append(f"%({name}) names no option, variable or placeholder of the file")
+    for name in _AT.findall(value):
+        problems.append(f"@({name}): reading values from files or commands is not supported; "
+                        "write the value")
+    return value
 
 
 def table():

@@ -202,8 +202,9 @@ class UwsgiConnection(Connection):
         if scheme is not None:
             headers["wsgi.url_scheme"] = scheme
         chunked, length = body_framing(version, None, lengths, limits.limit_request_body)
-        if length:
+        if lengths:  # "0" too, as the HTTP side keeps a Content-Length: 0
             headers["CONTENT_LENGTH"] = lengths[0]
+        if length:
             self.their_state, self._left = BODY, length
         else:
             self.their_state = DONE

@@ -2,6 +2,7 @@
 forkserve): what the server made of a request, a request body echoed, a
 large response with and without a Content-Length. Checked by wsgiref.validate."""
 
+import ctypes
 import hashlib
 import json
 import os
@@ -12,6 +13,17 @@ KEYS = ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "REQUEST_URI", "SERVER_PR
         "CONTENT_TYPE", "CONTENT_LENGTH", "HTTP_HOST", "HTTP_USER_AGENT", "HTTP_COOKIE",
         "HTTP_X_TAG", "REMOTE_ADDR", "SERVER_NAME", "SERVER_PORT", "SCRIPT_NAME",
         "wsgi.url_scheme")
+
+
+def _getenv(name):
+    """The process environment's value, as the C library has it: pyuwsgi applies
+    uWSGI's env = after Python started, so os.environ does not show it."""
+    value = _LIBC.getenv(name)
+    return None if value is None else value.decode()
+
+
+_LIBC = ctypes.CDLL(None)
+_LIBC.getenv.restype = ctypes.c_char_p
 
 
 def _app(environ, start_response):
@@ -28,7 +40,7 @@ def _app(environ, start_response):
     body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
     found = {key: environ.get(key) for key in KEYS}
     found.update(body_length=len(body), body_sha1=hashlib.sha1(body).hexdigest(),
-                 pid=os.getpid(), setting=os.environ.get("DJANGO_SETTINGS_MODULE"))
+                 pid=os.getpid(), setting=_getenv(b"DJANGO_SETTINGS_MODULE"))
     data = json.dumps(found, sort_keys=True).encode()
     start_response("200 OK", [("Content-Type", "application/json"),
                               ("Content-Length", str(len(data)))])
@@ -36,3 +48,6 @@ def _app(environ, start_response):
 
 
 app = application = validator(_app)
+#: the same, unchecked, for uWSGI: it leaves SCRIPT_NAME out of the environ
+#: when nginx sends none, and wsgiref.validate then fails on it
+plain = _app
