@@ -9,26 +9,18 @@ import pathlib
 import re
 import shutil
 import socket
-import subprocess
 import tempfile
 
 import pytest
 
-from deploy_cluster import Nginx, nginx_binary, require_nginx
+from deploy_cluster import Nginx, require_nginx, uwsgi_params
+from forkserve.http.uwsgi import encode_packet
 from forkserve_testing import ServerProcess, poll
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 APPS = pathlib.Path(__file__).resolve().parent / "apps"
 UWSGI_LISTENING = re.compile(r"Listening at: uwsgi://127\.0\.0\.1:(\d+)")
-
-
-def uwsgi_params():
-    """The uwsgi_params file the installed nginx ships (next to its nginx.conf)."""
-    found = re.search(r"--conf-path=(\S+)", subprocess.run(
-        [nginx_binary(), "-V"], capture_output=True, text=True).stderr)
-    path = pathlib.Path(found.group(1) if found else "/etc/nginx/nginx.conf").parent
-    return path / "uwsgi_params"
 
 
 def wait_uwsgi_port(server):
@@ -183,3 +175,46 @@ def test_http_sent_to_the_uwsgi_listener_is_refused_and_logged(site):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
     poll(lambda: "looks like HTTP" in server.log(), 10, message="the refusal in the log")
+
+
+def _exchange(port, data):
+    """What the server answered `data` with until it closed (b"" if it reset
+    the connection: a refused peer's unread packet makes the close a reset)."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        try:
+            client.sendall(data)
+            while chunk := client.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer
+
+
+def test_gunicorn_s_protocol_flag_and_uwsgi_allow_from(tmp_path):
+    """--protocol uwsgi makes a plain bind address speak uwsgi (as Gunicorn's);
+    --uwsgi-allow-from closes connections from peers not listed."""
+    packet = encode_packet([("REQUEST_METHOD", "GET"), ("REQUEST_URI", "/x?y=1"),
+                            ("PATH_INFO", "/x"), ("QUERY_STRING", "y=1"),
+                            ("SERVER_PROTOCOL", "HTTP/1.1"), ("HTTP_HOST", "example.com"),
+                            ("REMOTE_ADDR", "203.0.113.7")])
+    servers = []
+    try:
+        for allow in ("127.0.0.1", "192.0.2.1"):
+            server = ServerProcess(["-w", "0", "--protocol", "uwsgi", "--uwsgi-allow-from", allow],
+                                   app="uwsgi_site:app", cwd=APPS, log_dir=tmp_path)
+            servers.append(server)
+            port = wait_uwsgi_port(server)
+            answer = _exchange(port, packet)
+            if allow == "127.0.0.1":
+                head, _, body = answer.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in head
+                env = json.loads(body)
+                assert (env["PATH_INFO"], env["REMOTE_ADDR"]) == ("/x", "203.0.113.7")
+            else:
+                assert answer == b""
+                poll(lambda: "refused a uwsgi connection from 127.0.0.1" in server.log(), 10,
+                     message="the refusal in the log")
+    finally:
+        for server in servers:
+            server.kill_group()

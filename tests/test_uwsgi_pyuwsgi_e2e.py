@@ -19,9 +19,8 @@ import tempfile
 
 import pytest
 
-from deploy_cluster import Nginx, require_nginx
+from deploy_cluster import Nginx, require_nginx, uwsgi_params
 from forkserve_testing import poll
-from test_uwsgi_nginx_e2e import uwsgi_params
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
