@@ -243,3 +243,40 @@ def test_the_environment_expands_from_the_environ_parse_is_given(tmp_path):
                          cwd=str(tmp_path))
     assert cfg.bind == ["uwsgi:unix:/run/x/app.sock"]
     assert os.environ.get("SOCKET_DIR") is None
+
+
+# --- uWSGI's options as command-line flags -------------------------------------------------
+
+def test_uwsgi_long_flags_are_split_from_forkserve_s_own():
+    taken = settings._flag_names()
+    rest, pairs = uwsgi.split_flags(
+        ["--socket", ":3031", "--master", "--processes=4", "-w", "2", "--die-on-term", "false",
+         "--enable-threads", "app:app", "--module", "shop.wsgi", "--max-requests", "10",
+         "--chdir", "/srv", "--", "--socket"], taken)
+    assert pairs == [("socket", ":3031"), ("master", "true"), ("processes", "4"),
+                     ("die-on-term", "false"), ("enable-threads", "true"),
+                     ("module", "shop.wsgi")]
+    # forkserve's own flags (-w, --max-requests, --chdir) and what follows -- stay
+    assert rest == ["-w", "2", "app:app", "--max-requests", "10", "--chdir", "/srv", "--",
+                    "--socket"]
+
+
+def test_a_uwsgi_command_line_runs_as_forkserve_settings(tmp_path):
+    cfg = settings.parse(["--socket", "/run/a.sock", "--http-socket", ":8080", "--module",
+                          "shop.wsgi", "--master", "--processes", "3", "--harakiri", "20",
+                          "--enable-threads", "-b", "127.0.0.1:9000"], environ={},
+                         cwd=str(tmp_path))
+    assert cfg.app == "shop.wsgi:application" and cfg.workers == 3 and cfg.timeout == 20
+    assert cfg.bind == ["127.0.0.1:9000", "uwsgi:unix:/run/a.sock", "http::8080"]
+    assert any("harakiri = 20" in w for w in cfg.warnings)
+    assert any("enable-threads = true: ignored" in w for w in cfg.warnings)
+
+
+def test_uwsgi_flags_override_the_ini_and_their_problems_are_listed_together(ini, tmp_path):
+    cfg = settings.parse(["--ini", str(ini), "--processes", "7"], environ={}, cwd=str(tmp_path))
+    assert cfg.workers == 7 and cfg.sources["workers"] == "command line"
+    with pytest.raises(settings.ConfigError) as caught:
+        settings.parse(["--processes", "x", "--static-map", "/s=/srv", "--socket", "@a"],
+                       environ={}, cwd=str(tmp_path))
+    assert "3 problem(s) with uWSGI options" in str(caught.value)
+    assert "command line --static-map: static-map is not supported" in str(caught.value)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from forkserve.memory.workergc import DEFAULT as _WORKER_GC_DEFAULT
 from forkserve.memory.workergc import parse_policy as _worker_gc_policy
-from forkserve.config import gunicorn
+from forkserve.config import gunicorn, uwsgi
 from forkserve.config import files, values
 from forkserve.config.values import ConfigError
 
@@ -366,7 +366,10 @@ def parse(argv, environ=None, cwd=None) -> Config:
     environ = os.environ if environ is None else environ
     cwd = os.getcwd() if cwd is None else cwd
     parser = build_parser()
+    # uWSGI's long options (--socket, --master...) go through its table
+    argv, uwsgi_flags = uwsgi.split_flags(list(argv), _flag_names())
     cli = _command_line(parser, argv, "command line")
+    flag_warnings = _add_uwsgi_flags(cli, uwsgi_flags, cwd) if uwsgi_flags else []
     # FORKSERVE_CMD_ARGS works like GUNICORN_CMD_ARGS: flags that the command
     # line overrides and that override everything else.
     env_cli = _command_line(parser, shlex.split(environ.get("FORKSERVE_CMD_ARGS", "")),
@@ -416,7 +419,29 @@ def parse(argv, environ=None, cwd=None) -> Config:
             break
     sources["app"] = source
     return Config(app=app, values=values, sources=sources,
-                  hooks=file_values.get("hooks", {}), warnings=file_values.get("warnings", []))
+                  hooks=file_values.get("hooks", {}),
+                  warnings=file_values.get("warnings", []) + flag_warnings)
+
+
+def _flag_names() -> set:
+    return {"-h", "--help", "-V", "--version",
+            *(flag for setting in SETTINGS for flag in setting.flags),
+            *(flag for row in gunicorn.ROWS for flag in row.flags)}
+
+
+def _add_uwsgi_flags(cli, pairs, cwd) -> list:
+    """Add uWSGI options given as flags to `cli` (forkserve's own flags win; a
+    listener or variable adds to theirs); the warnings to log."""
+    result = uwsgi.translate_flags(pairs, cwd)
+    if result.errors:
+        raise ConfigError(f"command line: {len(result.errors)} problem(s) with uWSGI options "
+                          "(docs/uwsgi.md):\n  " + "\n  ".join(result.errors))
+    for name, value in result.values.items():
+        if isinstance(value, list):
+            cli[name] = list(cli.get(name) or []) + value
+        else:
+            cli.setdefault(name, value)
+    return result.warnings
 
 
 def _command_line(parser, argv, where) -> dict:

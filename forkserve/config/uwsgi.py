@@ -1,7 +1,9 @@
 """What forkserve does with every uWSGI option, declared once.
 
 A uWSGI user switches by running `forkserve --ini uwsgi.ini` (or `-c
-uwsgi.ini`) on the ini file they have: its `[uwsgi]` section is read as
+uwsgi.ini`) on the ini file they have, or passes the same options as
+uWSGI's long flags (`forkserve --socket :3031 --module shop.wsgi --master`):
+an ini file's `[uwsgi]` section is read as
 uWSGI reads it (repeated keys, `%(name)` and the common magic placeholders,
 `$(ENV)`), and each option has one `Option` row here:
 
@@ -34,7 +36,8 @@ import socket
 import time
 from typing import Callable
 
-__all__ = ["Option", "OPTIONS", "BY_NAME", "Translation", "translate", "parse_ini",
+__all__ = ["Option", "OPTIONS", "BY_NAME", "Translation", "translate", "translate_flags",
+           "split_flags", "is_switch", "parse_ini",
            "looks_like_uwsgi_ini", "table", "PLACEHOLDERS"]
 
 
@@ -491,12 +494,26 @@ def translate(text, path, environ, section="uwsgi"):
         defined.setdefault(key, value)
         read.append((number, key, raw, value))
     defined.setdefault("here", os.path.dirname(path))  # Paste's name for %d, without the /
+    rows = [(f"{where} line {number}", key, raw,
+             _references(value, defined, problems[number]), problems[number])
+            for number, key, raw, value in read]
+    errors = [f"{where} line {number}: {key}: {problem}" for number, key, _ in entries
+              if key in ("set-placeholder", "set-ph") for problem in problems[number]]
     referenced = set(re.findall(r"%\(([^)]*)\)", text))
-    values, warnings, errors, notes = {}, [], [], {}
-    context = {"dir": os.path.dirname(path)}
-    for number, key, raw, value in read:
-        line = f"{where} line {number}"
-        value = _references(value, defined, problems[number])
+    return _apply(rows, referenced, {"dir": os.path.dirname(path)}, errors, where)
+
+
+def translate_flags(pairs, cwd):
+    """uWSGI options given on the command line, [(name, value)], as forkserve
+    settings (a Translation); relative paths are from `cwd`."""
+    read = [(f"command line --{key}", key, value, value, []) for key, value in pairs]
+    return _apply(read, set(), {"dir": cwd}, [], "the command line")
+
+
+def _apply(read, referenced, context, errors, where):
+    """The rows of the table applied to [(label, key, raw, value, problems)]."""
+    values, warnings, notes = {}, [], {}
+    for line, key, raw, value, problems in read:
         option = BY_NAME.get(key)
         if option is None:
             if key not in referenced:
@@ -511,8 +528,8 @@ def translate(text, path, environ, section="uwsgi"):
                 continue
             errors.append(f"{line}: {key} is not supported by forkserve: {option.note}")
             continue
-        if problems[number] and option.kind != "warned":  # a warned value is never used
-            errors += [f"{line}: {key} = {raw}: {problem}" for problem in problems[number]]
+        if problems and option.kind != "warned":  # a warned value is never used
+            errors += [f"{line}: {key} = {raw}: {problem}" for problem in problems]
             continue
         try:
             changes = option.apply(value, context)
@@ -533,8 +550,6 @@ def translate(text, path, environ, section="uwsgi"):
                 values[setting] += joined + setting_value
             else:
                 values[setting] = setting_value
-    errors = [f"{where} line {number}: {key}: {problem}" for number, key, _ in entries
-              if key in ("set-placeholder", "set-ph") for problem in problems[number]] + errors
     warnings = list(notes.values()) + warnings
     module = values.pop("_module", None)
     callable_ = values.pop("_callable", None)
@@ -606,6 +621,53 @@ def _references(value, defined, problems):
         problems.append(f"@({name}): reading values from files or commands is not supported; "
                         "write the value")
     return value
+
+
+#: the apply functions of the options that are switches (--master, no value)
+_SWITCH_APPLIES = (_switch_on, _master, _die_on_term)
+#: warned options uWSGI takes as switches
+_WARNED_SWITCHES = frozenset({
+    "enable-threads", "thunder-lock", "single-interpreter", "lazy-apps", "lazy", "log-4xx",
+    "log-5xx", "log-zero", "log-sendfile", "log-ioerror", "log-master", "log-reopen",
+    "log-date", "logdate", "log-micros", "honour-stdin", "so-keepalive", "reuse-port",
+    "stats-http", "memory-report", "harakiri-verbose", "http-keepalive"})
+
+
+def is_switch(option):
+    """True if uWSGI's command line takes the option without a value."""
+    return option.apply in _SWITCH_APPLIES or option.name in _WARNED_SWITCHES
+
+
+def split_flags(argv, taken):
+    """(the other arguments, [(name, value)]): the uWSGI options in `argv`
+    that are not forkserve's own flags (`taken`), written as uWSGI's command
+    line takes them: --name VALUE, --name=VALUE, or a switch (--master),
+    which may be followed by true or false. Long options only: uWSGI's
+    one-letter ones (-s, -p, -w...) mean other things to forkserve."""
+    rest, pairs = [], []
+    index = 0
+    while index < len(argv):
+        argument = argv[index]
+        index += 1
+        if argument == "--":
+            rest += argv[index - 1:]
+            break
+        flag, equals, value = argument.partition("=")
+        option = BY_NAME.get(flag[2:]) if flag.startswith("--") and len(flag) > 3 else None
+        if option is None or flag in taken:
+            rest.append(argument)
+            continue
+        following = argv[index] if index < len(argv) else None
+        if equals:
+            pass
+        elif is_switch(option):
+            value = "true"
+            if following is not None and following.lower() in _TRUE[1:] + _FALSE:
+                value, index = following, index + 1
+        elif following is not None and not following.startswith("--"):
+            value, index = following, index + 1
+        pairs.append((flag[2:], value))
+    return rest, pairs
 
 
 def table():
