@@ -1,4 +1,4 @@
-"""Behind one nginx: forkserve over uwsgi_pass, forkserve over proxy_pass, and uWSGI over uwsgi_pass.
+"""Behind one nginx: forkserve over uwsgi_pass and over proxy_pass, uWSGI over uwsgi_pass.
 
     python benchmarks/uwsgi_nginx.py                 # 3 rounds x 10 s per path
     python benchmarks/uwsgi_nginx.py --quick         # 1 round x 2 s: a smoke run

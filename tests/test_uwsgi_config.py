@@ -47,8 +47,8 @@ def test_every_option_the_issue_names_has_a_row_and_every_row_a_reason():
 
 def test_docs_uwsgi_table_is_generated_from_the_rows():
     page = (ROOT / "docs" / "uwsgi.md").read_text()
-    assert uwsgi.table() in page, ("docs/uwsgi.md's table is stale: paste in the output of "
-                                   "python -m forkserve.config.uwsgi")
+    assert uwsgi.table() in page and uwsgi.summary() in page, (
+        "docs/uwsgi.md's table is stale: paste in the output of python -m forkserve.config.uwsgi")
 
 
 def test_a_django_ini_maps_to_forkserve_settings():
@@ -280,3 +280,14 @@ def test_uwsgi_flags_override_the_ini_and_their_problems_are_listed_together(ini
                        environ={}, cwd=str(tmp_path))
     assert "3 problem(s) with uWSGI options" in str(caught.value)
     assert "command line --static-map: static-map is not supported" in str(caught.value)
+
+
+def test_bind_prefixes_name_each_listener_s_protocol():
+    from forkserve.process import sockets
+    assert sockets.split_protocol("uwsgi:unix:/run/a.sock") == ("uwsgi", "unix:/run/a.sock")
+    assert sockets.split_protocol("http::8000") == ("http", ":8000")
+    assert sockets.split_protocol("unix:/run/a.sock") == (None, "unix:/run/a.sock")
+    assert sockets.parse_address("uwsgi:unix:/run/a.sock").target == "/run/a.sock"
+    assert sockets.protocols(["uwsgi::1", "127.0.0.1:2", "http:[::1]:3"], "uwsgi", 3) == [
+        "uwsgi", "uwsgi", "http"]
+    assert sockets.protocols(["uwsgi::1"], "http", 2) == ["http", "http"]  # systemd's sockets

@@ -22,7 +22,8 @@ def nginx_vars(method="GET", uri="/", body=b"", **extra):
     path, _, query = uri.partition("?")
     pairs = [("QUERY_STRING", query), ("REQUEST_METHOD", method), ("CONTENT_TYPE", ""),
              ("CONTENT_LENGTH", str(len(body)) if body else ""), ("REQUEST_URI", uri),
-             ("PATH_INFO", unquote(path, "latin-1")),  # $document_uri: decoded ("DOCUMENT_ROOT", "/usr/share/nginx/html"),
+             ("PATH_INFO", unquote(path, "latin-1")),  # $document_uri: decoded
+             ("DOCUMENT_ROOT", "/usr/share/nginx/html"),
              ("SERVER_PROTOCOL", "HTTP/1.1"), ("REQUEST_SCHEME", "http"),
              ("REMOTE_ADDR", "203.0.113.9"), ("REMOTE_PORT", "51234"), ("SERVER_PORT", "80"),
              ("SERVER_NAME", "example.com"), ("HTTP_HOST", "example.com"),
@@ -73,6 +74,7 @@ def test_nginx_get_becomes_the_environ_the_http_side_builds():
     # what nginx knows of the client, which the HTTP side would learn from the socket
     assert (env["REMOTE_ADDR"], env["REMOTE_PORT"]) == ("203.0.113.9", "51234")
     assert (env["SERVER_NAME"], env["SERVER_PORT"]) == ("example.com", "80")
+    assert env["DOCUMENT_ROOT"] == "/usr/share/nginx/html" and env["REQUEST_SCHEME"] == "http"
     assert env["wsgi.url_scheme"] == "http" and "CONTENT_LENGTH" not in env
     assert request.line == "GET /a%20b/c?x=1&y=2 HTTP/1.1"
     assert connection.their_state is DONE and not connection.keep_alive

@@ -144,6 +144,10 @@ def _cpu_affinity(value, context):
     return {"cpu_affinity": "on" if count else "off"}
 
 
+def _stats(value, context):
+    return {"stats": address(value, "http").removeprefix("http:")}
+
+
 def _megabytes(value, context):
     return {"max_worker_memory": _number(value)}
 
@@ -364,7 +368,7 @@ OPTIONS = (
     _warned("log-maxsize", "forkserve does not rotate its logs: rotate with logrotate "
             "(copytruncate) or send USR1 after moving them."),
     _refused("daemonize", _DAEMON, aliases=("daemonize2",)),
-    _mapped("stats", lambda value, context: {"stats": address(value, "http")[5:]}, "forkserve's stats server: HTTP with a dashboard at /, "
+    _mapped("stats", _stats, "forkserve's stats server: HTTP with a dashboard at /, "
             "JSON at /json and Prometheus text at /metrics, not uWSGI's stats JSON (uwsgitop "
             "does not read it).", aliases=("stats-server",)),
     _warned("stats-http", "forkserve's stats server always speaks HTTP."),
@@ -689,5 +693,14 @@ def counts():
     return result
 
 
+def summary():
+    """docs/uwsgi.md's one-line count of the table."""
+    found = counts()
+    kinds = ", ".join(f"{found[kind][0]} {kind} ({found[kind][1]} names)"
+                      for kind in ("honoured", "mapped", "warned", "refused"))
+    return (f"{len(OPTIONS)} rows covering {sum(n for _, n in found.values())} option names "
+            f"(aliases included): {kinds}.")
+
+
 if __name__ == "__main__":  # python -m forkserve.config.uwsgi prints docs/uwsgi.md's table
-    print(table())
+    print(summary() + "\n\n" + table())

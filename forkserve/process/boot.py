@@ -185,7 +185,8 @@ def _share_heap(cfg, warmup_requests):
 
 
 def _listen(cfg, listeners, stats_listener):
-    for listener, protocol in zip(listeners, sockets.protocols(cfg.bind, cfg.protocol)):
+    speaks = sockets.protocols(cfg.bind, cfg.protocol, len(listeners))
+    for listener, protocol in zip(listeners, speaks):
         listener.listen(cfg.backlog)
         log.info("Listening at: %s (%d)", sockets.describe(listener, protocol), os.getpid())
     if stats_listener is not None:

@@ -69,12 +69,13 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
               "uwsgi": dict(proxy=ProxyPolicy(secure_scheme_headers={}),
                             connection_class=UwsgiConnection,
                             allowed_peers=AddressList(cfg.uwsgi_allow_ips))}
+    protocols = sockets.protocols(cfg.bind, cfg.protocol, len(listeners))
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
                    error_log=logs.error_log, multiprocess=multiprocess,
                    on_request=on_request, pool=pool, access_format=access_format,
                    access_sink=logs.access_sink(access_format),
                    admission=admission, sendfile=cfg.sendfile, **speaks[protocol])
-            for listener, protocol in zip(listeners, sockets.protocols(cfg.bind, cfg.protocol))]
+            for listener, protocol in zip(listeners, protocols)]
 
 
 def gevent_socket(listener):

@@ -62,9 +62,12 @@ def split_protocol(text: str):
     return None, text
 
 
-def protocols(texts, default: str) -> list:
-    """The protocol of each bind address in `texts`, in order (so, of each
-    listener bound or adopted from them)."""
+def protocols(texts, default: str, count: int) -> list:
+    """The protocol of each of `count` listeners bound (or adopted) from the
+    bind addresses `texts`, in order. Listeners that systemd passed, when
+    their number differs from the addresses', all speak `default`."""
+    if len(texts) != count:
+        return [default] * count
     return [split_protocol(text)[0] or default for text in texts]
 
 
