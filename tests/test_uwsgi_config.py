@@ -219,6 +219,11 @@ def test_ini_flag_reads_the_uwsgi_section_and_the_command_line_wins(ini, tmp_pat
     assert cfg.workers == 9
 
 
+def test_the_ini_can_come_from_the_environment(ini, tmp_path):
+    cfg = settings.parse([], environ={"FORKSERVE_INI": str(ini)}, cwd=str(tmp_path))
+    assert cfg.workers == 3 and cfg.config == str(ini)
+
+
 def test_config_flag_recognises_an_ini_by_extension_or_section(ini, tmp_path):
     assert settings.parse(["-c", str(ini)], environ={}, cwd=str(tmp_path)).workers == 3
     renamed = tmp_path / "uwsgi.conf"

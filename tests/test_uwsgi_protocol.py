@@ -169,6 +169,14 @@ def test_expect_100_continue_is_never_answered_nginx_did():
     assert not connection.continue_pending
 
 
+def test_modifier1_30_of_old_nginx_sites_is_wsgi_with_script_name_stripped():
+    pairs = [(k, v) for k, v in nginx_vars(uri="/app/page") if k != "PATH_INFO"]
+    _, (request,) = feed(encode_packet(pairs + [("SCRIPT_NAME", "/app"),
+                                                ("PATH_INFO", "/app/page")], modifier1=30))
+    env = request_environ(BASE, request)
+    assert (env["SCRIPT_NAME"], env["PATH_INFO"]) == ("/app", "/page")
+
+
 def test_peer_closing_before_a_packet_is_a_clean_close_and_mid_packet_abandons():
     assert feed(b"")[1] == [PEER_CLOSED]
     assert feed(encode_packet(nginx_vars())[:9])[1] == [PEER_CLOSED]

@@ -375,7 +375,8 @@ def parse(argv, environ=None, cwd=None) -> Config:
     env_cli = _command_line(parser, shlex.split(environ.get("FORKSERVE_CMD_ARGS", "")),
                             "environment FORKSERVE_CMD_ARGS")
 
-    ini = cli.get("ini") or env_cli.get("ini")  # a uWSGI ini file (forkserve.config.uwsgi)
+    # a uWSGI ini file (forkserve.config.uwsgi)
+    ini = cli.get("ini") or env_cli.get("ini") or environ.get(BY_NAME["ini"].env)
     if ini and (cli.get("config") or env_cli.get("config")):
         raise ConfigError(f"both --ini {ini} and -c were given; forkserve reads one config file")
     config_path = ini or cli.get("config") or env_cli.get("config") or \

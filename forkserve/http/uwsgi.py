@@ -24,8 +24,8 @@ Invariants, and why:
   its real length, so there is never a chunked body here; a
   Transfer-Encoding var is the client's header, dropped from the environ.
 - A packet is refused (400, or the HTTP side's 414/431/413 for its limits)
-  and the connection closed unless: modifier1 and modifier2 are 0 (a WSGI
-  request), the vars fill the datasize exactly, every key is a CGI-style
+  and the connection closed unless: modifier1 is 0 (a WSGI request) or 30
+  (the same, SCRIPT_NAME stripped) and modifier2 is 0, the vars fill the datasize exactly, every key is a CGI-style
   name, no value holds CR, LF or NUL, REQUEST_METHOD is a token, the request
   URI fits limit_request_line, each header var fits limit_request_field_size
   and there are at most limit_request_fields of them, and HTTP_HOST (once)
@@ -50,6 +50,10 @@ from forkserve.http.protocol import (BODY, CLOSED, DONE, HEAD, NEED_DATA, PEER_C
 __all__ = ["UwsgiConnection", "parse_vars", "encode_packet", "PACKET_HEADER"]
 
 PACKET_HEADER = 4
+#: modifier1 values of a WSGI request: 0, and 30, which old nginx sites send
+#: (uwsgi_modifier1 30) to have SCRIPT_NAME stripped from PATH_INFO, as
+#: forkserve always does
+WSGI_MODIFIERS = (0, 30)
 _HEADER = struct.Struct("<BHB")
 _LENGTH = struct.Struct("<H")
 _KEY = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -122,7 +126,7 @@ class UwsgiConnection(Connection):
         self.their_state = HEAD
         if available >= PACKET_HEADER:
             modifier1, size, modifier2 = _HEADER.unpack_from(buf, pos)
-            if modifier1 or modifier2:
+            if modifier1 not in WSGI_MODIFIERS or modifier2:
                 raise RequestError(400, _not_wsgi(buf[pos:pos + PACKET_HEADER], modifier1,
                                                   modifier2))
             if available >= PACKET_HEADER + size:
@@ -224,4 +228,5 @@ def _not_wsgi(header, modifier1, modifier2):
         return ("this listener speaks the uwsgi protocol, and the request looks like HTTP: "
                 "point nginx's uwsgi_pass here, or send HTTP to a listener bound without uwsgi:")
     return (f"uwsgi packet with modifier1 {modifier1}, modifier2 {modifier2}: forkserve serves "
-            "WSGI requests (0, 0) only; remove uwsgi_modifier1/uwsgi_modifier2 from nginx")
+            "WSGI requests (modifier1 0 or 30, modifier2 0) only; remove uwsgi_modifier1/"
+            "uwsgi_modifier2 from nginx")
