@@ -106,7 +106,12 @@ class UwsgiConnection(Connection):
     """The server side of one uwsgi connection: protocol.Connection's events
     and response framing, with the request head read from a uwsgi packet
     (see the module's invariants). Responses of unknown length end with the
-    close, never chunked: nginx's uwsgi module does not decode chunks."""
+    close, never chunked: nginx's uwsgi module does not decode chunks.
+
+    It replaces Connection._next_head, the one step that differs, and sets
+    the state that step sets in Connection (their_state, the Content-Length
+    body's _left, _continue, _no_body); the body's framing, the response
+    side and every state after the head are Connection's own code."""
 
     chunk_responses = False
 
