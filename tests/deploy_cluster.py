@@ -44,6 +44,15 @@ def nginx_binary():
     return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
 
 
+def uwsgi_params():
+    """The uwsgi_params file the installed nginx ships (beside its nginx.conf):
+    what `include uwsgi_params;` reads in a deployed site."""
+    found = re.search(r"--conf-path=(\S+)", subprocess.run(
+        [nginx_binary(), "-V"], capture_output=True, text=True).stderr)
+    return pathlib.Path(found.group(1) if found else "/etc/nginx/nginx.conf").parent / \
+        "uwsgi_params"
+
+
 def require_nginx(pytest):
     """Skip with NGINX_MISSING on a laptop without nginx; fail in CI (CI=true)."""
     if nginx_binary():

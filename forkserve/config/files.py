@@ -1,5 +1,6 @@
-"""Config files: a Python file (module-level names, as gunicorn.conf.py) or
-a TOML file (its [tool.forkserve] table, or the whole file), read into
+"""Config files: a Python file (module-level names, as gunicorn.conf.py),
+a TOML file (its [tool.forkserve] table, or the whole file) or a uWSGI ini
+file (its [uwsgi] section, forkserve.config.uwsgi), read into
 {setting name: raw value} with the file's hooks under "hooks".
 
 Which names are settings, and what a Gunicorn name means, is decided by
@@ -10,17 +11,24 @@ import os
 import runpy
 import tomllib
 
-from forkserve.config import gunicorn
+from forkserve.config import gunicorn, uwsgi
 from forkserve.config.values import ConfigError
 
 __all__ = ["read_config_file"]
 
 
-def read_config_file(path: str, known) -> dict:
+def read_config_file(path: str, known, *, ini=False, environ=None) -> dict:
     """Read a config file into {setting name: raw value}, `known` being the
-    setting names. Raises ConfigError."""
+    setting names; a uWSGI ini file's warnings under "warnings". `ini`: read
+    it as a uWSGI ini (--ini), PATH:SECTION allowed. Raises ConfigError."""
+    section = "uwsgi"
+    if ini and not os.path.isfile(path) and ":" in path:
+        path, section = path.rsplit(":", 1)
     if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} does not exist; check the path given to -c")
+        raise ConfigError(f"config file {path!r} does not exist; check the path given to "
+                          f"{'--ini' if ini else '-c'}")
+    if ini or path.endswith(".ini") or _starts_uwsgi_section(path):
+        return _uwsgi_ini(path, section, os.environ if environ is None else environ)
     if path.endswith(".toml"):
         try:
             with open(path, "rb") as handle:
@@ -40,6 +48,26 @@ def read_config_file(path: str, known) -> dict:
     except Exception as exc:
         raise ConfigError(f"config file {path} raised {type(exc).__name__}: {exc}") from None
     return _known_keys(namespace, path, known, python=True)
+
+
+def _starts_uwsgi_section(path):
+    with open(path, "rb") as handle:
+        start = handle.read(4096)
+    return uwsgi.looks_like_uwsgi_ini(start.decode("utf-8", "replace"))
+
+
+def _uwsgi_ini(path, section, environ):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc}") from None
+    result = uwsgi.translate(text, path, environ, section)
+    if result.errors:
+        raise ConfigError(f"uWSGI config {path}: {len(result.errors)} problem(s) "
+                          "(docs/uwsgi.md says what forkserve does with each option):\n  "
+                          + "\n  ".join(result.errors))
+    return {**result.values, "hooks": {}, "warnings": result.warnings}
 
 
 def _known_keys(table: dict, path: str, known, *, python: bool) -> dict:

@@ -196,10 +196,9 @@ ROWS = (
     _honoured("proxy_protocol", "Same modes (off, v1, v2, auto): sets REMOTE_ADDR and "
               "REMOTE_PORT."),
     _honoured("proxy_allow_ips", "Same meaning and default."),
-    _refused("protocol", "forkserve speaks HTTP only, not the uwsgi protocol.",
-             flags=("--protocol",), harmless=("http",)),
-    _refused("uwsgi_allow_ips", "forkserve speaks HTTP only, not the uwsgi protocol.",
-             flags=("--uwsgi-allow-from",)),
+    _honoured("protocol", "Same values (http, uwsgi), for every bind address without a "
+              "uwsgi: or http: prefix; docs/uwsgi.md."),
+    _honoured("uwsgi_allow_ips", "Same meaning: peers a uwsgi listener serves."),
     _refused("keyfile", _TLS, flags=("--keyfile",), harmless=(None,)),
     _refused("certfile", _TLS, flags=("--certfile",), harmless=(None,)),
     _refused("ssl_version", _TLS, flags=("--ssl-version",)),

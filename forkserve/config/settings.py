@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from forkserve.memory.workergc import DEFAULT as _WORKER_GC_DEFAULT
 from forkserve.memory.workergc import parse_policy as _worker_gc_policy
-from forkserve.config import gunicorn
+from forkserve.config import gunicorn, uwsgi
 from forkserve.config import files, values
 from forkserve.config.values import ConfigError
 
@@ -123,6 +123,10 @@ SETTINGS = (
             "Read settings from FILE: a Python file (like gunicorn.conf.py) or a TOML file "
             "(its [tool.forkserve] table, or the whole file). ./forkserve.conf.py, else "
             "./gunicorn.conf.py, is read when present and no -c is given.", metavar="FILE"),
+    Setting("ini", ("--ini",), values.text, None,
+            "Read a uWSGI ini file's [uwsgi] section (FILE:SECTION for another): its options "
+            "become forkserve's settings, as docs/uwsgi.md lists (-c reads a .ini file so "
+            "too).", metavar="FILE"),
     Setting("check_config", ("--check-config",), values.flag, False,
             "Check the settings and load the application, then exit: 0 if all is well, 2 if "
             "a setting is invalid or would be ignored.",
@@ -254,9 +258,22 @@ SETTINGS = (
     Setting("reload_extra_files", ("--reload-extra-file",), values.path_list, lambda: [],
             "With --reload, also watch this file (templates, data). Repeat for several.",
             metavar="FILE", kind="append"),
+    Setting("touch_reload", ("--touch-reload",), values.path_list, lambda: [],
+            "Reload gracefully (as HUP) when this file's modification time changes (uWSGI's "
+            "touch-reload). Repeat for several.", metavar="FILE", kind="append"),
     Setting("reload_engine", ("--reload-engine",), values.reload_engine, "auto",
             "How --reload watches: auto or poll (forkserve always polls; inotify is refused).",
             metavar="ENGINE"),
+    Setting("protocol", ("--protocol",), values.protocol, "http",
+            "What a bind address without a uwsgi: or http: prefix speaks: http, or uwsgi "
+            "(the binary protocol of nginx's uwsgi_pass; one request per connection). "
+            "-b uwsgi:127.0.0.1:3031 makes one listener speak uwsgi.",
+            metavar="http|uwsgi", section="http"),
+    Setting("uwsgi_allow_ips", ("--uwsgi-allow-from",), values.allowed_addresses,
+            lambda: ["127.0.0.1", "::1"],
+            "Peers a uwsgi listener serves (others are closed, logged): addresses, networks "
+            "or '*'. Unix-socket peers are always served.", metavar="ADDRESSES",
+            section="http"),
     Setting("proxy_allow_ips", ("--proxy-allow-from",), values.allowed_addresses,
             lambda: ["127.0.0.1", "::1"],
             "Peers allowed to send a PROXY protocol header (others get 403): addresses, "
@@ -274,6 +291,8 @@ class Config:
     sources: dict = dataclasses.field(default_factory=dict)
     #: server hooks from the config file, {name: function} (forkserve.process.hooks)
     hooks: dict = dataclasses.field(default_factory=dict)
+    #: what the config file asks that forkserve does differently, logged once at start
+    warnings: list = dataclasses.field(default_factory=list)
 
     def __getattr__(self, name):
         try:
@@ -286,7 +305,7 @@ class Config:
         for name, raw in changes.items():
             values[name] = _convert(BY_NAME[name], raw, "argument")
         return Config(app=self.app, values=values, sources=dict(self.sources),
-                      hooks=dict(self.hooks))
+                      hooks=dict(self.hooks), warnings=list(self.warnings))
 
 
 def _convert(setting: Setting, raw, where: str):
@@ -355,18 +374,27 @@ def parse(argv, environ=None, cwd=None) -> Config:
     environ = os.environ if environ is None else environ
     cwd = os.getcwd() if cwd is None else cwd
     parser = build_parser()
+    # uWSGI's long options (--socket, --master...) go through its table
+    argv, uwsgi_flags = uwsgi.split_flags(list(argv), _flag_names())
     cli = _command_line(parser, argv, "command line")
+    flag_warnings = _add_uwsgi_flags(cli, uwsgi_flags, cwd) if uwsgi_flags else []
     # FORKSERVE_CMD_ARGS works like GUNICORN_CMD_ARGS: flags that the command
     # line overrides and that override everything else.
     env_cli = _command_line(parser, shlex.split(environ.get("FORKSERVE_CMD_ARGS", "")),
                             "environment FORKSERVE_CMD_ARGS")
 
-    config_path = cli.get("config") or env_cli.get("config") or environ.get("FORKSERVE_CONFIG")
+    # a uWSGI ini file (forkserve.config.uwsgi)
+    ini = cli.get("ini") or env_cli.get("ini") or environ.get(BY_NAME["ini"].env)
+    if ini and (cli.get("config") or env_cli.get("config")):
+        raise ConfigError(f"both --ini {ini} and -c were given; forkserve reads one config file")
+    config_path = ini or cli.get("config") or env_cli.get("config") or \
+        environ.get("FORKSERVE_CONFIG")
     found = None
     for default_file in ("forkserve.conf.py", "gunicorn.conf.py"):  # Gunicorn reads the latter
         if config_path is None and os.path.isfile(os.path.join(cwd, default_file)):
             config_path = found = os.path.join(cwd, default_file)
-    file_values = files.read_config_file(config_path, set(BY_NAME)) if config_path else {}
+    file_values = files.read_config_file(config_path, set(BY_NAME), ini=bool(ini),
+                                         environ=environ) if config_path else {}
 
     values, sources = {}, {}
     for setting in SETTINGS:
@@ -388,6 +416,8 @@ def parse(argv, environ=None, cwd=None) -> Config:
         values["config"] = config_path
     if found:
         sources["config"] = "found in the working directory"
+    elif ini:
+        sources["config"] = "--ini"
 
     for app, source in ((cli.get("app"), "command line"),
                         (env_cli.get("app"), "environment FORKSERVE_CMD_ARGS"),
@@ -398,7 +428,29 @@ def parse(argv, environ=None, cwd=None) -> Config:
             break
     sources["app"] = source
     return Config(app=app, values=values, sources=sources,
-                  hooks=file_values.get("hooks", {}))
+                  hooks=file_values.get("hooks", {}),
+                  warnings=file_values.get("warnings", []) + flag_warnings)
+
+
+def _flag_names() -> set:
+    return {"-h", "--help", "-V", "--version",
+            *(flag for setting in SETTINGS for flag in setting.flags),
+            *(flag for row in gunicorn.ROWS for flag in row.flags)}
+
+
+def _add_uwsgi_flags(cli, pairs, cwd) -> list:
+    """Add uWSGI options given as flags to `cli` (forkserve's own flags win; a
+    listener or variable adds to theirs); the warnings to log."""
+    result = uwsgi.translate_flags(pairs, cwd)
+    if result.errors:
+        raise ConfigError(f"command line: {len(result.errors)} problem(s) with uWSGI options "
+                          "(docs/uwsgi.md):\n  " + "\n  ".join(result.errors))
+    for name, value in result.values.items():
+        if isinstance(value, list):
+            cli[name] = list(cli.get(name) or []) + value
+        else:
+            cli.setdefault(name, value)
+    return result.warnings
 
 
 def _command_line(parser, argv, where) -> dict:

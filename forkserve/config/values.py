@@ -255,6 +255,16 @@ def reload_engine(value) -> str:
 reload_engine.__name__ = "str"
 
 
+def protocol(value) -> str:
+    name = str(value).strip().lower()
+    if name not in ("http", "uwsgi"):
+        raise ValueError(f"expected http or uwsgi; got {value!r}")
+    return name
+
+
+protocol.__name__ = "str"
+
+
 def proxy_protocol(value) -> str:
     if value is True:
         return "auto"

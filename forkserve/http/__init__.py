@@ -3,6 +3,8 @@
 h1          the RFC 9112 grammar of one line and the body framing, pure functions
 protocol    one HTTP/1.1 connection without I/O: bytes in, events out; response
             parts in, bytes out (framing, limits, keep-alive, 100-continue, trailers)
+uwsgi       one uwsgi-protocol connection (nginx's uwsgi_pass) without I/O: the same
+            events and response framing, the request head read from a uwsgi packet
 environ     the WSGI environ of a request, pure
 body        wsgi.input over the connection object's body events
 response    start_response checks and the response head, pure

@@ -29,6 +29,6 @@ def request_environ(base, request):
                                     f"SCRIPT_NAME {escape(script_name)} (the proxy in front "
                                     "must forward only paths under it)")
         path = path[len(script_name):]
-    env["PATH_INFO"] = unquote(path, "latin-1") if "%" in path else path
+    env["PATH_INFO"] = unquote(path, "latin-1") if "%" in path and not request.decoded else path
     env["QUERY_STRING"] = request.query
     return env

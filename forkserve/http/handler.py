@@ -36,7 +36,7 @@ from gevent import sleep
 from forkserve.http.body import EMPTY_BODY, Body
 from forkserve.http.environ import request_environ
 from forkserve.http.h1 import ClientDisconnected, Limits, RequestError
-from forkserve.http.protocol import IDLE, NEED_DATA, Connection, Request
+from forkserve.http.protocol import IDLE, NEED_DATA, Request
 from forkserve.http.responder import Responder
 from forkserve.http.response import FileWrapper
 from forkserve.http.transport import GONE_ERRNOS, Expired, Transport, timer
@@ -94,7 +94,7 @@ class Handler:
         self.peer = address[0] if isinstance(address, tuple) and address else "unix"
         limits = server.limits
         self.transport = Transport(sock, server.loop, limits.send_timeout)
-        self.http = Connection(limits)
+        self.http = server.connection_class(limits)  # HTTP/1.1, or forkserve.http.uwsgi
         self.responder = Responder(self.http, self.transport, server, self.peer)
         self.body = EMPTY_BODY
         self._head_timer = timer(server.loop, limits.header_timeout)

@@ -89,10 +89,10 @@ class Request:
     one consumer of a head is a WSGI environ."""
 
     __slots__ = ("method", "target", "version", "line", "headers", "chunked", "length",
-                 "expect_continue", "path", "query", "authority")
+                 "expect_continue", "path", "query", "authority", "decoded")
 
     def __init__(self, method, target, version, line, headers, chunked, length, expect_continue,
-                 path, query, authority):
+                 path, query, authority, decoded=False):
         self.method = method
         self.target = target
         # the target split as RFC 9112 3.2 says (h1.request_target): `authority`
@@ -100,6 +100,8 @@ class Request:
         self.path = path
         self.query = query
         self.authority = authority
+        # True if `path` is already percent-decoded (a uwsgi PATH_INFO var)
+        self.decoded = decoded
         self.version = version
         self.line = line          # the request line as received, without CRLF (the access log's)
         self.headers = headers
@@ -133,6 +135,10 @@ class Connection:
     application's response into bytes; start_next_cycle() readies the
     connection for the next request once both sides are DONE.
     """
+
+    #: a response of unknown length on HTTP/1.1 is chunked (False: it ends
+    #: with the close, as forkserve.http.uwsgi's responses do)
+    chunk_responses = True
 
     def __init__(self, limits):
         self.limits = limits
@@ -423,7 +429,8 @@ class Connection:
         """
         request = self.request
         code, lines, dated, self._declared, self._chunked, close = plan_head(
-            status, headers, total, request.version, self._no_body)
+            status, headers, total, request.version if self.chunk_responses else "HTTP/1.0",
+            self._no_body)
         no_body = self._no_body = self._no_body or code in (204, 304)
         if close or not (self.their_state is DONE and self.keep_alive and not draining
                          or self._reusable(draining)):

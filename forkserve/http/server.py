@@ -28,6 +28,7 @@ from gevent.pool import Pool
 import forkserve
 from forkserve.http.accesslog import AccessFormat
 from forkserve.http.handler import ErrorStream, FileWrapper, Handler, Limits
+from forkserve.http.protocol import Connection
 from forkserve.http.proxy import ProxyPolicy
 
 __all__ = ["Server", "needs_nodelay"]
@@ -74,12 +75,17 @@ class Server:
     def __init__(self, listener, app, *, worker_connections=1000, limits=None,
                  access_log=None, error_log=None, multiprocess=True,
                  on_request=None, server_name=None, pool=None, access_format=None,
-                 access_sink=None, proxy=None, admission=None, sendfile=True):
+                 access_sink=None, proxy=None, admission=None, sendfile=True,
+                 connection_class=Connection, allowed_peers=None):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.process.sockets first")
         self.socket = listener
         self.application = app
+        #: the protocol spoken: protocol.Connection (HTTP/1.1) or uwsgi.UwsgiConnection
+        self.connection_class = connection_class
+        #: peers served (a proxy.AddressList), None for all: --uwsgi-allow-from
+        self.allowed_peers = allowed_peers
         self.limits = limits if limits is not None else Limits()
         self.access_log = access_log
         #: the access log's line format (access_log_format), and, with an
@@ -175,6 +181,11 @@ class Server:
             gevent.sleep(0)
 
     def _serve(self, sock, address):
+        if self.allowed_peers is not None and address not in self.allowed_peers:
+            self.logger.warning("refused a uwsgi connection from %s: not in uwsgi_allow_ips "
+                                "(--uwsgi-allow-from)", address[0])
+            sock.close()
+            return
         if self._nodelay:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -14,11 +14,11 @@ handover       the reload state machine: pure decisions, events in, actions out
 generations    the I/O half of a reload: generation processes, and the driver
 generation_protocol  how a generation starts and adopts the listeners, and how a
                master becomes a supervisor
-source_watch   --reload: a reload when a source file changes (development)
+source_watch   --reload and --touch-reload: a reload when a watched file changes
 hooks          Gunicorn's server hooks, with Gunicorn's names and arguments
 signals        which signal does what; handlers that only enqueue
 scoreboard     shared memory where workers report heartbeat and request counts
-sockets        bind, listen, describe and adopt listening sockets
+sockets        bind, listen, describe and adopt listening sockets; the protocol each speaks
 systemd        sd_notify and socket activation
 privileges     --user/--group
 procname       process titles

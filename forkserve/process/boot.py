@@ -57,7 +57,7 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     app_name = app_name or cfg.app or "app"
     if cfg.config:  # the one file read, named so a stray ./gunicorn.conf.py is noticed
         log.info("Config file read: %s (%s)", cfg.config, cfg.sources["config"])
-    for message in moot:
+    for message in cfg.warnings + moot:  # what the config asks that forkserve does otherwise
         log.warning("%s", message)
     if cfg.check_config:  # binds nothing: the checked server may be running on the port
         if app is None and _load(cfg) is None:
@@ -194,9 +194,10 @@ def _share_heap(cfg, warmup_requests):
 
 
 def _listen(cfg, listeners, stats_listener):
-    for listener in listeners:
+    speaks = sockets.protocols(cfg.bind, cfg.protocol, len(listeners))
+    for listener, protocol in zip(listeners, speaks):
         listener.listen(cfg.backlog)
-        log.info("Listening at: %s (%d)", sockets.describe(listener), os.getpid())
+        log.info("Listening at: %s (%d)", sockets.describe(listener, protocol), os.getpid())
     if stats_listener is not None:
         stats_listener.listen(16)
         log.info("Stats at: %s (dashboard at /, JSON at /json, Prometheus at /metrics)",

@@ -33,6 +33,7 @@ def preload():
     import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
     import forkserve.http.transport  # noqa: F401
+    import forkserve.http.uwsgi  # noqa: F401
     import forkserve.process.balance  # noqa: F401
 
 
@@ -44,8 +45,10 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
 
     from forkserve.http.accesslog import AccessFormat
     from forkserve.http.handler import Limits
-    from forkserve.http.proxy import ProxyPolicy
+    from forkserve.http.proxy import AddressList, ProxyPolicy
     from forkserve.http.server import Server
+    from forkserve.http.uwsgi import UwsgiConnection
+    from forkserve.process import sockets
 
     limits = Limits(limit_request_line=cfg.limit_request_line,
                     limit_request_fields=cfg.limit_request_fields,
@@ -60,12 +63,19 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
                         cfg.proxy_protocol, cfg.proxy_allow_ips)
     access_format = AccessFormat(cfg.access_log_format)
     app = hooks.wrap_app(app)  # pre_request / post_request
+    # a uwsgi listener's peer is the trusted proxy: its vars say the client and
+    # the scheme (forkserve.http.uwsgi), no header or PROXY line does
+    speaks = {"http": dict(proxy=proxy),
+              "uwsgi": dict(proxy=ProxyPolicy(secure_scheme_headers={}),
+                            connection_class=UwsgiConnection,
+                            allowed_peers=AddressList(cfg.uwsgi_allow_ips))}
+    protocols = sockets.protocols(cfg.bind, cfg.protocol, len(listeners))
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
                    error_log=logs.error_log, multiprocess=multiprocess,
                    on_request=on_request, pool=pool, access_format=access_format,
-                   access_sink=logs.access_sink(access_format), proxy=proxy,
-                   admission=admission, sendfile=cfg.sendfile)
-            for listener in listeners]
+                   access_sink=logs.access_sink(access_format),
+                   admission=admission, sendfile=cfg.sendfile, **speaks[protocol])
+            for listener, protocol in zip(listeners, protocols)]
 
 
 def gevent_socket(listener):

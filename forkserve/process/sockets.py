@@ -15,7 +15,13 @@ import os
 import socket
 import stat
 
-__all__ = ["Address", "BindError", "parse_address", "bind", "describe"]
+__all__ = ["Address", "BindError", "parse_address", "bind", "describe", "split_protocol",
+           "protocols", "PROTOCOLS"]
+
+#: what a listener may speak; a bind address may name it as a prefix
+#: ("uwsgi:127.0.0.1:3031", "uwsgi:unix:/run/app.sock", "http:0.0.0.0:8000"),
+#: else it speaks the `protocol` setting's (Gunicorn's --protocol)
+PROTOCOLS = ("http", "uwsgi")
 
 #: errno values that mean "the address cannot be had", each with advice.
 _BIND_ADVICE = {
@@ -46,8 +52,27 @@ class Address:
         return f"Address({self.text!r})"
 
 
-def parse_address(text: str) -> Address:
+def split_protocol(text: str):
+    """(protocol, address) of a bind address: the protocol its prefix names,
+    or None without one."""
     text = text.strip()
+    prefix, sep, rest = text.partition(":")
+    if sep and prefix in PROTOCOLS and rest:
+        return prefix, rest
+    return None, text
+
+
+def protocols(texts, default: str, count: int) -> list:
+    """The protocol of each of `count` listeners bound (or adopted) from the
+    bind addresses `texts`, in order. Listeners that systemd passed, when
+    their number differs from the addresses', all speak `default`."""
+    if len(texts) != count:
+        return [default] * count
+    return [split_protocol(text)[0] or default for text in texts]
+
+
+def parse_address(text: str) -> Address:
+    text = split_protocol(text)[1]
     if text.startswith("unix:"):
         path = text[len("unix:"):]
         if not path:
@@ -126,14 +151,14 @@ def _remove_stale_unix_socket(path):
         probe.close()
 
 
-def describe(sock: socket.socket) -> str:
+def describe(sock: socket.socket, protocol: str = "http") -> str:
     """The URL a client would use for a bound socket, with the real port."""
     if sock.family == socket.AF_UNIX:
-        return "unix:" + sock.getsockname()
+        return ("uwsgi:" if protocol == "uwsgi" else "") + "unix:" + sock.getsockname()
     host, port = sock.getsockname()[:2]
     if sock.family == socket.AF_INET6:
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    return f"{protocol}://{host}:{port}"
 
 
 def bind_all(texts) -> list:

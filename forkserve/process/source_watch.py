@@ -1,4 +1,5 @@
-"""--reload, for development: restart when a source file changes.
+"""--reload, for development: restart when a source file changes; and
+--touch-reload (uWSGI's touch-reload): restart when one named file does.
 
 After the application is loaded, the master notes the modification time of
 every file behind sys.modules (and of --reload-extra-file files). Its loop
@@ -72,6 +73,8 @@ class SourceWatcher:
 
 
 _watcher = None
+#: the --touch-reload files (a change to one is logged as such)
+_touched = frozenset()
 #: True in a generation a reload started: its parent (the supervisor) reloads
 _supervised = False
 #: what a change does: f(path). Default: SIGHUP to the process that reloads.
@@ -84,13 +87,19 @@ wanted = None
 def install(cfg, role):
     """Start watching, if --reload is on. Called once the application is loaded;
     `role` (forkserve.process.generation_protocol.Role) says who does the reloading."""
-    global _watcher, _supervised
-    if not cfg.reload:
+    global _watcher, _supervised, _touched
+    _touched = touched = {os.path.abspath(path) for path in cfg.touch_reload}
+    if not cfg.reload and not touched:
         return
     _supervised = role.supervised
-    _watcher = SourceWatcher(source_files(extra=cfg.reload_extra_files))
-    log.warning("--reload is a development tool: watching %d files; a change reloads the "
-                "application and its data", len(_watcher.times))
+    files = source_files(extra=cfg.reload_extra_files) if cfg.reload else set()
+    _watcher = SourceWatcher(files.union(touched))
+    if cfg.reload:
+        log.warning("--reload is a development tool: watching %d files; a change reloads the "
+                    "application and its data", len(_watcher.times))
+    else:
+        log.info("--touch-reload: a change to %s reloads the application gracefully",
+                 ", ".join(sorted(touched)))
 
 
 def poll():
@@ -106,7 +115,8 @@ def poll():
     path = _watcher.changed()
     if path is None:
         return
-    log.info("%s changed: reloading (--reload)", path)
+    log.info("%s changed: reloading (%s)", path,
+             "--touch-reload" if path in _touched else "--reload")
     (on_change or _hang_up)(path)
 
 

@@ -1,0 +1,179 @@
+"""Behind one nginx: forkserve over uwsgi_pass and over proxy_pass, uWSGI over uwsgi_pass.
+
+    python benchmarks/uwsgi_nginx.py                 # 3 rounds x 10 s per path
+    python benchmarks/uwsgi_nginx.py --quick         # 1 round x 2 s: a smoke run
+    python benchmarks/uwsgi_nginx.py --workers 2 --connections 32 --out /tmp/un
+
+Three backends serve benchmarks/hello_app.py (13 bytes) with --workers
+processes each, on unix sockets: forkserve with a uwsgi listener
+(`-b uwsgi:unix:...`), forkserve with an HTTP listener, and uWSGI (pyuwsgi,
+`--master --processes N --socket ...`, sync workers as most deployments run
+it). One nginx (one worker, its stock uwsgi_params) sends /fs-uwsgi/ to the
+first with uwsgi_pass, /fs-proxy/ to the second with proxy_pass (HTTP/1.1,
+upstream keep-alive: nginx's best case for proxy_pass) and /uwsgi/ to the
+third with uwsgi_pass (nginx opens a new upstream connection per request on
+both uwsgi paths: its uwsgi module never keeps one). nginx and the backends
+are pinned to CPU 0, wrk (--connections keep-alive connections, GET) to CPU 1.
+
+All three backends are started first, then measured in rounds, one path
+after the other within a round, so a change in the machine's load hits
+each path alike. Figures per path: req/s (responses / wrk's duration) and
+p50/p99 (wrk's exact percentiles of the round), each the median over the
+rounds; errors summed. uWSGI is left out, with the reason, when pyuwsgi is
+not installed (`pip install pyuwsgi`). Writes result.json (the harness's
+schema) to --out (benchmarks/results/uwsgi_nginx), and the servers' logs.
+"""
+
+import argparse
+import importlib.util
+import os
+import pathlib
+import shlex
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from benchmarks.harness.machine import Conditions, say  # noqa: E402
+from benchmarks.harness.procs import Group  # noqa: E402
+from benchmarks.harness.results import write_result  # noqa: E402
+from benchmarks.harness.wrk import parse_result, run as wrk_run  # noqa: E402
+from deploy_cluster import Nginx, nginx_binary, uwsgi_params  # noqa: E402
+from forkserve_testing import poll  # noqa: E402
+
+#: the figures benchmarks/README.md shows of a run's rows (benchmarks.harness.index)
+RESULT_COLUMNS = (
+    ("path", "path"), ("rounds", "rounds"), ("rate", "req/s"), ("p50_us", "p50"),
+    ("p99_us", "p99"), ("errors", "errors"),
+)
+
+PATHS = ("fs-uwsgi", "fs-proxy", "uwsgi")
+
+
+def backends(directory, workers, extra=()):
+    """{path: (argv, socket path)} of the three backends (uWSGI only if installed);
+    `extra`: more forkserve flags."""
+    app_dir = str(ROOT / "benchmarks")
+    forkserve = [sys.executable, "-m", "forkserve", "-w", str(workers), "--chdir", app_dir,
+                 *extra]
+    found = {
+        "fs-uwsgi": forkserve + ["-b", f"uwsgi:unix:{directory}/fs-uwsgi.sock", "hello_app:app"],
+        "fs-proxy": forkserve + ["-b", f"unix:{directory}/fs-proxy.sock", "hello_app:app"],
+    }
+    if importlib.util.find_spec("pyuwsgi") is not None:
+        found["uwsgi"] = [os.path.join(os.path.dirname(sys.executable), "uwsgi"), "--master",
+                          "--processes", str(workers), "--chdir", app_dir,
+                          "--module", "hello_app:app", "--socket", f"{directory}/uwsgi.sock",
+                          "--chmod-socket=666", "--disable-logging", "--die-on-term"]
+    return {name: (argv, directory / f"{name}.sock") for name, argv in found.items()}
+
+
+def accepts(path):
+    """True once a server listens on the unix socket `path`."""
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(path))
+        return True
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    finally:
+        probe.close()
+
+
+def site(directory, names):
+    def config(listen):
+        lines = ["upstream fs_proxy { server unix:%s/fs-proxy.sock; keepalive 32; }" % directory,
+                 "server {", "  access_log off;"]
+        lines += [f"  listen {address};" for address in listen]
+        lines.append("  location = / { return 404; }")
+        for name in names:
+            if name == "fs-proxy":
+                lines.append("  location /fs-proxy/ { proxy_pass http://fs_proxy; "
+                             "proxy_http_version 1.1; proxy_set_header Connection \"\"; }")
+            else:
+                lines.append(f"  location /{name}/ {{ include {directory}/uwsgi_params; "
+                             f"uwsgi_pass unix:{directory}/{name}.sock; }}")
+        return "\n".join(lines + ["}", ""])
+    return config
+
+
+def measure(nginx, names, rounds, seconds, connections, workdir):
+    """{path: [PhaseResult per round]}, the paths in turn within each round."""
+    runs = {name: [] for name in names}
+    for number in range(rounds):
+        for name in names:
+            url = f"http://127.0.0.1:{nginx.port}/{name}/"
+            runs[name].append(parse_result(wrk_run(url, seconds, connections, "1", workdir)))
+            say(f"round {number + 1}/{rounds} {name}: {runs[name][-1].rate:,.0f} req/s, "
+                f"p99 {runs[name][-1].p99_us} us")
+    return runs
+
+
+def rows_of(runs):
+    return [{"path": name, "rounds": len(results),
+             "rate": round(statistics.median(r.rate for r in results), 1),
+             "p50_us": statistics.median(r.p50_us for r in results),
+             "p99_us": statistics.median(r.p99_us for r in results),
+             "errors": sum(r.errors for r in results)}
+            for name, results in runs.items()]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="1 round x 2 s: a smoke run")
+    parser.add_argument("--forkserve-flags", default="",
+                        help="more flags for both forkserve backends, e.g. '--no-balance'")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "uwsgi_nginx"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.seconds = 1, 2
+    if not nginx_binary() or not shutil.which("wrk"):
+        parser.error("needs nginx and wrk: apt-get install nginx wrk")
+    os.makedirs(args.out, exist_ok=True)
+    os.sched_setaffinity(0, {0})  # the backends and nginx inherit CPU 0; wrk gets CPU 1
+    # nginx's workers run as nobody: the sockets live in a directory they may enter
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="forkserve-uwsgi-bench-"))
+    directory.chmod(0o755)
+    shutil.copy(uwsgi_params(), directory / "uwsgi_params")
+    started, nginx = [], None
+    try:
+        servers = backends(directory, args.workers, shlex.split(args.forkserve_flags))
+        for name, (command, sock) in servers.items():
+            started.append(Group(command, log_path=os.path.join(args.out, f"{name}.log"),
+                                 cwd=directory))
+        for name, (_, sock) in servers.items():  # forkserve binds early, listens late
+            poll(lambda: accepts(sock), 60, message=f"{name} to accept connections")
+        names = [name for name in PATHS if name in servers]
+        nginx = Nginx(directory, site(directory, names), tcp=True).start()
+        conditions = Conditions()
+        runs = measure(nginx, names, args.rounds, args.seconds, args.connections, directory)
+        rows = rows_of(runs)
+        note = "" if "uwsgi" in servers else "uWSGI not measured: pyuwsgi is not installed"
+        path = write_result("uwsgi_nginx.py", argv, rows, conditions.end(), args.out,
+                            title="forkserve and uWSGI behind one nginx", note=note)
+    finally:
+        if nginx is not None:
+            nginx.stop()
+            if nginx.error_log.exists():
+                shutil.copy(nginx.error_log, os.path.join(args.out, "nginx-error.log"))
+        for group in started:
+            group.stop(grace=10)
+        shutil.rmtree(directory, ignore_errors=True)
+    print("| path | req/s | p50 us | p99 us | errors |\n|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['path']} | {row['rate']:,.0f} | {row['p50_us']} | {row['p99_us']} | "
+              f"{row['errors']} |")
+    print(f"{conditions.describe()}; wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
