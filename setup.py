@@ -17,6 +17,7 @@ setup(
         Extension(
             "forkserve.memory._free_space",
             sources=["forkserve/memory/_free_space.c"],
+            libraries=["dl"],  # dlopen/dlsym: in libc itself from glibc 2.34
             optional=True,
         ),
         Extension(

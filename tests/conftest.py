@@ -30,8 +30,10 @@ def _process_title_restored():
 def run_server(tmp_path):
     started = []
 
-    def start(*args, app="basic:app", env=None, wait=True, cwd=None, timeout=30):
-        server = ServerProcess(args, app=app, env=env, cwd=cwd or APPS, log_dir=tmp_path)
+    def start(*args, app="basic:app", env=None, wait=True, cwd=None, timeout=30,
+              python_flags=()):
+        server = ServerProcess(args, app=app, env=env, cwd=cwd or APPS, log_dir=tmp_path,
+                               python_flags=python_flags)
         started.append(server)
         if wait:
             server.wait_listening(timeout=timeout)

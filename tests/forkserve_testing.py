@@ -56,9 +56,10 @@ class ClientThreads:
 
 
 class ServerProcess:
-    def __init__(self, args, *, app, env=None, cwd=None, log_dir=None, bind="127.0.0.1:0"):
+    def __init__(self, args, *, app, env=None, cwd=None, log_dir=None, bind="127.0.0.1:0",
+                 python_flags=()):
         self.log_path = os.path.join(log_dir, f"server-{time.monotonic_ns()}.log")
-        command = [sys.executable, "-m", "forkserve", "-b", bind, *args]
+        command = [sys.executable, *python_flags, "-m", "forkserve", "-b", bind, *args]
         if app:
             command.append(app)
         environment = dict(os.environ)

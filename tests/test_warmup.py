@@ -82,34 +82,34 @@ def test_pre_freeze_hook_runs_before_the_heap_is_shared(run_server, tmp_path):
     assert log.index("pre_freeze: logged in") < SHARED.search(log).start()
 
 
-REPLAY_APP = '''
-CALLS = []
+ORDER_APP = '''
+import os
 
 def app(environ, start_response):
-    if environ.get("HTTP_X_WARMUP"):
-        CALLS.append(1)
-        if len(CALLS) > 1:  # the warm-up's request made again
-            raise RuntimeError("this warm-up cannot be repeated")
+    if environ["REQUEST_METHOD"] == "POST":  # each order placed is one line in the file
+        with open(os.environ["ORDERS"], "a") as orders:
+            orders.write(f"POST {environ['PATH_INFO']} pid {os.getpid()}\\n")
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [b"ok"]
 '''
 
-REPLAY_CONF = '''
+ORDER_CONF = '''
 def pre_freeze(server, app):
     from forkserve.process.warmup import Client
-    Client(app).get("/", headers=[("X-Warmup", "1")])
+    client = Client(app)
+    client.post("/order", {"item": "1"})
+    client.get("/")
 '''
 
 
 @needs_immortal
-def test_a_warm_up_that_cannot_be_repeated_leaves_the_code_in_place_and_the_server_starts(
-        run_server, tmp_path):
-    (tmp_path / "once.py").write_text(REPLAY_APP)
-    (tmp_path / "once.conf.py").write_text(REPLAY_CONF)
-    server = run_server("--share-heap", "-w", "1", "-c", str(tmp_path / "once.conf.py"),
-                        app="once:app", cwd=tmp_path)
-    log = server.log()
-    assert ("moving the code that keeps writing stopped: replaying the warm-up's 1 requests "
-            "raised RuntimeError('this warm-up cannot be repeated')") in log, log
-    assert SHARED.search(log), log
+def test_a_warm_up_post_runs_exactly_once_with_share_heap(run_server, tmp_path):
+    (tmp_path / "orders_app.py").write_text(ORDER_APP)
+    (tmp_path / "orders.conf.py").write_text(ORDER_CONF)
+    orders = tmp_path / "orders.txt"
+    server = run_server("--share-heap", "-w", "1", "-c", str(tmp_path / "orders.conf.py"),
+                        app="orders_app:app", cwd=tmp_path, env={"ORDERS": str(orders)})
     assert server.get("/") == (200, "ok")
+    log = server.log()
+    assert SHARED.search(log), log
+    assert orders.read_text().splitlines() == [f"POST /order pid {server.pid}"], log

@@ -158,6 +158,14 @@ SETTINGS = (
             "between requests) or auto (normal with --share-heap, else young). The master's "
             "frozen heap is never collected.",
             metavar="POLICY", section="memory"),
+    # --no-take-free-space: forkserve.memory.free_space holds what it takes and its checks.
+    Setting("take_free_space", ("--no-take-free-space",), values.flag_on_by_default, True,
+            "Before each fork the master takes the allocators' free space between its "
+            "objects (at most 16 MiB at the first fork, 16 MiB more for respawns), so that a "
+            "worker's allocations do not copy the master's pages. Skipped, with a log line, "
+            "unless pymalloc without debug hooks, no tracemalloc and glibc's malloc are in "
+            "use. --no-take-free-space (take_free_space = False) turns it off.",
+            kind="off", section="memory"),
     # --share-heap: forkserve.memory.heap holds what it marks, what stays mortal and why.
     Setting("share_heap", ("--share-heap", "--no-share-heap"), values.auto_flag, None,
             "Once the application is loaded, make the master's heap immortal so that "

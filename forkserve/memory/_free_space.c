@@ -7,147 +7,220 @@
  * objects, and free chunks in glibc's main heap between them, would be the
  * first places the worker's allocations land: each such write copies a page
  * of the master's data, many times the memory the allocation needed. hold()
- * allocates all of that free space in the master just before the fork; the
- * worker starts with none, so its allocations go to fresh pools and to the
- * top of the heap.
+ * allocates that free space in the master just before the fork; the worker
+ * starts with none, so its allocations go to fresh pools and to the top of
+ * the heap.
+ *
+ * Checked against CPython 3.11, 3.12 and 3.13 (pymalloc, glibc 2.36).
  *
  * Invariants:
- * - What hold() allocates before a fork is never freed, in the master or in
- *   a worker. Freeing it in the master after the fork would write allocator
- *   headers into pages the workers share, copying them in the master and
- *   leaving the workers' originals counted as theirs alone. So it is not
- *   recorded: hold() only counts it. glibc's free pages go back to the
- *   system first (malloc_trim), and a big chunk's interior pages are not
- *   touched, so the master's resident memory does not grow by it.
- * - hold(record=True) is for the master before any fork (placing objects on
- *   fresh pages, forkserve.memory.code_layout): it records what it took, in
- *   mmap()ed memory so that keeping the record takes none of the space being
- *   held, and release() frees it all again.
- * - Runs with the GIL, in the master.
- * - pymalloc: the count of free blocks per size class comes from
- *   _PyObject_DebugMallocStats (the table sys._debugmallocstats() prints);
- *   when pymalloc is not the allocator (PYTHONMALLOC=malloc) it prints
- *   nothing and no block is held.
+ * - What hold() allocates is never freed, in the master or in a worker.
+ *   Freeing it in the master after the fork would write allocator headers
+ *   into pages the workers share, copying them in the master and leaving the
+ *   workers' originals counted as theirs alone. So it is not recorded: hold()
+ *   only counts it. glibc's free pages go back to the system first
+ *   (malloc_trim), and a big chunk's interior pages are not touched, so the
+ *   master's resident memory does not grow by it.
+ * - hold(limit) takes at most `limit` bytes in all.
+ * - hold() assumes what allocator() and glibc_malloc() check, and its caller
+ *   (forkserve.memory.free_space) checks them first: the object allocator is
+ *   pymalloc without hooks (debug hooks pad each block, so a request of one
+ *   size class lands in another and the free blocks counted are not the ones
+ *   taken), and the malloc() linked at run time is glibc's (an LD_PRELOADed
+ *   jemalloc or tcmalloc keeps no glibc heap to take holes from).
+ * - pymalloc: the free blocks per size class come from the table
+ *   _PyObject_DebugMallocStats prints (sys._debugmallocstats()), private
+ *   text. Before anything is taken the table must add up: every size class
+ *   where its size says, and the blocks in use and available, times their
+ *   sizes, equal to the totals it prints; otherwise StatsError, and nothing
+ *   is taken. After the take the table is read again: every block taken must
+ *   have come from the free blocks counted (none left over, no new pool).
  * - glibc heap: a chunk malloc() returns from below the top chunk is free
  *   space between live data; the first one from the top chunk (or from
  *   mmap()) ends the size being tried, and is freed at once (it merges back
- *   into the top). With another malloc than glibc's nothing is held.
+ *   into the top).
+ * - Runs with the GIL, in the master. Nothing between reading the table and
+ *   taking its blocks allocates from pymalloc (the table's text is malloc()ed).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 
-/* Exported by CPython 3.11-3.13, declared only in an internal header. */
+/* Exported by CPython 3.11-3.13, declared only in an internal header. It
+ * prints the table and returns 1 when pymalloc is the object allocator (with
+ * or without debug hooks over it), and prints nothing and returns 0 otherwise. */
 extern int _PyObject_DebugMallocStats(FILE *out);
 
-/* What hold(record=True) took, for release(): in mmap()ed memory, so that keeping the
- * record takes none of the space being held. */
+static PyObject *StatsError;
+
+/* pymalloc's size classes: 32 on 64-bit CPython 3.11-3.13, 64 at most. */
+#define MAX_CLASSES 64
+
 typedef struct {
-    void **items;
-    size_t count;
-    size_t capacity;
-} Record;
+    long long size, pools, used, free;
+} Row;
 
-static Record record_blocks; /* pymalloc blocks: PyObject_Free */
-static Record record_chunks; /* glibc chunks: free */
-static int recording;
+typedef struct {
+    int classes; /* size classes, from the header */
+    Row rows[MAX_CLASSES]; /* by class; size 0 where the table has no row */
+    long long allocated_bytes, available_bytes; /* the totals it prints, -1 if absent */
+} Table;
 
-/* Keep `pointer` in `record` if recording; 0, or -1 if it could not be kept
- * (the caller frees it then, and stops taking). */
+/* The number after '=' in `line`, its thousands separators skipped; -1 if none. */
+static long long
+total_after_equals(const char *line)
+{
+    const char *at = strchr(line, '=');
+    if (at == NULL) {
+        return -1;
+    }
+    long long value = -1;
+    for (at++; *at; at++) {
+        if (*at >= '0' && *at <= '9') {
+            value = (value < 0 ? 0 : value * 10) + (*at - '0');
+        }
+        else if (*at != ',' && *at != ' ') {
+            break;
+        }
+    }
+    return value;
+}
+
+/* Print pymalloc's table and parse it into `table`. 0, or -1 with StatsError
+ * set saying what did not add up. */
 static int
-keep(Record *record, void *pointer)
+read_table(Table *table)
 {
-    if (!recording) {
-        return 0;
-    }
-    if (record->count == record->capacity) {
-        size_t capacity = record->capacity ? record->capacity * 2 : 65536;
-        void **items = mmap(NULL, capacity * sizeof(void *), PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (items == MAP_FAILED) {
-            return -1;
-        }
-        if (record->items) {
-            memcpy(items, record->items, record->count * sizeof(void *));
-            munmap(record->items, record->capacity * sizeof(void *));
-        }
-        record->items = items;
-        record->capacity = capacity;
-    }
-    record->items[record->count++] = pointer;
-    return 0;
-}
-
-static size_t
-give_back(Record *record, void (*release_one)(void *))
-{
-    size_t count = record->count;
-    for (size_t i = 0; i < count; i++) {
-        release_one(record->items[i]);
-    }
-    if (record->items) {
-        munmap(record->items, record->capacity * sizeof(void *));
-    }
-    record->items = NULL;
-    record->count = record->capacity = 0;
-    return count;
-}
-
-/* Every free block of every pymalloc pool in use, one size class at a time. */
-static size_t
-hold_blocks(void)
-{
-    size_t bytes = 0;
     char *text = NULL;
     size_t length = 0;
     FILE *out = open_memstream(&text, &length);
     if (out == NULL) {
-        return 0;
+        PyErr_SetString(StatsError, "open_memstream() failed");
+        return -1;
     }
     int printed = _PyObject_DebugMallocStats(out);
     fclose(out);
-    /* The table: "class size pools-in-use blocks-in-use free-blocks". */
-    for (char *line = printed ? text : NULL; line && *line;) {
+    memset(table, 0, sizeof(*table));
+    table->allocated_bytes = table->available_bytes = -1;
+    int threshold = 0, rows = 0;
+    const char *problem = NULL;
+    for (char *line = printed ? text : NULL; line && *line && problem == NULL;) {
         char *next = strchr(line, '\n');
         if (next) {
             *next++ = '\0';
         }
         int size_class, size, pools, used, free_blocks;
-        if (sscanf(line, " %d %d %d %d %d", &size_class, &size, &pools, &used,
-                   &free_blocks) == 5
-                && size > 0 && size <= 512 && free_blocks > 0) {
-            for (int i = 0; i < free_blocks; i++) {
-                void *block = PyObject_Malloc((size_t)size);
-                if (block == NULL) {
-                    break;
-                }
-                if (keep(&record_blocks, block) < 0) {
-                    PyObject_Free(block);
-                    break;
-                }
-                bytes += (size_t)size;
+        if (sscanf(line, "Small block threshold = %d, in %d size classes.", &threshold,
+                   &table->classes) == 2) {
+            if (table->classes <= 0 || table->classes > MAX_CLASSES || threshold <= 0
+                    || threshold % table->classes) {
+                problem = "the header names size classes this code does not know";
             }
+        }
+        else if (sscanf(line, " %d %d %d %d %d", &size_class, &size, &pools, &used,
+                        &free_blocks) == 5) {
+            if (table->classes == 0 || size_class < 0 || size_class >= table->classes
+                    || size != (size_class + 1) * (threshold / table->classes)
+                    || table->rows[size_class].size != 0 || pools <= 0 || used < 0
+                    || free_blocks < 0) {
+                problem = "a row of the size-class table is not where its size says";
+            }
+            else {
+                table->rows[size_class] = (Row){size, pools, used, free_blocks};
+                rows++;
+            }
+        }
+        else if (strncmp(line, "# bytes in allocated blocks", 27) == 0) {
+            table->allocated_bytes = total_after_equals(line);
+        }
+        else if (strncmp(line, "# bytes in available blocks", 27) == 0) {
+            table->available_bytes = total_after_equals(line);
         }
         line = next;
     }
     free(text);
+    if (problem == NULL && !printed) {
+        problem = "pymalloc printed no table (it is not the object allocator)";
+    }
+    if (problem == NULL && (rows == 0 || table->allocated_bytes < 0
+                            || table->available_bytes < 0)) {
+        problem = "the table has no size-class rows or no totals";
+    }
+    if (problem == NULL) {
+        long long allocated = 0, available = 0;
+        for (int i = 0; i < table->classes; i++) {
+            allocated += table->rows[i].size * table->rows[i].used;
+            available += table->rows[i].size * table->rows[i].free;
+        }
+        if (allocated != table->allocated_bytes || available != table->available_bytes) {
+            PyErr_Format(StatsError, "the size classes add up to %lld bytes in use and %lld "
+                         "available, the table's totals say %lld and %lld", allocated,
+                         available, table->allocated_bytes, table->available_bytes);
+            return -1;
+        }
+    }
+    if (problem != NULL) {
+        PyErr_SetString(StatsError, problem);
+        return -1;
+    }
+    return 0;
+}
+
+/* Free pymalloc blocks, class by class, up to `limit` bytes: the bytes taken,
+ * or -1 with StatsError set (nothing taken). *missed and *new_pools say how far
+ * the take was from the table: blocks counted free but still free after it,
+ * and pools it made (blocks taken from fresh memory, not from holes); both -1
+ * when the table read after the take did not add up. */
+static long long
+hold_blocks(long long limit, long long *missed, long long *new_pools)
+{
+    Table before, after;
+    long long taken[MAX_CLASSES] = {0};
+    long long bytes = 0;
+    if (read_table(&before) < 0) {
+        return -1;
+    }
+    for (int i = 0; i < before.classes && bytes < limit; i++) {
+        Row *row = &before.rows[i];
+        long long count = row->size ? (limit - bytes) / row->size : 0;
+        count = count < row->free ? count : row->free;
+        for (; taken[i] < count; taken[i]++) {
+            if (PyObject_Malloc((size_t)row->size) == NULL) {
+                PyErr_Clear();
+                break;
+            }
+        }
+        bytes += taken[i] * row->size;
+    }
+    if (read_table(&after) < 0) {  /* taken, but cannot be checked: say so with -1 */
+        PyErr_Clear();
+        *missed = *new_pools = -1;
+        return bytes;
+    }
+    *missed = *new_pools = 0;
+    for (int i = 0; i < before.classes && i < after.classes; i++) {
+        long long left = after.rows[i].free - (before.rows[i].free - taken[i]);
+        long long made = after.rows[i].pools - before.rows[i].pools;
+        *missed += left > 0 ? left : 0;
+        *new_pools += made > 0 ? made : 0;
+    }
     return bytes;
 }
 
-/* Every free chunk below glibc's top chunk, biggest sizes first so that a
- * big free chunk is taken whole before small requests split it. */
-static size_t
-hold_chunks(void)
+/* Every free chunk below glibc's top chunk, up to `limit` bytes, biggest sizes
+ * first so that a big free chunk is taken whole before small requests split it. */
+static long long
+hold_chunks(long long limit)
 {
-    size_t bytes = 0;
+    long long bytes = 0;
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
     /* The whole pages inside free chunks go back to the system first, so that
      * holding the chunks keeps only their headers' pages resident. */
@@ -156,12 +229,12 @@ hold_chunks(void)
     char *top = (char *)sbrk(0) - info.keepcost;
     size_t size = (size_t)1 << 17;
     while (size >= 16) {
-        for (;;) {
+        while (bytes + (long long)size <= limit) {
             char *chunk = malloc(size);
             if (chunk == NULL) {
                 return bytes;
             }
-            if (chunk >= top || keep(&record_chunks, chunk) < 0) {
+            if (chunk >= top) {
                 free(chunk);
                 break;
             }
@@ -183,56 +256,111 @@ hold_chunks(void)
 static PyObject *
 hold(PyObject *module, PyObject *args)
 {
-    int record = 0;
-    if (!PyArg_ParseTuple(args, "|p:hold", &record)) {
+    long long limit;
+    if (!PyArg_ParseTuple(args, "L:hold", &limit)) {
         return NULL;
     }
-    if (recording) {
-        PyErr_SetString(PyExc_RuntimeError, "hold() while a recorded hold is not released");
+    long long missed = 0, new_pools = 0;
+    /* first: the tables' text is malloc()ed, then freed, and its chunks are taken after */
+    long long pool_bytes = hold_blocks(limit, &missed, &new_pools);
+    if (pool_bytes < 0) {
         return NULL;
     }
-    recording = record;
-    size_t pool_bytes = hold_blocks(); /* first: its report's buffer is malloc()ed, then freed */
-    size_t heap_bytes = hold_chunks();
-    return Py_BuildValue("nn", (Py_ssize_t)pool_bytes, (Py_ssize_t)heap_bytes);
-}
-
-static void
-free_block(void *block)
-{
-    PyObject_Free(block);
+    long long heap_bytes = hold_chunks(limit - pool_bytes);
+    return Py_BuildValue("LLLL", pool_bytes, heap_bytes, missed, new_pools);
 }
 
 static PyObject *
-release(PyObject *module, PyObject *unused)
+allocator(PyObject *module, PyObject *unused)
 {
-    size_t count = give_back(&record_chunks, free) + give_back(&record_blocks, free_block);
-    recording = 0;
-    return PyLong_FromSize_t(count);
+    PyMemAllocatorEx object, raw;
+    PyMem_GetAllocator(PYMEM_DOMAIN_OBJ, &object);
+    PyMem_GetAllocator(PYMEM_DOMAIN_RAW, &raw);
+    char *text = NULL;
+    size_t length = 0;
+    FILE *out = open_memstream(&text, &length);
+    int pymalloc = 0;
+    if (out != NULL) {
+        pymalloc = _PyObject_DebugMallocStats(out);
+        fclose(out);
+        free(text);
+    }
+    const char *name;
+    if (pymalloc) {
+        /* pymalloc's own functions carry no context; the debug hooks over it do */
+        name = object.ctx == NULL ? "pymalloc" : "pymalloc_debug";
+    }
+    else if (object.malloc == raw.malloc && object.ctx == NULL && raw.ctx == NULL) {
+        name = "malloc";
+    }
+    else {
+        name = "other";
+    }
+    return PyUnicode_FromString(name);
+}
+
+static PyObject *
+glibc_malloc(PyObject *module, PyObject *unused)
+{
+    int same = 0;
+#ifdef __GLIBC__
+    void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    if (libc != NULL) {
+        void *glibcs = dlsym(libc, "malloc");
+        void *linked = dlsym(RTLD_DEFAULT, "malloc");
+        same = glibcs != NULL && glibcs == linked;
+        dlclose(libc);
+    }
+#endif
+    return PyBool_FromLong(same);
 }
 
 PyDoc_STRVAR(hold_doc,
-"hold(record=False) -> (pool_bytes, heap_bytes)\n\n"
-"Allocate every free pymalloc block in pools in use and every free glibc\n"
-"chunk below the top of the heap: for good, or with record=True until\n"
-"release(). Use forkserve.memory.free_space.");
+"hold(limit) -> (pool_bytes, heap_bytes, missed_blocks, new_pools)\n\n"
+"Allocate, for good and up to limit bytes in all, the free pymalloc blocks in\n"
+"pools in use and the free glibc chunks below the top of the heap. missed_blocks\n"
+"and new_pools say how far the pymalloc take was from the table it read (both 0\n"
+"when it took exactly the free blocks, -1 when it could not be checked).\n"
+"Raises StatsError, taking nothing, when pymalloc's table does not add up.\n"
+"Check allocator() and glibc_malloc() first; use forkserve.memory.free_space.");
 
-PyDoc_STRVAR(release_doc,
-"release() -> count\n\nFree what hold(record=True) took: how many blocks and chunks.");
+PyDoc_STRVAR(allocator_doc,
+"allocator() -> str\n\n"
+"The object allocator in effect now: 'pymalloc', 'pymalloc_debug' (pymalloc\n"
+"under the debug hooks), 'malloc' (PYTHONMALLOC=malloc), or 'other' (malloc\n"
+"under the debug hooks, tracemalloc's hooks, another allocator).");
+
+PyDoc_STRVAR(glibc_malloc_doc,
+"glibc_malloc() -> bool\n\n"
+"Whether the malloc() this process calls, as linked at run time, is glibc's\n"
+"own (False under an LD_PRELOADed jemalloc or tcmalloc, or without glibc).");
 
 static PyMethodDef methods[] = {
     {"hold", hold, METH_VARARGS, hold_doc},
-    {"release", release, METH_NOARGS, release_doc},
+    {"allocator", allocator, METH_NOARGS, allocator_doc},
+    {"glibc_malloc", glibc_malloc, METH_NOARGS, glibc_malloc_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "forkserve.memory._free_space",
-    "Take the allocators' free space in the master across a worker's fork.", -1, methods,
+    "Take the allocators' free space in the master before a worker's fork.", -1, methods,
 };
 
 PyMODINIT_FUNC
 PyInit__free_space(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    StatsError = PyErr_NewExceptionWithDoc(
+        "forkserve.memory._free_space.StatsError",
+        "pymalloc's statistics table did not add up: nothing was taken.",
+        PyExc_RuntimeError, NULL);
+    if (StatsError == NULL || PyModule_AddObjectRef(m, "StatsError", StatsError) < 0) {
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return m;
 }

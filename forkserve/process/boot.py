@@ -5,10 +5,8 @@
 3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports.
 4. Import the application: its dataset loads here, once, in the master.
 5. --warmup requests (forkserve.process.warmup) and the pre_freeze hook, then
-   (unless --no-share-heap, and where it was checked) the code that still
-   writes after them is moved onto pages of its own
-   (forkserve.memory.code_layout) and the heap is made immortal but for
-   what finalisers need (forkserve.memory.heap);
+   (unless --no-share-heap, and where it was checked) the heap is made
+   immortal but for what finalisers need (forkserve.memory.heap);
    then gc.freeze() + gc.set_threshold(0) (cow.harden), then the post_freeze hook.
 6. Write the pid file, then listen() and log the real addresses (as Gunicorn, so
    whoever waits for "Listening at" finds the pid file); then fork workers
@@ -80,12 +78,11 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
                 return exits.APP_LOAD_ERROR
         gevent_servers.preload()
         source_watch.install(cfg, role)
-        with warmup.recording() as warmup_requests:
-            if cfg.warmup:
-                warmup.run(app, cfg.warmup)
-            hooks.pre_freeze(app)  # a warm-up in Python (forkserve.process.warmup.Client)
+        if cfg.warmup:
+            warmup.run(app, cfg.warmup)
+        hooks.pre_freeze(app)  # a warm-up in Python (forkserve.process.warmup.Client)
         if cfg.share_heap is not False:
-            _share_heap(cfg, warmup_requests)
+            _share_heap(cfg, warmed=bool(cfg.warmup) or hooks.installed("pre_freeze"))
         cow.harden()
         hooks.post_freeze()  # before the hold: what it starts must not inherit blocked signals
         signals.hold()  # until the master or single server has its handlers
@@ -168,29 +165,22 @@ def _load(cfg):
         return None
 
 
-def _share_heap(cfg, warmup_requests):
+def _share_heap(cfg, warmed):
     """Share the heap (on unless --no-share-heap); say so, or why not."""
     if cfg.workers == 0:
         if cfg.share_heap:
             log.info("--share-heap: skipped, pointless with -w 0 (no worker is forked to "
                      "share the heap with)")
         return
-    from forkserve.memory import code_layout, heap
+    from forkserve.memory import heap
     reason = heap.unavailable()
     if reason is not None:  # only the default gets here: --share-heap was refused at start
         log.info("Heap sharing off: %s; workers copy the pages of what they read "
                  "(gc.freeze still keeps collections off the master's objects)", reason)
         return
-    if warmup_requests:  # the code still writing after the warm-up goes on pages of its own
-        try:
-            log.info("Heap sharing: %s", code_layout.pack_writers(
-                lambda: warmup.replay(warmup_requests)))
-        except Exception as exc:  # the application's, replaying its own warm-up
-            log.warning("Heap sharing: moving the code that keeps writing stopped: replaying "
-                        "the warm-up's %d requests raised %r; the heap is shared as it is",
-                        len(warmup_requests), exc)
+    # A warm-up's cyclic garbage is collected first (heap.share_heap says why).
     log.info("Heap sharing: %s (--no-share-heap turns it off)",
-             heap.share_heap(collect_first=bool(warmup_requests)))
+             heap.share_heap(collect_first=warmed))
 
 
 def _listen(cfg, listeners, stats_listener):

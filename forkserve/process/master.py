@@ -303,7 +303,8 @@ class Master(Driver):
         # and be lost: the worker unblocks them in init_process().
         signals.hold()
         try:
-            free_space.before_fork()  # the worker allocates off the master's pages
+            # the worker allocates off the master's pages (--no-take-free-space: not)
+            free_space.before_fork(self.cfg.take_free_space)
             pid = self._fork()
             if pid == 0:
                 worker.start()  # never returns

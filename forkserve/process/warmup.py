@@ -21,10 +21,8 @@ is shared:
   behind the login. Pages only a logged-in user sees are otherwise first run
   in the workers.
 
-With --share-heap, the requests Clients make during the warm-up are
-recorded (recording()) and made twice more (replay()) by
-forkserve.memory.code_layout, which moves the code that keeps writing: a
-warm-up should be repeatable.
+forkserve never replays a warm-up: a request the pre_freeze hook makes runs
+once (a POST that logs in or places an order is not safe to make twice).
 
 Client is a plain WSGI caller, no socket: it keeps the cookies answers set
 (name -> value, for every path; expiry, Path and Domain are ignored: a
@@ -33,7 +31,6 @@ warm-up is one short session) and sends them back. What a warm-up writes
 any worker exists.
 """
 
-import contextlib
 import io
 import logging
 import sys
@@ -42,7 +39,7 @@ import urllib.parse
 
 from forkserve import exits
 
-__all__ = ["ROUNDS", "Client", "Answer", "recording", "replay", "run"]
+__all__ = ["ROUNDS", "Client", "Answer", "run"]
 
 log = logging.getLogger("forkserve.error")
 
@@ -126,8 +123,6 @@ class Client:
         if not path.startswith("/"):
             raise ValueError(f"warm-up path {path!r} must start with '/' (a path on this "
                              "server, e.g. /admin/), not a URL")
-        if _recorded is not None:
-            _recorded.append((self, method, path, body, tuple(headers)))
         if self.cookies:
             headers = [*headers, ("Cookie", "; ".join(f"{name}={value}" for name, value
                                                       in self.cookies.items()))]
@@ -155,29 +150,6 @@ class Client:
                 pair = value.split(";", 1)[0]
                 key, _, cookie = pair.partition("=")
                 self.cookies[key.strip()] = cookie.strip()
-
-
-_recorded = None  # the requests made inside recording(), or None outside it
-
-
-@contextlib.contextmanager
-def recording():
-    """Yields a list that gets every request any Client makes inside the block
-    (the Client, method, path, body, headers), for replay()."""
-    global _recorded
-    _recorded = requests = []
-    try:
-        yield requests
-    finally:
-        _recorded = None
-
-
-def replay(requests):
-    """Make the recorded requests again, each through the Client that made it
-    (with its cookies as they are now). An exception the application raises
-    propagates."""
-    for client, method, path, body, headers in requests:
-        client.request(method, path, body, headers)
 
 
 def run(app, paths, rounds=ROUNDS):
