@@ -78,6 +78,6 @@ def test_share_heap_is_refused_without_the_c_extension():
 def test_share_heap_refuses_without_immortal_objects():
     from forkserve.memory import heap
     reason = heap.refusal()
-    assert "Python 3.12+" in reason and "forkserve.store.Store" in reason
+    assert "CPython 3.12 to 3.15" in reason and "forkserve.store.Store" in reason
     with pytest.raises(RuntimeError, match="needs immortal objects"):
         heap.share_heap()
