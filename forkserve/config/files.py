@@ -16,9 +16,10 @@ from forkserve.config.values import ConfigError
 __all__ = ["read_config_file"]
 
 
-def read_config_file(path: str, known) -> dict:
+def read_config_file(path: str, known, findings) -> dict:
     """Read a config file into {setting name: raw value}, `known` being the
-    setting names. Raises ConfigError."""
+    setting names. Raises ConfigError when the file cannot be read at all;
+    the settings' errors and warnings go to `findings`."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist; check the path given to -c")
     if path.endswith(".toml"):
@@ -32,21 +33,18 @@ def read_config_file(path: str, known) -> dict:
             if os.path.basename(path) == "pyproject.toml":
                 raise ConfigError(f"config file {path} has no [tool.forkserve] table; add one")
             table = document
-        return _known_keys(table, path, known, python=False)
+        return _known_keys(table, path, known, findings, python=False)
     try:
         namespace = runpy.run_path(path, run_name="__forkserve_config__")
     except SystemExit:
         raise ConfigError(f"config file {path} called exit() while being read") from None
     except Exception as exc:
         raise ConfigError(f"config file {path} raised {type(exc).__name__}: {exc}") from None
-    return _known_keys(namespace, path, known, python=True)
+    return _known_keys(namespace, path, known, findings, python=True)
 
 
-def _known_keys(table: dict, path: str, known, *, python: bool) -> dict:
+def _known_keys(table: dict, path: str, known, findings, *, python: bool) -> dict:
     """{setting: raw value}, with the file's hooks under the key "hooks"."""
-    try:
-        values, hooks = gunicorn.settings_from_file(table, known, path, python=python)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    values, hooks = gunicorn.settings_from_file(table, known, path, findings, python=python)
     values["hooks"] = hooks
     return values
