@@ -236,6 +236,27 @@ def test_body_reads_chunked_with_extensions_and_trailers():
     assert b.done and connection.trailing_data == b"NEXT"
 
 
+def test_a_chunked_body_is_buffered_whole_in_memory_and_beyond_the_spool_on_disk(monkeypatch):
+    from forkserve.http import body as body_module
+    b, connection = body(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\nNEXT", chunked_=True)
+    spooled, size = body_module.buffered(b)
+    assert (size, spooled.read(), spooled.readline()) == (11, b"hello world", b"")
+    assert not spooled._rolled and b.done and connection.trailing_data == b"NEXT"
+    spooled.close()
+    monkeypatch.setattr(body_module, "SPOOL_BYTES", 8)
+    b, _ = body(b"5\r\nhe\nlo\r\n6\r\n world\r\n0\r\n\r\n", chunked_=True)
+    spooled, size = body_module.buffered(b)
+    with spooled:
+        assert spooled._rolled and size == 11 and list(spooled) == [b"he\n", b"lo world"]
+
+
+def test_buffering_a_bad_chunked_body_raises_its_refusal():
+    from forkserve.http.body import buffered
+    b, _ = body(b"5\r\nhello\r\nzz\r\n", chunked_=True)
+    with pytest.raises(RequestError, match="chunk-size"):
+        buffered(b)
+
+
 def test_chunked_trailer_carrying_content_type_is_read_and_dropped():
     # Gunicorn's corpus, valid/012: RFC 9110 6.5.1 lets a recipient discard it
     b, connection = body(b"5\r\nhello\r\n6\r\n world\r\n0\r\nVary: *\r\n"

@@ -199,8 +199,10 @@ ROWS = (
     _honoured("umask"),
     _ignored("initgroups", "forkserve always gives workers the user's supplementary groups "
              "(as initgroups = True).", flags=("--initgroups",), switch=True, harmless=(True,)),
-    _ignored("tmp_upload_dir", "Gunicorn does not use it either, and forkserve never spools "
-             "request bodies to disk: wsgi.input reads from the socket.", harmless=(None,)),
+    _ignored("tmp_upload_dir", "Gunicorn does not use it either. forkserve's wsgi.input "
+             "reads from the socket; only a chunked body over 1 MiB is spooled, to an "
+             "unnamed file in $TMPDIR (set TMPDIR to choose the directory).",
+             harmless=(None,)),
     _honoured("secure_scheme_headers", "Same meaning and default."),
     _honoured("forwarded_allow_ips", "Same meaning and default (127.0.0.1,::1; '*'; CIDR)."),
     _honoured("accesslog", target="access_logfile"),

@@ -33,7 +33,7 @@ import time
 
 from gevent import sleep
 
-from forkserve.http.body import EMPTY_BODY, Body
+from forkserve.http.body import EMPTY_BODY, Body, buffered
 from forkserve.http.environ import request_environ
 from forkserve.http.h1 import ClientDisconnected, Limits, RequestError
 from forkserve.http.protocol import IDLE, NEED_DATA, Connection, Request
@@ -146,18 +146,28 @@ class Handler:
             server.proxy.adjust(env, self.client_address, self._proxy_info)
         except RequestError as ex:  # outside SCRIPT_NAME; contradicting scheme headers
             return self._refuse(ex)
+        spooled = None
         if request.length == 0:
             self.body = body = EMPTY_BODY
         else:
             self._body_deadline = None
             self.body = body = Body(http, self._fill_body)
-        env["wsgi.input"] = body
+        if request.chunked:  # read whole, so the environ says how long it is (body.buffered)
+            try:
+                spooled, size = buffered(body)
+            except RequestError as ex:  # a bad chunk, too large, too slow
+                return self._refuse(ex)
+            env["CONTENT_LENGTH"] = str(size)
+            del env["HTTP_TRANSFER_ENCODING"]  # the application's input is not chunked
+        env["wsgi.input"] = body if spooled is None else spooled
         responder = self.responder
         server.active_requests += 1
         try:
             responder.respond(env, body, request.line)
         finally:
             server.active_requests -= 1
+            if spooled is not None:
+                spooled.close()
         if server.on_request is not None:
             try:
                 server.on_request()
