@@ -52,6 +52,11 @@ __all__ = ["Limits", "Handler", "ErrorStream", "FileWrapper", "RequestError",
 YIELD_EVERY = 16
 
 
+class Shed(Expired):
+    """Thrown into a connection waiting for its request head, to free its
+    descriptor for a new client (forkserve.http.shortage)."""
+
+
 class ErrorStream:
     """wsgi.errors: what the application writes becomes ERROR log records.
 
@@ -100,6 +105,10 @@ class Handler:
         self._head_timer = timer(server.loop, limits.header_timeout)
         self._idle_timer = timer(server.loop, limits.keep_alive)
         self._body_deadline = None
+        #: time.monotonic() since when the request head is awaited under the
+        #: header timeout (None otherwise): such a connection may be shed
+        self.head_started = None
+        self._head_waiting = False
         self._proxy_info = None   # what a PROXY protocol header said, if one came
         #: time.perf_counter() when the current request began: its first byte
         #: after a keep-alive wait, else when its head was looked for
@@ -134,6 +143,18 @@ class Handler:
     def abort(self):
         """Shut the connection down (the server's close_now)."""
         self.transport.abort()
+
+    def shed(self):
+        """Close this connection soon if it is still waiting for its request
+        head: 408, no lingering (the point is to free its descriptor now).
+        Runs from the hub, where the head wait is the only place the
+        connection's greenlet can be while head_started is set."""
+        self.head_started = None  # shed once
+
+        def throw():
+            if self.transport.socket is not None and self._head_waiting:
+                self.transport.throw(Shed)
+        self.server.loop.run_callback(throw)
 
     def _next_request(self, first):
         """Read, run and answer one request; True if the connection stays open."""
@@ -201,7 +222,8 @@ class Handler:
                     self._started = time.perf_counter()
                     if head_timer is not None:
                         head_timer.again(throw, Expired)
-                    head_armed = True
+                    head_armed = self._head_waiting = True
+                    self.head_started = time.monotonic()
                     # a PROXY protocol header comes before the first request
                     self._proxy_info = self.server.proxy.read_header(reader, self.client_address)
                     event = http.next_event()
@@ -226,13 +248,20 @@ class Handler:
                         if not head_armed:
                             if head_timer is not None:
                                 head_timer.again(throw, Expired)
-                            head_armed = True
+                            head_armed = self._head_waiting = True
+                            self.head_started = time.monotonic()
                         data = reader.recv()
                     http.receive_data(data)
                     event = http.next_event()
             finally:
+                self._head_waiting, self.head_started = False, None
                 if head_armed and head_timer is not None:
                     head_timer.stop()
+        except Shed:  # counted in the server's shortage line, not logged one by one
+            if http.their_state is not IDLE:
+                self._refuse(RequestError(408, "request head not received before descriptors "
+                                               "ran short"), linger=False, log=False)
+            return None
         except Expired:
             if http.their_state is not IDLE:  # quiet close unless part of a request arrived
                 self._refuse(RequestError(408, "request head not received in time"), linger=False)
@@ -245,9 +274,10 @@ class Handler:
             raise
         return event if isinstance(event, Request) else None
 
-    def _refuse(self, error, linger=True):
+    def _refuse(self, error, linger=True, log=True):
         """Answer a refused request with its status and close."""
-        self._log_refusal(error)
+        if log:
+            self._log_refusal(error)
         try:
             self.transport.send(self.http.refusal(error.status))
         except ClientDisconnected:
