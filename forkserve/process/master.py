@@ -158,7 +158,7 @@ class Master(Driver):
         try:
             readable, writable, _ = self._select(
                 watched, self.stats.writable_filenos() if self.stats else [], [],
-                max(0.0, timeout))
+                max(0.0, self.wait_timeout(timeout)))
         except InterruptedError:
             return
         if self.queue.wake_r in readable:
@@ -182,20 +182,22 @@ class Master(Driver):
         log.info("Hang up: restarting %d workers gracefully", self.target)
         self.lifecycle.retire_all()
 
-    def handle_ttin(self):
-        if self.target >= self.scoreboard.capacity // 2:
-            log.warning("TTIN ignored: already at %d workers", self.target)
+    def resize_own(self, signum):
+        """TTIN or TTOU for this master's own workers (the hand-over decides
+        whose they are: during a reload, the incoming generation's)."""
+        if signum == signal.SIGTTIN:
+            if self.target >= self.scoreboard.capacity // 2:
+                log.warning("TTIN ignored: already at %d workers", self.target)
+                return
+            self.lifecycle.target += 1
+            log.info("TTIN: %s", _count_workers(self.target))
+            self.hooks.nworkers_changed(self.target, self.target - 1)
             return
-        self.lifecycle.target += 1
-        log.info("TTIN: %d workers", self.target)
-        self.hooks.nworkers_changed(self.target, self.target - 1)
-
-    def handle_ttou(self):
         if self.target <= 1:
             log.info("TTOU ignored: at least one worker is kept")
             return
         self.lifecycle.target -= 1
-        log.info("TTOU: %d workers", self.target)
+        log.info("TTOU: %s", _count_workers(self.target))
         self.hooks.nworkers_changed(self.target, self.target + 1)
 
     def handle_usr1(self):
@@ -386,6 +388,7 @@ class Master(Driver):
                                action.number, self.listeners,
                                self.stats.listener if self.stats else None,
                                reload_again=action.reload_again, queue=self.queue,
+                               workers=action.workers,
                                history=self.stats.history if self.stats else None)
 
     # --- memory: --max-worker-memory, --memory-log-interval, the stats report ---
@@ -434,3 +437,7 @@ class Master(Driver):
             return
         self.next_memory_log = now + interval
         render.log_report(log, self.report())
+
+
+def _count_workers(count):
+    return f"{count} worker" + ("" if count == 1 else "s")
