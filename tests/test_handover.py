@@ -787,3 +787,38 @@ def test_master_ttin_while_idle_adds_a_worker_of_its_own(master):
     master.queue.push(signal.SIGTTIN)
     _turn(master)
     assert master.target == 3 and master.generations.signalled == []
+
+
+
+def test_master_logs_ttou_down_to_one_worker_in_the_singular(master, caplog):
+    _turn(master)
+    master.queue.push(signal.SIGTTOU)
+    with caplog.at_level(logging.INFO, logger="forkserve.error"):
+        _turn(master)
+    assert "TTOU: 1 worker" in caplog.messages and master.target == 1
+
+
+def test_a_memory_recycle_the_master_decides_is_logged_once_not_again_by_the_worker(
+        master, monkeypatch, caplog):
+    import types
+    from forkserve.process import master as master_module
+    from forkserve.process.worker import Worker
+    master.cfg = master.cfg.with_values(max_worker_memory=200)
+    _turn(master)
+    _make_ready(master)
+    over = types.SimpleNamespace(private=int(200.4 * 2**20))
+    monkeypatch.setattr(master_module.procfs, "read_process", lambda pid: over)
+    with caplog.at_level(logging.INFO, logger="forkserve.error"):
+        master.check_worker_memory()
+    record = next(r for r in master.workers.values() if r.state == "retiring")
+    assert master.scoreboard.read(record.index).state == RETIRE
+    # the worker's own check after its next response: it stops accepting, silently
+    retired = []
+    worker = types.SimpleNamespace(
+        scoreboard=master.scoreboard, index=record.index, memory_check_gap=1.0,
+        memory_limit=types.SimpleNamespace(over=lambda: int(206.0 * 2**20)),
+        cfg=master.cfg, worker_id=record.number, _retire=lambda: retired.append(True))
+    with caplog.at_level(logging.INFO, logger="forkserve.error"):
+        Worker._check_memory(worker, now=0.0)
+    assert retired == [True]
+    assert sum("over --max-worker-memory" in m for m in caplog.messages) == 1, caplog.messages

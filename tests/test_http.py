@@ -8,6 +8,7 @@ subprocess and talk raw HTTP.
 
 import io
 import json
+import os
 import re
 import socket
 import time
@@ -1010,3 +1011,24 @@ def test_the_fixed_field_table_keys_a_name_as_the_general_rule_does():
                             b"Content-type: d\r\n\r\n")
     assert connection.next_event().headers == {
         "HTTP_HOST": "a", "HTTP_USER_AGENT": "b", "HTTP_X_ODD_ONE": "c", "CONTENT_TYPE": "d"}
+
+
+def test_a_closed_descriptor_is_an_error_of_ours_not_a_client_gone():
+    # Issue 33 item 6: EBADF was counted with the errnos of a client going away.
+    import errno
+    import gevent.socket
+    from forkserve.http.transport import Transport
+    ours, theirs = gevent.socket.socketpair()
+    transport = Transport(ours, gevent.get_hub().loop, 5)
+    theirs.close()
+    with pytest.raises(ClientDisconnected):  # the client is gone: EPIPE
+        transport.send(b"x" * 100)
+    transport.close()
+    ours2, theirs2 = gevent.socket.socketpair()
+    transport = Transport(ours2, gevent.get_hub().loop, 5)
+    os.close(ours2.detach())  # closed under the connection: a bug, raised as such
+    with pytest.raises(OSError) as raised:
+        transport.send(b"x")
+    assert raised.value.errno == errno.EBADF and not isinstance(raised.value, ClientDisconnected)
+    theirs2.close()
+    transport.reader.close()

@@ -242,6 +242,9 @@ def test_ttin_and_ttou_during_a_reload_change_the_incoming_generation(run_server
     poll(lambda: len(server_children(held)) == 4, timeout=30,
          message="the new generation at 4 workers")
     assert "TTIN: 3 workers" in server.log() and "TTIN: 4 workers" in server.log()
+    # a generation's log names the pid to signal: the master's, the pid file's (item 6)
+    assert (f"Generation {2 + supervised} runs in pid {held} with 2 workers; send signals "
+            f"to the master, pid {server.pid} (the pid file's)") in server.log()
     server.signal(signal.SIGTERM)
     assert server.wait_exit(20) == 0
 

@@ -117,7 +117,12 @@ class Master(Driver):
         self.queue.install(MASTER_SIGNALS, setter=original("signal", "signal"))
         self.why = copied_objects.listen(self.app_name, fork=self._fork)  # forkserve memory --why
         signals.release()
-        log.info("Using master pid %d with %d workers", os.getpid(), self.target)
+        if self.reloadable:
+            log.info("Using master pid %d with %s", os.getpid(), _count_workers(self.target))
+        else:  # its own pid is not the one to signal: its supervisor's (the pid file's) is
+            log.info("Generation %d runs in pid %d with %s; send signals to the master, pid "
+                     "%d (the pid file's)", self.generation, os.getpid(),
+                     _count_workers(self.target), self.parent or os.getppid())
         cpus = os.sched_getaffinity(0)
         if affinity.choose(self.cfg.cpu_affinity, 1, self.target, cpus) is not None:
             log.info("Pinning each worker to one of %d CPUs (--cpu-affinity %s%s)", len(cpus),
@@ -406,6 +411,8 @@ class Master(Driver):
                             "--max-worker-memory %d MiB; recycling it", record.worker_id,
                             record.pid, reading.private / 2**20, self.cfg.max_worker_memory)
                 self.lifecycle.retire(record.pid)
+                # the worker's own check then says nothing more (one line per recycle)
+                self.scoreboard.set_state(record.index, RETIRE)
                 return
 
     def process_infos(self):
