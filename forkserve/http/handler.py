@@ -22,6 +22,10 @@ Invariants, and why:
   closed early: the client may be sending its next request right now; they
   close after `keep_alive` idle seconds like any other, and the server's
   graceful timeout force-closes what remains.
+- An idle keep-alive connection is closed only if nothing has arrived on it
+  when its timer runs: libev runs a due timer before the read that became
+  ready in the same turn (a worker busy past the deadline), and closing on a
+  request that came in time reset the client's connection.
 - Timers bound every wait on the client, and none runs while the application
   does: idle (keep_alive) between requests, header_timeout from a request's
   first byte (or the connection's start) to its last header line,
@@ -240,6 +244,13 @@ class Handler:
                             idle_timer.again(throw, Expired)
                             try:
                                 data = reader.recv(wait_first=True)
+                            except Expired:
+                                # The loop may run the timer before the read it has
+                                # pending: a request that came in time (while the
+                                # worker was busy) is served, not closed on (an RST).
+                                data = self.transport.read_now()
+                                if data is None:
+                                    raise
                             finally:
                                 idle_timer.stop()
                         # the request begins now: the keep-alive wait is not part of it
