@@ -294,3 +294,11 @@ def test_a_logconfig_dict_that_cannot_survive_a_reload_is_refused(tmp_path):
                            "'filters': {'f': {'()': logging.Filter}}}\n")
     with pytest.raises(ConfigError, match="name classes and functions by dotted path"):
         parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))
+
+
+def test_a_config_file_that_cannot_be_read_is_named_with_the_command_lines_problems(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        parse(["-c", str(tmp_path / "missing.conf.py"), "--daemon", "a:b"], environ={},
+              cwd=str(tmp_path))
+    errors = str(caught.value).splitlines()
+    assert len(errors) == 2 and "does not exist" in errors[1] and "daemon" in errors[0]

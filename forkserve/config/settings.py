@@ -371,8 +371,12 @@ def parse(argv, environ=None, cwd=None) -> Config:
     for default_file in ("forkserve.conf.py", "gunicorn.conf.py"):  # Gunicorn reads the latter
         if config_path is None and os.path.isfile(os.path.join(cwd, default_file)):
             config_path = found = os.path.join(cwd, default_file)
-    file_values = files.read_config_file(config_path, set(BY_NAME), findings) \
-        if config_path else {}
+    file_values = {}
+    if config_path:
+        try:
+            file_values = files.read_config_file(config_path, set(BY_NAME), findings)
+        except ConfigError as exc:  # the file could not be read at all: named with the rest
+            findings.errors.append(str(exc))
 
     values, sources = {}, {}
     for setting in SETTINGS:
