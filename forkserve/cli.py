@@ -24,8 +24,11 @@ def main(argv=None) -> int:
         return command.main(argv[1:], prog="forkserve store")
     try:
         cfg = settings.parse(argv)
-    except settings.ConfigError as exc:
-        print(f"forkserve: error: {exc}", file=sys.stderr)
+    except settings.ConfigError as exc:  # every problem found, each on its own line
+        for warning in exc.warnings:
+            print(f"forkserve: warning: {warning}", file=sys.stderr)
+        for error in str(exc).splitlines():
+            print(f"forkserve: error: {error}", file=sys.stderr)
         return exits.CONFIG_ERROR
     if cfg.print_config:
         from forkserve.config import effective

@@ -188,6 +188,8 @@ def test_share_is_skipped_before_312_with_the_reason():
     spec = next(s for s in servers.persondb_servers() if s.name == "forkserve-share")
     reason = spec.skip_reason(sys.executable, (3, 11))
     assert "3.12+" in reason and "immortal" in reason
+    # and says how to measure it (issue 33 item 8)
+    assert "pass --python" in reason and "python3.12 -m venv .venv312" in reason
 
 
 def test_servers_get_sockets_not_port_numbers():

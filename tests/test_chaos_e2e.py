@@ -107,18 +107,37 @@ def open_fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def open_sockets(pid):
+    """The distinct sockets `pid` has open (a listener shared by two descriptors
+    counts once)."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # a file the worker just closed
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return sum(name.startswith("socket:") for name in found)
+
+
 def test_worker_out_of_file_descriptors_keeps_serving_and_backs_off_accepting(run_server):
     server = run_server("-w", "1", app="fdtitle:app")
     [worker] = server.wait_workers(1)
-    # A few descriptors to spare, then idle clients take them all; the rest
-    # wait in the listen backlog.
+    # A few descriptors to spare, then requests in flight take them all (a
+    # half-sent head would be shed for a new client: the next test); idle
+    # clients wait in the listen backlog.
+    poll(lambda: open_sockets(worker) == 1, message="only the listener open")
     resource.prlimit(worker, resource.RLIMIT_NOFILE, (open_fds(worker) + 4, 4096))
-    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(30)]
+    idle = []
     try:
+        while "cannot accept connections" not in server.log():  # one request at a time
+            idle.append(socket.create_connection(("127.0.0.1", server.port)))
+            idle[-1].sendall(b"GET /slow?3 HTTP/1.1\r\nHost: t\r\n\r\n")
+            poll(lambda: open_sockets(worker) == 1 + len(idle)
+                 or "cannot accept connections" in server.log(),
+                 message="the request taken or the descriptors short")
+        idle += [socket.create_connection(("127.0.0.1", server.port)) for _ in range(26)]
         poll(lambda: "cannot read its memory from /proc" in server.log(), timeout=15,
              message="the title's /proc reading to fail softly")
         started = time.monotonic()
-        refused = server.log().count("cannot accept connections")
+        refused = server.log().count("cannot accept connections")  # one line per 10 s
         poll(lambda: server.log().count("cannot read its memory from /proc") >= 2, timeout=15,
              message="a second interval of failed readings")
         seconds = time.monotonic() - started
@@ -133,6 +152,41 @@ def test_worker_out_of_file_descriptors_keeps_serving_and_backs_off_accepting(ru
     assert "ulimit -n" in log
     # accept waits between tries (server.SHORTAGE_PAUSE, 0.1 s): no busy loop
     assert accept_errors <= seconds / 0.1 + 2, (accept_errors, seconds)
+
+
+def test_out_of_descriptors_new_clients_are_served_before_half_sent_heads_and_logs_stay_quiet(
+        run_server):
+    # Issue 33 item 4: half-sent request heads (slowloris) hold every descriptor
+    # the worker may have and more wait in the listen queue; the header timeout
+    # is far off. A new client must still be answered at once, the oldest heads
+    # being shed for it, and the log says so in one line, not one per retry.
+    server = run_server("-w", "1", "--header-timeout", "60")
+    [worker] = server.wait_workers(1)
+    resource.prlimit(worker, resource.RLIMIT_NOFILE, (open_fds(worker) + 8, 4096))
+    slow = []
+    try:
+        for _ in range(40):
+            client = socket.create_connection(("127.0.0.1", server.port))
+            client.sendall(b"GET /pid HTTP/1.1\r\nHost: t\r\n")  # and never the end
+            slow.append(client)
+        poll(lambda: "cannot accept connections: Too many open files" in server.log(),
+             message="the worker to run out of descriptors")
+        started = time.monotonic()
+        assert server.get("/pid", timeout=5) == (200, str(worker))
+        answered_in = time.monotonic() - started
+        # the oldest heads were shed (408, closed), not the newest
+        oldest = slow[0]
+        oldest.settimeout(5)
+        assert oldest.recv(100).startswith(b"HTTP/1.1 408")
+        assert server.get("/pid", timeout=5) == (200, str(worker))
+    finally:
+        for client in slow:
+            client.close()
+    log = server.log()
+    assert log.count("cannot accept connections") == 1, log
+    assert "incomplete request head(s) shed" in log or "(1 failed accept" in log
+    assert "Traceback" not in log and server.children() == [worker]
+    assert answered_in < 5
 
 
 _EXHAUST_FIRST_WORKER = """

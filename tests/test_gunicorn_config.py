@@ -107,12 +107,15 @@ def test_a_hook_with_the_wrong_arguments_is_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("line, message", [
-    ('worker_class = "sync"', "forkserve workers are always gevent"),
-    ("threads = 4", "use worker_connections"),
+    ('worker_class = "uvicorn.workers.UvicornWorker"', "forkserve workers are always gevent"),
+    ('worker_class = "asgi"', "serve WSGI"),
     ("daemon = True", "run it under systemd"),
-    ("preload_app = False", "always loads the application once"),
+    ("reuse_port = True", "SO_REUSEPORT"),
     ('certfile = "/etc/ssl/x.pem"', "terminate it in a proxy"),
     ('statsd_host = "localhost:8125"', "Use --stats"),
+    ("syslog = True", "SysLogHandler"),
+    ('header_map = "dangerous"', "not supported"),
+    ('http2_cleartext = "on"', "HTTP/2"),
 ])
 def test_a_setting_forkserve_cannot_honour_is_refused_with_the_reason(tmp_path, line, message):
     path = write(tmp_path, line + "\n")
@@ -124,14 +127,84 @@ def test_a_setting_forkserve_cannot_honour_is_refused_with_the_reason(tmp_path, 
 
 def test_refused_settings_at_values_that_change_nothing_are_accepted(tmp_path):
     path = write(tmp_path, """
+        import ssl
         worker_class = "gevent"
         threads = 1
         daemon = False
         preload_app = True
         reuse_port = False
         sendfile = None
+        cert_reqs = ssl.CERT_NONE
         """)
-    parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))
+    assert parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path)).warnings == []
+
+
+@pytest.mark.parametrize("line, why", [
+    ("threads = 4", "as Gunicorn's gevent worker ignores threads"),
+    ('worker_tmp_dir = "/dev/shm"', "writes no file"),
+    ('worker_class = "sync"', "runs in greenlets"),
+    ('worker_class = "gthread"', "runs in greenlets"),
+    ("preload_app = False", "start it in post_fork"),
+    ("initgroups = False", "supplementary groups"),
+    ("spew = True", "no line tracer"),
+    ('tmp_upload_dir = "/tmp/uploads"', "Gunicorn does not use it either"),
+    ('syslog_addr = "unix:///dev/log"', "only with syslog = True"),
+    ('statsd_prefix = "shop"', "only with statsd_host"),
+    ('ciphers = "ECDHE+AESGCM"', "tunes TLS"),
+    ('http_protocols = "h2,h1"', "serves every client HTTP/1.1"),
+    ('header_map = "refuse"', "instead of refusing it"),
+    ('root_path = "/api"', "SCRIPT_NAME"),
+    ("dirty_workers = 2", "only with dirty_apps"),
+    ("def on_dirty_starting(arbiter):\n    pass", "only with dirty_apps"),
+    ('http_parser = "fast"', "one HTTP parser"),
+])
+def test_a_setting_with_no_effect_starts_with_a_warning_that_says_why(tmp_path, line, why):
+    path = write(tmp_path, "workers = 2\n" + line + "\n")
+    cfg = parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))
+    [warning] = cfg.warnings
+    name = line.split(" = ")[0].removeprefix("def ").partition("(")[0]
+    assert f"{name} = " in warning and "has no effect under forkserve" in warning
+    assert why in warning and path in warning
+    assert cfg.workers == 2
+
+
+#: Gunicorn's defaults that forkserve does differently on purpose (a gevent worker, the
+#: app preloaded, the user's groups, no control socket): written out, each warns
+DIFFERENT_DEFAULTS = {"worker_class", "preload_app", "initgroups", "control_socket",
+                      "control_socket_disable", "uwsgi_allow_ips"}
+
+
+def test_gunicorns_own_defaults_pass_silently_unless_forkserve_differs_there():
+    known = pytest.importorskip("gunicorn.config").KNOWN_SETTINGS
+    for setting in known:
+        row = gunicorn.BY_NAME[setting.name]
+        if row.kind in ("ignored", "refused") and not callable(setting.default):
+            outcome = (None, None) if setting.name not in DIFFERENT_DEFAULTS else "other"
+            try:
+                silent = gunicorn.translate(setting.name, setting.default) == (None, None)
+            except ValueError:
+                silent = False
+            assert silent == (outcome == (None, None)), setting.name
+
+
+def test_one_reading_names_every_refused_setting_typo_and_bad_value(tmp_path):
+    path = write(tmp_path, """
+        threads = 4
+        daemon = True
+        acesslog = "-"
+        worker_tmp_dir = "/dev/shm"
+        timeout = "soon"
+        """)
+    with pytest.raises(ConfigError) as caught:
+        parse(["-c", path, "--threads", "2", "--keyfile", "k.pem", "--no-such-flag", "a:b"],
+              environ={"FORKSERVE_WORKERS": "many"}, cwd=str(tmp_path))
+    errors = str(caught.value).splitlines()
+    assert len(errors) == 6, errors
+    for expected in ("daemon = True", "unknown setting 'acesslog'", "timeout", "keyfile",
+                     "unknown option --no-such-flag", "FORKSERVE_WORKERS"):
+        assert any(expected in error for error in errors), (expected, errors)
+    assert len(caught.value.warnings) == 3
+    assert any("command line: threads = '2' has no effect" in w for w in caught.value.warnings)
 
 
 def test_a_gunicorn_command_line_works_after_changing_one_word(tmp_path):
@@ -145,8 +218,15 @@ def test_a_gunicorn_command_line_works_after_changing_one_word(tmp_path):
 
 
 def test_a_refused_gunicorn_flag_names_itself(tmp_path):
-    with pytest.raises(ConfigError, match="command line: forkserve does not support threads = '8'"):
-        parse(["--threads", "8", "a:b"], environ={}, cwd=str(tmp_path))
+    with pytest.raises(ConfigError, match="command line: forkserve does not support daemon = True"):
+        parse(["--daemon", "a:b"], environ={}, cwd=str(tmp_path))
+
+
+def test_a_gunicorn_flag_with_no_effect_is_a_warning(tmp_path):
+    cfg = parse(["--threads", "8", "--worker-tmp-dir", "/dev/shm", "a:b"], environ={},
+                cwd=str(tmp_path))
+    assert [w.partition(" has")[0] for w in cfg.warnings] == [
+        "command line: threads = '8'", "command line: worker_tmp_dir = '/dev/shm'"]
 
 
 def test_forkserve_cmd_args_work_like_gunicorn_cmd_args(tmp_path):
@@ -179,7 +259,7 @@ def test_gunicorn_table_has_a_row_per_setting_and_no_duplicates():
     names = [row.name for row in gunicorn.ROWS]
     assert len(names) == len(set(names))
     for row in gunicorn.ROWS:
-        assert row.kind in ("honoured", "hook", "refused") and row.note
+        assert row.kind in ("honoured", "hook", "ignored", "refused") and row.note
 
 
 def test_worker_hooks_with_no_workers_are_reported_as_ignored(tmp_path):
@@ -214,3 +294,11 @@ def test_a_logconfig_dict_that_cannot_survive_a_reload_is_refused(tmp_path):
                            "'filters': {'f': {'()': logging.Filter}}}\n")
     with pytest.raises(ConfigError, match="name classes and functions by dotted path"):
         parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))
+
+
+def test_a_config_file_that_cannot_be_read_is_named_with_the_command_lines_problems(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        parse(["-c", str(tmp_path / "missing.conf.py"), "--daemon", "a:b"], environ={},
+              cwd=str(tmp_path))
+    errors = str(caught.value).splitlines()
+    assert len(errors) == 2 and "does not exist" in errors[1] and "daemon" in errors[0]

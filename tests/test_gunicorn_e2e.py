@@ -504,7 +504,7 @@ def test_request_hooks_get_a_worker_in_single_process_mode(servers, tmp_path):
     assert "the post_fork hook never runs with -w 0" in server.log()
 
 
-def test_check_config_runs_no_hook_and_fails_on_hooks_that_would_never_run(tmp_path):
+def test_check_config_runs_no_hook_and_warns_of_hooks_that_would_never_run(tmp_path):
     def check(*args):
         return subprocess.run([sys.executable, "-m", "forkserve", "--check-config", "-c",
                                HOOKS_CONF, *args, "flask_site:app"], cwd=COMPAT,
@@ -512,9 +512,54 @@ def test_check_config_runs_no_hook_and_fails_on_hooks_that_would_never_run(tmp_p
                               env=dict(os.environ, HOOK_DIR=str(tmp_path)))
     assert check("-w", "2").returncode == 0
     single = check("-w", "0")
-    assert single.returncode == 2
+    assert single.returncode == 0  # the server would start: a warning, not an error
     assert "the pre_fork hook never runs with -w 0" in single.stderr
+    assert "setting(s) with no effect, see above" in single.stderr
     assert os.listdir(tmp_path) == []  # not even on_starting: no server was started
+
+
+CONTAINER_CONF = """\
+bind = "127.0.0.1:0"
+workers = 1
+worker_class = "gevent"
+threads = 4
+worker_tmp_dir = "/dev/shm"
+preload_app = True
+"""
+
+
+@pytest.mark.parametrize("kind", ["forkserve", "gunicorn"])
+def test_the_usual_container_config_starts_and_serves_as_under_gunicorn(servers, tmp_path,
+                                                                        kind):
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text(CONTAINER_CONF)
+    server = servers(kind, "-c", str(conf), app="flask_site:app")
+    assert server.get("/hello")[0] == 200
+    if kind == "forkserve":  # Gunicorn says nothing; forkserve says what has no effect
+        log = server.log()
+        assert "threads = 4 has no effect under forkserve" in log
+        assert "worker_tmp_dir = '/dev/shm' has no effect under forkserve" in log
+
+
+def test_check_config_names_every_problem_in_one_run(tmp_path):
+    conf = tmp_path / "gunicorn.conf.py"
+    conf.write_text(CONTAINER_CONF + "daemon = True\nacesslog = '-'\n")
+    done = subprocess.run([sys.executable, "-m", "forkserve", "--check-config", "-c", str(conf),
+                           "flask_site:app"], cwd=COMPAT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line.partition(": ")[2].partition(":")[0] for line in lines] == [
+        "warning", "warning", "error", "error"], lines
+    assert "threads = 4 has no effect" in lines[0] and "worker_tmp_dir" in lines[1]
+    assert "daemon = True" in lines[2] and "unknown setting 'acesslog'" in lines[3]
+    conf.write_text(CONTAINER_CONF)
+    done = subprocess.run([sys.executable, "-m", "forkserve", "--check-config", "-c", str(conf),
+                           "flask_site:app"], cwd=COMPAT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "threads = 4 has no effect" in done.stderr
+    assert "configuration OK (2 setting(s) with no effect, see above)" in done.stderr
 
 
 # --- SCRIPT_NAME: the application mounted under a prefix, as Gunicorn mounts it ---

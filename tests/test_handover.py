@@ -294,11 +294,15 @@ def _make_ready(master):
     _turn(master)
 
 
-def _hup_until_the_new_generation_serves(master):
+def _hup_into_a_starting_generation(master):
     _turn(master)
     _make_ready(master)
     master.queue.push(signal.SIGHUP)
     _turn(master)
+
+
+def _hup_until_the_new_generation_serves(master):
+    _hup_into_a_starting_generation(master)
     master.generations.ready.append(2)
     _turn(master)
 
@@ -690,3 +694,131 @@ def test_master_keeps_serving_when_a_worker_fork_fails_for_lack_of_memory(master
     master.fake.now = master.lifecycle.next_spawn_at
     _turn(master)
     assert len(master.workers) == 2
+
+
+# --- TTIN/TTOU during a reload: for the incoming generation (issue 33 item 5) ---
+
+TTIN, TTOU = signal.SIGTTIN, signal.SIGTTOU
+
+
+def test_resize_while_idle_goes_to_the_owners_own_workers_at_once():
+    machine = _owner()
+    assert _kinds(machine.resize(1, now=0)) == [handover.Forward(1, TTIN)]
+    assert _kinds(machine.resize(-1, now=0)) == [handover.Forward(1, TTOU)]
+
+
+def test_resize_while_a_generation_starts_is_kept_for_it_and_forwarded_one_at_a_time():
+    machine = _supervisor()
+    machine.hup(now=0)
+    for now in (1, 2, 3, 4):
+        assert _kinds(machine.resize(1, now=now)) == []  # not to generation 3, which leaves
+    [said] = machine.resize(-1, now=5)
+    assert said.message == "TTOU during a reload: generation 4 gets 3 workers more once it serves"
+    actions = machine.ready(now=10)
+    assert _kinds(actions, handover.Forward) == [handover.Forward(4, TTIN)]
+    assert any("gets the 3 workers more asked for during the reload" in a.message
+               for a in actions if isinstance(a, handover.Log))
+    assert _kinds(machine.tick(now=10 + handover.FORWARD_PACE / 2), handover.Forward) == []
+    assert machine.forward_wait(now=10.1) == pytest.approx(handover.FORWARD_PACE - 0.1)
+    sent = []
+    now = 10.0
+    while machine.forward_wait(now) is not None:
+        now += handover.FORWARD_PACE
+        sent += _kinds(machine.tick(now=now), handover.Forward)
+    assert sent == [handover.Forward(4, TTIN)] * 2
+    # it serves now: straight to it, paced after the last one
+    assert _kinds(machine.resize(-1, now=now + handover.FORWARD_PACE)) == [
+        handover.Forward(4, TTOU)]
+
+
+def test_resize_while_the_old_generation_drains_goes_to_the_new_one():
+    machine = _supervisor()
+    machine.hup(now=0)
+    machine.ready(now=1)
+    assert _kinds(machine.resize(1, now=2)) == [handover.Forward(4, TTIN)]
+
+
+def test_resize_during_a_failed_reload_goes_to_the_generation_that_keeps_serving():
+    machine = _supervisor()
+    machine.hup(now=0)
+    machine.resize(-1, now=1)
+    actions = machine.gone(4, "exited with status 4", now=2)
+    assert _kinds(actions, handover.Forward) == [handover.Forward(3, TTOU)]
+
+
+def test_resize_during_the_masters_reload_is_handed_to_its_supervisor():
+    machine = _owner()
+    machine.hup(now=0)
+    machine.resize(1, now=1)
+    machine.resize(1, now=1.1)
+    assert _kinds(machine.ready(now=2), handover.Forward) == [handover.Forward(2, TTIN)]
+    assert _kinds(machine.gone(1, "drained", now=2.01)) == [BecomeSupervisor(2, False, 1)]
+    supervisor = Handover(serving=2, graceful_timeout=10, owner_serves=False, workers=1)
+    assert _kinds(supervisor.tick(now=5)) == [handover.Forward(2, TTIN)]
+    assert supervisor.forward_wait(now=5) is None
+
+
+def test_resize_during_a_stop_is_ignored_and_a_stop_drops_what_was_pending():
+    machine = _supervisor()
+    machine.hup(now=0)
+    machine.resize(1, now=1)
+    machine.stop("graceful", now=2)
+    assert _kinds(machine.ready(now=3)) == [] and machine.forward_wait(now=3) is None
+    assert machine.resize(1, now=4)[0].message == "TTIN ignored: stopping"
+
+
+def test_reload_master_applies_ttin_during_a_reload_to_the_new_generation_not_its_own(master):
+    _hup_into_a_starting_generation(master)
+    master.queue.push(signal.SIGTTIN)
+    _turn(master)
+    assert master.target == 2 and master.generations.signalled == []
+    master.generations.ready.append(2)
+    _turn(master)
+    assert master.target == 2 and master.generations.signalled == [(2, TTIN)]
+    master.queue.push(signal.SIGTTOU)
+    _turn(master)  # while its own workers drain: for generation 2, paced
+    master.fake.now += handover.FORWARD_PACE
+    _turn(master)
+    assert master.target == 2 and master.generations.signalled == [(2, TTIN), (2, TTOU)]
+
+
+def test_master_ttin_while_idle_adds_a_worker_of_its_own(master):
+    _turn(master)
+    master.queue.push(signal.SIGTTIN)
+    _turn(master)
+    assert master.target == 3 and master.generations.signalled == []
+
+
+
+def test_master_logs_ttou_down_to_one_worker_in_the_singular(master, caplog):
+    _turn(master)
+    master.queue.push(signal.SIGTTOU)
+    with caplog.at_level(logging.INFO, logger="forkserve.error"):
+        _turn(master)
+    assert "TTOU: 1 worker" in caplog.messages and master.target == 1
+
+
+def test_a_memory_recycle_the_master_decides_is_logged_once_not_again_by_the_worker(
+        master, monkeypatch, caplog):
+    import types
+    from forkserve.process import master as master_module
+    from forkserve.process.worker import Worker
+    master.cfg = master.cfg.with_values(max_worker_memory=200)
+    _turn(master)
+    _make_ready(master)
+    over = types.SimpleNamespace(private=int(200.4 * 2**20))
+    monkeypatch.setattr(master_module.procfs, "read_process", lambda pid: over)
+    with caplog.at_level(logging.INFO, logger="forkserve.error"):
+        master.check_worker_memory()
+    record = next(r for r in master.workers.values() if r.state == "retiring")
+    assert master.scoreboard.read(record.index).state == RETIRE
+    # the worker's own check after its next response: it stops accepting, silently
+    retired = []
+    worker = types.SimpleNamespace(
+        scoreboard=master.scoreboard, index=record.index, memory_check_gap=1.0,
+        memory_limit=types.SimpleNamespace(over=lambda: int(206.0 * 2**20)),
+        cfg=master.cfg, worker_id=record.number, _retire=lambda: retired.append(True))
+    with caplog.at_level(logging.INFO, logger="forkserve.error"):
+        Worker._check_memory(worker, now=0.0)
+    assert retired == [True]
+    assert sum("over --max-worker-memory" in m for m in caplog.messages) == 1, caplog.messages

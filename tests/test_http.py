@@ -8,6 +8,7 @@ subprocess and talk raw HTTP.
 
 import io
 import json
+import os
 import re
 import socket
 import time
@@ -234,6 +235,27 @@ def test_body_reads_chunked_with_extensions_and_trailers():
     b, connection = body(b"5;x=1\r\nhel\nl\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\nNEXT", chunked_=True)
     assert list(b) == [b"hel\n", b"labc"]
     assert b.done and connection.trailing_data == b"NEXT"
+
+
+def test_a_chunked_body_is_buffered_whole_in_memory_and_beyond_the_spool_on_disk(monkeypatch):
+    from forkserve.http import body as body_module
+    b, connection = body(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\nNEXT", chunked_=True)
+    spooled, size = body_module.buffered(b)
+    assert (size, spooled.read(), spooled.readline()) == (11, b"hello world", b"")
+    assert not spooled._rolled and b.done and connection.trailing_data == b"NEXT"
+    spooled.close()
+    monkeypatch.setattr(body_module, "SPOOL_BYTES", 8)
+    b, _ = body(b"5\r\nhe\nlo\r\n6\r\n world\r\n0\r\n\r\n", chunked_=True)
+    spooled, size = body_module.buffered(b)
+    with spooled:
+        assert spooled._rolled and size == 11 and list(spooled) == [b"he\n", b"lo world"]
+
+
+def test_buffering_a_bad_chunked_body_raises_its_refusal():
+    from forkserve.http.body import buffered
+    b, _ = body(b"5\r\nhello\r\nzz\r\n", chunked_=True)
+    with pytest.raises(RequestError, match="chunk-size"):
+        buffered(b)
 
 
 def test_chunked_trailer_carrying_content_type_is_read_and_dropped():
@@ -989,3 +1011,24 @@ def test_the_fixed_field_table_keys_a_name_as_the_general_rule_does():
                             b"Content-type: d\r\n\r\n")
     assert connection.next_event().headers == {
         "HTTP_HOST": "a", "HTTP_USER_AGENT": "b", "HTTP_X_ODD_ONE": "c", "CONTENT_TYPE": "d"}
+
+
+def test_a_closed_descriptor_is_an_error_of_ours_not_a_client_gone():
+    # Issue 33 item 6: EBADF was counted with the errnos of a client going away.
+    import errno
+    import gevent.socket
+    from forkserve.http.transport import Transport
+    ours, theirs = gevent.socket.socketpair()
+    transport = Transport(ours, gevent.get_hub().loop, 5)
+    theirs.close()
+    with pytest.raises(ClientDisconnected):  # the client is gone: EPIPE
+        transport.send(b"x" * 100)
+    transport.close()
+    ours2, theirs2 = gevent.socket.socketpair()
+    transport = Transport(ours2, gevent.get_hub().loop, 5)
+    os.close(ours2.detach())  # closed under the connection: a bug, raised as such
+    with pytest.raises(OSError) as raised:
+        transport.send(b"x")
+    assert raised.value.errno == errno.EBADF and not isinstance(raised.value, ClientDisconnected)
+    theirs2.close()
+    transport.reader.close()

@@ -84,3 +84,88 @@ def test_pipelining_clients_never_starve_the_worker_heartbeat(run_server):
     statuses = blast(server.port, ["/pid"] * 20000, connections=32, depth=16)
     assert statuses == {200: 20000}
     assert "timed out" not in server.log()
+
+
+def test_a_request_sent_in_time_is_answered_though_the_worker_was_busy_past_the_idle_deadline(
+        run_server, tmp_path):
+    # Issue 33 item 3: the worker's loop is blocked past a keep-alive connection's
+    # idle deadline; the client's next request came well before it. libev then runs
+    # the due timer before the pending read, and the connection was closed on the
+    # unread request: the client saw ConnectionResetError on a reused connection.
+    import os
+    import socket
+    import threading
+    from httpclient import Reader, read_response
+    server = run_server("-w", "1", "--keep-alive", "1", env={"MARK_DIR": str(tmp_path)})
+    [worker] = server.wait_workers(1)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
+        reader = Reader(sock)
+        request = b"GET /pid HTTP/1.1\r\nHost: t\r\n\r\n"
+        sock.sendall(request)
+        assert read_response(sock, reader).body == str(worker).encode()
+        blocker = threading.Thread(target=server.get, args=("/block?2",), kwargs={"timeout": 15})
+        blocker.start()
+        poll(lambda: os.path.exists(tmp_path / f"block-{worker}"), message="the loop blocked")
+        sock.sendall(request)  # well within the 1 s keep-alive
+        reply = read_response(sock, reader)
+        blocker.join(15)
+    assert (reply.status, reply.body) == (200, str(worker).encode())
+
+
+_STARVED_CLIENT = r"""
+import http.client, json, random, sys, threading, time
+port, seconds = int(sys.argv[1]), float(sys.argv[2])
+deadline = time.monotonic() + seconds
+answered, resets = [0], []
+
+def run(seed):
+    rng = random.Random(seed)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    while time.monotonic() < deadline:
+        try:
+            conn.request("GET", "/pid")
+            conn.getresponse().read()
+            answered[0] += 1
+        except (http.client.HTTPException, OSError) as exc:
+            resets.append(repr(exc))
+            conn.close()
+        time.sleep(rng.uniform(0.0, 0.2))  # think, well under the keep-alive
+
+threads = [threading.Thread(target=run, args=(n,)) for n in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(json.dumps({"answered": answered[0], "resets": resets}))
+"""
+
+
+def test_a_cpu_starved_keep_alive_client_of_a_busy_worker_sees_no_reset(run_server, tmp_path):
+    # The client is stopped now and then (starved of CPU, up to 0.3 s) and the
+    # worker's loop stalls now and then (1.5 s, as on a loaded machine); every
+    # gap between a response and the next request the client sends stays under
+    # the 1 s keep-alive, so no connection may be closed under a client.
+    import json
+    import os
+    import random
+    import subprocess
+    import sys
+    server = run_server("-w", "1", "--keep-alive", "1")
+    server.wait_workers(1)
+    client = subprocess.Popen([sys.executable, "-c", _STARVED_CLIENT, str(server.port), "12"],
+                              stdout=subprocess.PIPE, text=True)
+    rng = random.Random(3)
+    try:
+        deadline = time.monotonic() + 12
+        while client.poll() is None and time.monotonic() < deadline:
+            os.kill(client.pid, signal.SIGSTOP)
+            time.sleep(rng.uniform(0.05, 0.3))
+            os.kill(client.pid, signal.SIGCONT)
+            server.get("/block?1.5", timeout=15)  # the worker's loop stalls meanwhile
+        out, _ = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    result = json.loads(out)
+    assert result["answered"] > 20 and result["resets"] == [], result

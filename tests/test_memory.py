@@ -509,6 +509,16 @@ def test_tree_with_a_starting_generation_and_untitled_processes():
     assert [i.role for i in untitled] == ["supervisor", "master", "worker", "worker"]
 
 
+def test_a_plain_master_and_its_workers_are_generation_1_as_the_stats_endpoint_says():
+    titles = {1: "f: master [a]", 2: "f: worker 1 [a]", 3: "f: worker 2 [a]"}
+    infos = model.tree_infos(1, **_tree(titles, {1: [2, 3]}))
+    assert [(i.role, i.generation, i.state) for i in infos] == [
+        ("master", 1, None), ("worker", 1, None), ("worker", 1, None)]
+    titles = {1: "f: generation 3 [a]", 2: "f: worker 1 [a]"}  # one a reload started
+    assert [i.generation for i in model.tree_infos(1, **_tree(titles, {1: [2]}))] == [3, 3]
+    assert model.tree_infos(1, **_tree({}, {1: []}))[0].generation is None  # not forkserve's
+
+
 def test_tree_of_a_master_handing_over_to_its_first_generation():
     titles = {1: "f: master [a] serving generation 2", 2: "f: worker 1 [a]",
               30: "f: generation 2 [a]", 31: "f: worker 1 [a]"}

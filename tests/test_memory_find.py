@@ -1,6 +1,9 @@
 """`forkserve memory` finds its server: by pid, pid file, stats address or title."""
 
+import contextlib
 import json
+import os
+import socket
 import subprocess
 import sys
 
@@ -105,8 +108,37 @@ def test_memory_without_a_target_finds_every_server_running(run_server):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "forkserve servers are running; name one" in out.stdout
-    for server in servers:
-        assert f"{server.pid}  forkserve: master [basic:app]: 2 processes use " in out.stdout
+    for server in servers:  # two servers of one app, told apart by their addresses
+        assert (f"{server.pid}  forkserve: master [basic:app] on 127.0.0.1:{server.port}: "
+                "2 processes use ") in out.stdout
+
+
+def test_listening_sockets_are_read_from_proc_net_tables():
+    from forkserve.memory import procfs
+    tcp = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+           "  timeout inode\n"
+           "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000"
+           "     0        0 4242 1 0000000000000000 100 0 0 10 0\n"
+           "   1: 0100007F:C350 0100007F:1F90 01 00000000:00000000 00:00000000 00000000"
+           "     0        0 4343 1 0000000000000000 20 4 30 10 -1\n")
+    assert procfs.parse_listening(tcp) == {4242: "127.0.0.1:8080"}  # the connection is not
+    tcp6 = ("  sl  local_address                         remote_address                        "
+            "st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+            "   0: 00000000000000000000000001000000:0050 00000000000000000000000000000000:0000 0A"
+            " 00000000:00000000 00:00000000 00000000     0        0 77 1 0 100 0 0 10 0\n")
+    assert procfs.parse_listening(tcp6) == {77: "[::1]:80"}
+    unix = ("Num       RefCount Protocol Flags    Type St Inode Path\n"
+            "0000000000000000: 00000002 00000000 00010000 0001 01 9001 /run/app.sock\n"
+            "0000000000000000: 00000003 00000000 00000000 0001 03 9002 /run/other.sock\n")
+    assert procfs.parse_listening_unix(unix) == {9001: "unix:/run/app.sock"}
+
+
+@pytest.mark.e2e
+def test_a_servers_listening_addresses_are_read_from_proc(run_server):
+    from forkserve.memory import procfs
+    server = run_server("-w", "1", "--stats", "127.0.0.1:0", app="basic:app")
+    assert f"127.0.0.1:{server.port}" in procfs.listening_addresses(server.pid)
+    assert procfs.listening_addresses(2 ** 22 + 1) == []  # no such process
 
 
 @pytest.mark.e2e
@@ -117,4 +149,74 @@ def test_why_of_a_master_explains_its_worker_and_reports_progress(run_server):
                           "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["pid"] == worker
-    assert "forkserve memory --why: 0 objects walked, " in out.stderr
+    assert out.stderr == ""  # redirected: no progress line to land in a file (issue 33)
+    # on a terminal, the progress line is shown and rewritten in place, then cleared
+    import pty
+    leader, follower = pty.openpty()
+    try:
+        out = subprocess.run([sys.executable, "-m", "forkserve", "memory", "--why",
+                              str(server.pid), "--json"], stdout=subprocess.PIPE,
+                             stderr=follower, text=True, timeout=120)
+        os.close(follower)
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once the terminal's last writer is gone
+            while chunk := os.read(leader, 4096):
+                shown += chunk
+    finally:
+        os.close(leader)
+    assert out.returncode == 0 and json.loads(out.stdout)["pid"] == worker
+    assert b"\rforkserve memory --why: 0 objects walked, " in shown
+    assert shown.endswith(b"\r\x1b[K")
+
+
+@pytest.mark.e2e
+def test_the_masters_generation_is_the_same_in_json_and_prometheus(run_server):
+    import re
+    import urllib.request
+    server = run_server("-w", "1", "--stats", "127.0.0.1:0", app="basic:app")
+    server.wait_workers(1)
+    out = subprocess.run([sys.executable, "-m", "forkserve", "memory", str(server.pid),
+                          "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    [master] = [p for p in json.loads(out.stdout)["processes"] if p["role"] == "master"]
+    stats = int(re.search(r"Stats at: http://127\.0\.0\.1:(\d+)", server.log()).group(1))
+    with urllib.request.urlopen(f"http://127.0.0.1:{stats}/metrics", timeout=10) as reply:
+        metrics = reply.read().decode()
+    labels = re.search(r'\{[^}]*role="master"[^}]*\}', metrics).group(0)
+    assert f'generation="{master["generation"]}"' in labels and master["generation"] == 1
+
+
+def test_the_why_listener_forks_one_auditor_at_a_time():
+    # Issue 33 item 6: each request forked the master, with no cap.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    forks = []
+
+    def fork():  # the "auditor": a child of this process that stays until killed
+        forks.append(sleeper.pid)
+        return sleeper.pid
+
+    listener = copied_objects.WhyListener(fork=fork)
+
+    def ask():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(10)
+            client.connect(copied_objects.socket_name(os.getpid()))
+            client.sendall(b"123\n")
+            listener.service(listener.filenos())
+            try:
+                return client.makefile("rb").read()
+            except ConnectionResetError:  # the fake auditor never read the question
+                return None
+
+    try:
+        assert ask() is None and forks == [sleeper.pid]  # forked (a fake auditor: no answer)
+        busy = json.loads(ask())
+        assert forks == [sleeper.pid] and "one runs at a time" in busy["error"]
+        sleeper.kill()
+        sleeper.wait()
+        ask()
+        assert forks == [sleeper.pid] * 2  # once it is gone, the next request forks
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        listener.close()

@@ -222,6 +222,41 @@ def test_hup_during_a_reload_reloads_again_once_it_is_done(run_server, tmp_path,
     assert server.wait_exit(20) == 0
 
 
+@pytest.mark.parametrize("supervised", [False, True])
+def test_ttin_and_ttou_during_a_reload_change_the_incoming_generation(run_server, tmp_path,
+                                                                      supervised):
+    # Issue 33 item 5: they used to change the outgoing generation's workers,
+    # and were lost with it.
+    server, version_file = _versioned(run_server, tmp_path, "2")
+    if supervised:
+        _reload_to(server, version_file, "v1b")
+    held = _held_reload(server, version_file, "v2")
+    for count, signum in enumerate((signal.SIGTTIN, signal.SIGTTIN, signal.SIGTTIN,
+                                    signal.SIGTTOU), 1):
+        server.signal(signum)  # one at a time: standard signals coalesce
+        poll(lambda: server.log().count("during a reload: generation") == count,
+             message=f"signal {count} counted for the new generation")
+    assert "gets 2 workers more once it serves" in server.log()
+    _release(version_file)
+    poll(lambda: _answer(server) == "v2", timeout=30, message="answers from v2")
+    poll(lambda: len(server_children(held)) == 4, timeout=30,
+         message="the new generation at 4 workers")
+    assert "TTIN: 3 workers" in server.log() and "TTIN: 4 workers" in server.log()
+    # a generation's log names the pid to signal: the master's, the pid file's (item 6)
+    assert (f"Generation {2 + supervised} runs in pid {held} with 2 workers; send signals "
+            f"to the master, pid {server.pid} (the pid file's)") in server.log()
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(20) == 0
+
+
+def server_children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return handle.read().split()
+    except FileNotFoundError:
+        return []
+
+
 @pytest.mark.parametrize("workers, supervised", [("1", False), ("0", False), ("1", True)])
 def test_term_during_a_reload_stops_the_starting_generation_too(run_server, tmp_path, workers,
                                                                 supervised):

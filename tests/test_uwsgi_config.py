@@ -236,7 +236,7 @@ def test_ini_problems_are_all_in_one_error(tmp_path):
     path.write_text("[uwsgi]\nprocesses = x\nstatic-map = a=b\nbogus = 1\n")
     with pytest.raises(settings.ConfigError) as caught:
         settings.parse(["--ini", str(path)], environ={}, cwd=str(tmp_path))
-    assert "3 problem(s)" in str(caught.value)
+    assert len(str(caught.value).splitlines()) == 3, str(caught.value)  # one line each
     with pytest.raises(settings.ConfigError, match="one config file"):
         settings.parse(["--ini", str(path), "-c", str(path)], environ={}, cwd=str(tmp_path))
 
@@ -283,7 +283,7 @@ def test_uwsgi_flags_override_the_ini_and_their_problems_are_listed_together(ini
     with pytest.raises(settings.ConfigError) as caught:
         settings.parse(["--processes", "x", "--static-map", "/s=/srv", "--socket", "@a"],
                        environ={}, cwd=str(tmp_path))
-    assert "3 problem(s) with uWSGI options" in str(caught.value)
+    assert len(str(caught.value).splitlines()) == 3, str(caught.value)  # one line each
     assert "command line --static-map: static-map is not supported" in str(caught.value)
 
 

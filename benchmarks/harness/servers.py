@@ -78,11 +78,15 @@ class ServerSpec:
     def _too_old(self, version):
         have = ".".join(map(str, version))
         need = ".".join(map(str, self.min_python))
+        run_it = (f"; to measure it, pass --python with a Python {need}+ that has forkserve "
+                  f"installed (python{need} -m venv .venv{need.replace('.', '')} && "
+                  f".venv{need.replace('.', '')}/bin/pip install -e '.[bench]', then --python "
+                  f".venv{need.replace('.', '')}/bin/python)")
         if self.mode == "share":
             return (f"Python {have}: forkserve.share() needs {need}+ to make objects immortal "
                     "(PEP 683); on older Pythons it only gc.freeze()s, which keeps reference-count "
-                    "writes copying pages, so it would measure like forkserve-dict")
-        return f"needs Python {need}+, have {have}"
+                    "writes copying pages, so it would measure like forkserve-dict" + run_it)
+        return f"needs Python {need}+, have {have}" + run_it
 
     def port_from_log(self, log_bytes):
         return port_from_log(log_bytes)

@@ -3,8 +3,9 @@ a TOML file (its [tool.forkserve] table, or the whole file) or a uWSGI ini
 file (its [uwsgi] section, forkserve.config.uwsgi), read into
 {setting name: raw value} with the file's hooks under "hooks".
 
-Which names are settings, and what a Gunicorn name means, is decided by
-forkserve.config.gunicorn; forkserve.config.settings converts the values.
+Which names are settings, and what a Gunicorn or uWSGI name means, is
+decided by forkserve.config.gunicorn and forkserve.config.uwsgi;
+forkserve.config.settings converts the values.
 """
 
 import os
@@ -17,10 +18,11 @@ from forkserve.config.values import ConfigError
 __all__ = ["read_config_file"]
 
 
-def read_config_file(path: str, known, *, ini=False, environ=None) -> dict:
+def read_config_file(path: str, known, findings, *, ini=False, environ=None) -> dict:
     """Read a config file into {setting name: raw value}, `known` being the
-    setting names; a uWSGI ini file's warnings under "warnings". `ini`: read
-    it as a uWSGI ini (--ini), PATH:SECTION allowed. Raises ConfigError."""
+    setting names. `ini`: read it as a uWSGI ini (--ini), PATH:SECTION allowed.
+    Raises ConfigError when the file cannot be read at all; the settings'
+    errors and warnings go to `findings`."""
     section = "uwsgi"
     if ini and not os.path.isfile(path) and ":" in path:
         path, section = path.rsplit(":", 1)
@@ -28,7 +30,7 @@ def read_config_file(path: str, known, *, ini=False, environ=None) -> dict:
         raise ConfigError(f"config file {path!r} does not exist; check the path given to "
                           f"{'--ini' if ini else '-c'}")
     if ini or path.endswith(".ini") or _starts_uwsgi_section(path):
-        return _uwsgi_ini(path, section, os.environ if environ is None else environ)
+        return _uwsgi_ini(path, section, os.environ if environ is None else environ, findings)
     if path.endswith(".toml"):
         try:
             with open(path, "rb") as handle:
@@ -40,14 +42,14 @@ def read_config_file(path: str, known, *, ini=False, environ=None) -> dict:
             if os.path.basename(path) == "pyproject.toml":
                 raise ConfigError(f"config file {path} has no [tool.forkserve] table; add one")
             table = document
-        return _known_keys(table, path, known, python=False)
+        return _known_keys(table, path, known, findings, python=False)
     try:
         namespace = runpy.run_path(path, run_name="__forkserve_config__")
     except SystemExit:
         raise ConfigError(f"config file {path} called exit() while being read") from None
     except Exception as exc:
         raise ConfigError(f"config file {path} raised {type(exc).__name__}: {exc}") from None
-    return _known_keys(namespace, path, known, python=True)
+    return _known_keys(namespace, path, known, findings, python=True)
 
 
 def _starts_uwsgi_section(path):
@@ -56,25 +58,20 @@ def _starts_uwsgi_section(path):
     return uwsgi.looks_like_uwsgi_ini(start.decode("utf-8", "replace"))
 
 
-def _uwsgi_ini(path, section, environ):
+def _uwsgi_ini(path, section, environ, findings):
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path}: cannot read it: {exc}") from None
     result = uwsgi.translate(text, path, environ, section)
-    if result.errors:
-        raise ConfigError(f"uWSGI config {path}: {len(result.errors)} problem(s) "
-                          "(docs/uwsgi.md says what forkserve does with each option):\n  "
-                          + "\n  ".join(result.errors))
-    return {**result.values, "hooks": {}, "warnings": result.warnings}
+    findings.errors += result.errors  # each names the file, the line and what to do
+    findings.warnings += result.warnings
+    return {**result.values, "hooks": {}}
 
 
-def _known_keys(table: dict, path: str, known, *, python: bool) -> dict:
+def _known_keys(table: dict, path: str, known, findings, *, python: bool) -> dict:
     """{setting: raw value}, with the file's hooks under the key "hooks"."""
-    try:
-        values, hooks = gunicorn.settings_from_file(table, known, path, python=python)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    values, hooks = gunicorn.settings_from_file(table, known, path, findings, python=python)
     values["hooks"] = hooks
     return values

@@ -9,14 +9,28 @@ settings (all of gunicorn.config.KNOWN_SETTINGS, 27.0) has one `Row` here:
             `target` (the same name, or forkserve's older name for it);
   hook      a server hook with Gunicorn's name and arguments
             (forkserve.process.hooks calls it);
-  refused   forkserve cannot do it: setting it is an error that says why and
-            what to use instead, except to a value in `harmless`, which asks
-            for nothing forkserve does differently.
+  ignored   the setting has no effect under forkserve (it tunes a part
+            forkserve does not have, or Gunicorn itself ignores it beside the
+            gevent worker): the server starts and logs a warning that says why;
+  refused   a behaviour a user relies on and forkserve cannot give (TLS,
+            syslog, statsd, daemonizing, an ASGI worker...): the server does
+            not start, and the error says why and what to use instead. Values
+            in `warned` only warn, with `warning` as the reason.
+
+A value in `harmless` (Gunicorn's default, or what forkserve always does)
+asks for nothing forkserve does differently: no warning, no error.
+
+The rule between the two: a setting whose absence changes only speed, a
+file's place or a debugging aid is ignored with a warning; one whose absence
+loses data (logs, metrics), breaks clients (TLS, HTTP/2 cleartext, lenient
+parsing) or the way the server is run (daemon, reuse_port's second
+instance) is refused.
 
 This module only decides: `settings_from_file` turns a config file's names
 into forkserve settings and hooks, `translate` checks one Gunicorn value,
 `table` renders docs/gunicorn.md's table. Config files are read by
-forkserve.config.settings.
+forkserve.config.settings; problems are collected in a
+forkserve.config.values.Findings so that one run reports them all.
 """
 
 import argparse
@@ -36,20 +50,26 @@ DEST_PREFIX = "gunicorn:"
 @dataclasses.dataclass(frozen=True)
 class Row:
     name: str
-    kind: str                    # "honoured", "hook" or "refused"
+    kind: str                    # "honoured", "hook", "ignored" or "refused"
     note: str
     target: str | None = None    # the forkserve setting a honoured row sets
     flags: tuple = ()            # Gunicorn's flags forkserve accepts for this row
     switch: bool = False         # a flag that takes no value (store_true)
-    harmless: tuple = ()         # values of a refused row that change nothing
+    harmless: tuple = ()         # values of an ignored or refused row that change nothing
+    warned: tuple = ()           # values of a refused row that only warn ...
+    warning: str = ""            # ... saying this
 
 
 def _honoured(name, note="", target=None, flags=(), switch=False):
     return Row(name, "honoured", note or "Same meaning.", target or name, flags, switch)
 
 
-def _refused(name, why, flags=(), switch=False, harmless=()):
-    return Row(name, "refused", why, None, flags, switch, harmless)
+def _refused(name, why, flags=(), switch=False, harmless=(), warned=(), warning=""):
+    return Row(name, "refused", why, None, flags, switch, harmless, warned, warning)
+
+
+def _ignored(name, why, flags=(), switch=False, harmless=()):
+    return Row(name, "ignored", why, None, flags, switch, harmless)
 
 
 _TLS = ("TLS is not served by forkserve: terminate it in a proxy in front (nginx, HAProxy, "
@@ -62,6 +82,22 @@ _SYSLOG = ("Use logconfig_dict with a logging.handlers.SysLogHandler handler for
            "'gunicorn.error' / 'gunicorn.access'.")
 _STATSD = "Use --stats: memory and request figures as JSON and Prometheus text."
 _CONTROL = "forkserve is controlled by signals (HUP, TERM, TTIN, USR1...) and --stats."
+_NO_TLS = ("it tunes TLS, which forkserve does not serve (and Gunicorn uses only with "
+           "certfile): terminate TLS in a proxy in front.")
+_ONLY_H1 = ("forkserve speaks HTTP/1.1 and serves every client HTTP/1.1, as Gunicorn does "
+            "without TLS or http2_cleartext.")
+_ONLY_ASGI = "Gunicorn uses it only with an ASGI worker; forkserve serves WSGI."
+_ONLY_DIRTY = "Gunicorn uses it only with dirty_apps, which forkserve does not have."
+_ONLY_SYSLOG = ("Gunicorn uses it only with syslog = True; to log to syslog, use "
+                "logconfig_dict with a logging.handlers.SysLogHandler.")
+_ONLY_STATSD = "Gunicorn uses it only with statsd_host; forkserve's figures are at --stats."
+#: worker_class values that run the same WSGI application in gevent as forkserve does
+_GEVENT_WORKERS = ("gevent", "gevent_wsgi", "gevent_pywsgi",
+                   "gunicorn.workers.ggevent.GeventWorker",
+                   "gunicorn.workers.ggevent.GeventPyWSGIWorker")
+#: worker_class values that run a WSGI application one request per process or thread
+_WSGI_WORKERS = ("sync", "gthread", "gunicorn.workers.sync.SyncWorker",
+                 "gunicorn.workers.gthread.ThreadWorker")
 _STRICT = ("forkserve's parser follows RFC 9112 strictly and has no switch to relax it; "
            "fix the client or the proxy instead.")
 
@@ -106,11 +142,17 @@ ROWS = (
     _honoured("workers", "Default: $WEB_CONCURRENCY as in Gunicorn, else the number of "
               "CPUs (Gunicorn: 1). 0 serves from one process."),
     _refused("worker_class", "forkserve workers are always gevent (one greenlet per "
-             "connection); remove worker_class, or use gunicorn for other worker types.",
-             flags=("-k", "--worker-class"),
-             harmless=("gevent", "gunicorn.workers.ggevent.GeventWorker")),
-    _refused("threads", "forkserve workers are gevent, not threads: use worker_connections "
-             "for concurrency within a worker.", flags=("--threads",), harmless=(1,)),
+             "connection) and serve WSGI: an ASGI, Tornado or custom worker class cannot run "
+             "here; use gunicorn for it.",
+             flags=("-k", "--worker-class"), harmless=_GEVENT_WORKERS, warned=_WSGI_WORKERS,
+             warning="forkserve's workers are gevent: the application runs in greenlets, up "
+             "to worker_connections requests at once per worker (gevent.monkey patches "
+             "the standard library), not one request per process or thread. Code that "
+             "blocks without yielding (a C database driver gevent cannot patch) holds up the "
+             "worker's other requests meanwhile."),
+    _ignored("threads", "forkserve's workers are gevent, not threads (as Gunicorn's gevent "
+             "worker ignores threads): worker_connections sets how many requests a worker "
+             "serves at once.", flags=("--threads",), harmless=(1,)),
     _honoured("worker_connections"),
     _honoured("max_requests"),
     _honoured("max_requests_jitter"),
@@ -126,15 +168,18 @@ ROWS = (
               "and its data in a new generation (as HUP), not just the workers."),
     _honoured("reload_engine", "auto and poll (forkserve polls); inotify is refused."),
     _honoured("reload_extra_files"),
-    _refused("spew", "Use python -X importtime or a profiler; forkserve has no tracer.",
+    _ignored("spew", "forkserve has no line tracer; use python -X importtime or a profiler.",
              flags=("--spew",), switch=True, harmless=(False,)),
     _honoured("check_config", "Check the settings and load the application, then exit; "
-              "exits non-zero when a setting would be ignored."),
+              "exits non-zero when a setting is refused or invalid, and names every "
+              "problem (refused settings, ignored ones, typos) in one run."),
     _honoured("print_config", "Print the effective settings and where each came from, then "
               "exit; --check-config also loads the application."),
-    _refused("preload_app", "forkserve always loads the application once, in the master, "
-             "before forking: that is how workers share its data. Remove "
-             "preload_app = False.", flags=("--preload",), switch=True, harmless=(True,)),
+    _ignored("preload_app", "forkserve always loads the application once, in the master, "
+             "before forking: that is how workers share its data. Whatever the application "
+             "starts while it is imported (threads, connections) is shared by all workers: "
+             "start it in post_fork instead.", flags=("--preload",), switch=True,
+             harmless=(True,)),
     _honoured("sendfile", "Same meaning: wsgi.file_wrapper's regular files go out with "
               "os.sendfile() unless sendfile = False (--no-sendfile)."),
     _refused("reuse_port", "Workers share the master's listening sockets; SO_REUSEPORT "
@@ -146,21 +191,22 @@ ROWS = (
              switch=True, harmless=(False,)),
     _honoured("raw_env", "Set KEY=VALUE environment variables before the app loads."),
     _honoured("pidfile", target="pid", flags=("-p",)),
-    _refused("worker_tmp_dir", "forkserve's worker heartbeat is a shared-memory scoreboard, "
-             "not a temporary file; remove worker_tmp_dir.", flags=("--worker-tmp-dir",),
-             harmless=(None,)),
+    _ignored("worker_tmp_dir", "it places Gunicorn's worker heartbeat files; forkserve's "
+             "heartbeat is a shared-memory scoreboard and writes no file.",
+             flags=("--worker-tmp-dir",), harmless=(None,)),
     _honoured("user"),
     _honoured("group"),
     _honoured("umask"),
-    _refused("initgroups", "forkserve always gives workers the user's supplementary groups "
-             "(as initgroups = True); remove initgroups = False.", flags=("--initgroups",),
-             switch=True, harmless=(True,)),
-    _refused("tmp_upload_dir", "forkserve never spools request bodies to disk: wsgi.input "
-             "reads from the socket.", harmless=(None,)),
+    _ignored("initgroups", "forkserve always gives workers the user's supplementary groups "
+             "(as initgroups = True).", flags=("--initgroups",), switch=True, harmless=(True,)),
+    _ignored("tmp_upload_dir", "Gunicorn does not use it either. forkserve's wsgi.input "
+             "reads from the socket; only a chunked body over 1 MiB is spooled, to an "
+             "unnamed file in $TMPDIR (set TMPDIR to choose the directory).",
+             harmless=(None,)),
     _honoured("secure_scheme_headers", "Same meaning and default."),
     _honoured("forwarded_allow_ips", "Same meaning and default (127.0.0.1,::1; '*'; CIDR)."),
     _honoured("accesslog", target="access_logfile"),
-    _refused("disable_redirect_access_to_syslog", _SYSLOG,
+    _ignored("disable_redirect_access_to_syslog", _ONLY_SYSLOG,
              flags=("--disable-redirect-access-to-syslog",), switch=True, harmless=(False,)),
     _honoured("access_log_format", "Same atoms and default line."),
     _honoured("errorlog", target="error_logfile", flags=("--log-file",)),
@@ -174,20 +220,23 @@ ROWS = (
     _honoured("logconfig_dict", "logging.config.dictConfig over Gunicorn's defaults; "
               "'gunicorn.error' / 'gunicorn.access' configure forkserve's loggers."),
     _honoured("logconfig_json", "Like logconfig_dict, read from a JSON file."),
-    _refused("syslog_addr", _SYSLOG, flags=("--log-syslog-to",)),
+    _ignored("syslog_addr", _ONLY_SYSLOG, flags=("--log-syslog-to",),
+             harmless=("udp://localhost:514",)),
     _refused("syslog", _SYSLOG, flags=("--log-syslog",), switch=True, harmless=(False,)),
-    _refused("syslog_prefix", _SYSLOG, flags=("--log-syslog-prefix",), harmless=(None,)),
-    _refused("syslog_facility", _SYSLOG, flags=("--log-syslog-facility",)),
+    _ignored("syslog_prefix", _ONLY_SYSLOG, flags=("--log-syslog-prefix",), harmless=(None,)),
+    _ignored("syslog_facility", _ONLY_SYSLOG, flags=("--log-syslog-facility",),
+             harmless=("user",)),
     _refused("enable_stdio_inheritance", "forkserve never daemonizes, so standard streams are "
              "always inherited; nothing to enable.", flags=("-R", "--enable-stdio-inheritance"),
              switch=True, harmless=(True, False)),
     _refused("statsd_host", _STATSD, flags=("--statsd-host",), harmless=(None,)),
-    _refused("dogstatsd_tags", _STATSD, flags=("--dogstatsd-tags",), harmless=("",)),
-    _refused("statsd_prefix", _STATSD, flags=("--statsd-prefix",), harmless=("",)),
-    _refused("enable_backlog_metric", _STATSD, flags=("--enable-backlog-metric",),
+    _ignored("dogstatsd_tags", _ONLY_STATSD, flags=("--dogstatsd-tags",), harmless=("",)),
+    _ignored("statsd_prefix", _ONLY_STATSD, flags=("--statsd-prefix",), harmless=("",)),
+    _ignored("enable_backlog_metric", _ONLY_STATSD, flags=("--enable-backlog-metric",),
              switch=True, harmless=(False,)),
     _honoured("proc_name", target="name"),
-    _refused("default_proc_name", "Set proc_name (or --name).", harmless=("gunicorn",)),
+    _ignored("default_proc_name", "Gunicorn sets it itself; forkserve names its processes "
+             "after proc_name (or --name).", harmless=("gunicorn",)),
     _honoured("pythonpath", "Comma-separated directories put first on sys.path."),
     _refused("paste", "Paste Deployment is not supported: name the application as "
              "MODULE:APP.", flags=("--paste", "--paster"), harmless=(None,)),
@@ -201,22 +250,26 @@ ROWS = (
     _honoured("uwsgi_allow_ips", "Same meaning: peers a uwsgi listener serves."),
     _refused("keyfile", _TLS, flags=("--keyfile",), harmless=(None,)),
     _refused("certfile", _TLS, flags=("--certfile",), harmless=(None,)),
-    _refused("ssl_version", _TLS, flags=("--ssl-version",)),
-    _refused("cert_reqs", _TLS, flags=("--cert-reqs",)),
-    _refused("ca_certs", _TLS, flags=("--ca-certs",), harmless=(None,)),
-    _refused("suppress_ragged_eofs", _TLS, flags=("--suppress-ragged-eofs",), switch=True,
+    _ignored("ssl_version", _NO_TLS, flags=("--ssl-version",), harmless=(2,)),
+    _ignored("cert_reqs", _NO_TLS, flags=("--cert-reqs",), harmless=(0,)),
+    _ignored("ca_certs", _NO_TLS, flags=("--ca-certs",), harmless=(None,)),
+    _ignored("suppress_ragged_eofs", _NO_TLS, flags=("--suppress-ragged-eofs",), switch=True,
              harmless=(True,)),
-    _refused("do_handshake_on_connect", _TLS, flags=("--do-handshake-on-connect",),
+    _ignored("do_handshake_on_connect", _NO_TLS, flags=("--do-handshake-on-connect",),
              switch=True, harmless=(False,)),
-    _refused("ciphers", _TLS, flags=("--ciphers",), harmless=(None,)),
-    _refused("http_protocols", _HTTP2, flags=("--http-protocols",), harmless=("h1",)),
+    _ignored("ciphers", _NO_TLS, flags=("--ciphers",), harmless=(None,)),
+    _ignored("http_protocols", _ONLY_H1, flags=("--http-protocols",), harmless=("h1",)),
     _refused("http2_cleartext", _HTTP2, flags=("--http2-cleartext",), harmless=("off",)),
-    _refused("http2_max_concurrent_streams", _HTTP2, flags=("--http2-max-concurrent-streams",)),
-    _refused("http2_initial_window_size", _HTTP2, flags=("--http2-initial-window-size",)),
-    _refused("http2_max_frame_size", _HTTP2, flags=("--http2-max-frame-size",)),
-    _refused("http2_max_header_list_size", _HTTP2, flags=("--http2-max-header-list-size",)),
-    _refused("raw_paste_global_conf", "Paste Deployment is not supported.",
-             flags=("--paste-global",), harmless=([],)),
+    _ignored("http2_max_concurrent_streams", _ONLY_H1,
+             flags=("--http2-max-concurrent-streams",), harmless=(100,)),
+    _ignored("http2_initial_window_size", _ONLY_H1, flags=("--http2-initial-window-size",),
+             harmless=(65535,)),
+    _ignored("http2_max_frame_size", _ONLY_H1, flags=("--http2-max-frame-size",),
+             harmless=(16384,)),
+    _ignored("http2_max_header_list_size", _ONLY_H1, flags=("--http2-max-header-list-size",),
+             harmless=(65536,)),
+    _ignored("raw_paste_global_conf", "Gunicorn uses it only with paste, which forkserve does "
+             "not support.", flags=("--paste-global",), harmless=([],)),
     _refused("permit_obsolete_folding", _STRICT, flags=("--permit-obsolete-folding",),
              switch=True, harmless=(False,)),
     _refused("strip_header_spaces", _STRICT, flags=("--strip-header-spaces",), switch=True,
@@ -230,31 +283,39 @@ ROWS = (
     _refused("forwarder_headers", "Headers with underscores are always dropped (no trusted "
              "forwarder may set SCRIPT_NAME or PATH_INFO through them); set SCRIPT_NAME in the "
              "environment instead (--env SCRIPT_NAME=/prefix).", flags=("--forwarder-headers",),
-             harmless=("SCRIPT_NAME,PATH_INFO",)),
+             harmless=("SCRIPT_NAME,PATH_INFO", "")),
     _refused("header_map", "Headers with underscores are always dropped (as header_map = "
-             "'drop').", flags=("--header-map",), harmless=("drop",)),
-    _refused("asgi_loop", _ASGI, flags=("--asgi-loop",), harmless=("auto",)),
-    _refused("asgi_lifespan", _ASGI, flags=("--asgi-lifespan",), harmless=("auto",)),
-    _refused("asgi_disconnect_grace_period", _ASGI, flags=("--asgi-disconnect-grace-period",)),
-    _refused("websocket_max_message_size", _ASGI, flags=("--websocket-max-message-size",)),
-    _refused("http_parser", "forkserve has one HTTP parser (forkserve.http.h1).",
+             "'drop'); mapping them into the environ ('dangerous') is not supported.",
+             flags=("--header-map",), harmless=("drop",), warned=("refuse",),
+             warning="forkserve serves such a request without the headers that have "
+             "underscores (as header_map = 'drop') instead of refusing it."),
+    _ignored("asgi_loop", _ONLY_ASGI, flags=("--asgi-loop",), harmless=("auto",)),
+    _ignored("asgi_lifespan", _ONLY_ASGI, flags=("--asgi-lifespan",), harmless=("auto",)),
+    _ignored("asgi_disconnect_grace_period", _ONLY_ASGI,
+             flags=("--asgi-disconnect-grace-period",), harmless=(3,)),
+    _ignored("websocket_max_message_size", _ONLY_ASGI, flags=("--websocket-max-message-size",),
+             harmless=(16777216,)),
+    _ignored("http_parser", "forkserve has one HTTP parser (forkserve.http.h1).",
              flags=("--http-parser",), harmless=("auto", "python")),
-    _refused("root_path", "Set SCRIPT_NAME in the environment (--env SCRIPT_NAME=/prefix): "
-             "as in Gunicorn, the application is mounted there.", flags=("--root-path",),
-             harmless=("",)),
+    _ignored("root_path", "Gunicorn passes it to ASGI applications only; to mount a WSGI "
+             "application under a prefix, set SCRIPT_NAME in the environment (--env "
+             "SCRIPT_NAME=/prefix), as in Gunicorn.", flags=("--root-path",), harmless=("",)),
     _refused("dirty_apps", _DIRTY, flags=("--dirty-app",), harmless=([],)),
-    _refused("dirty_workers", _DIRTY, flags=("--dirty-workers",), harmless=(0,)),
-    _refused("dirty_timeout", _DIRTY, flags=("--dirty-timeout",)),
-    _refused("dirty_threads", _DIRTY, flags=("--dirty-threads",)),
-    _refused("dirty_graceful_timeout", _DIRTY, flags=("--dirty-graceful-timeout",)),
-    _refused("on_dirty_starting", _DIRTY),
-    _refused("dirty_post_fork", _DIRTY),
-    _refused("dirty_worker_init", _DIRTY),
-    _refused("dirty_worker_exit", _DIRTY),
+    _ignored("dirty_workers", _ONLY_DIRTY, flags=("--dirty-workers",), harmless=(0,)),
+    _ignored("dirty_timeout", _ONLY_DIRTY, flags=("--dirty-timeout",), harmless=(300,)),
+    _ignored("dirty_threads", _ONLY_DIRTY, flags=("--dirty-threads",), harmless=(1,)),
+    _ignored("dirty_graceful_timeout", _ONLY_DIRTY, flags=("--dirty-graceful-timeout",),
+             harmless=(30,)),
+    _ignored("on_dirty_starting", _ONLY_DIRTY),
+    _ignored("dirty_post_fork", _ONLY_DIRTY),
+    _ignored("dirty_worker_init", _ONLY_DIRTY),
+    _ignored("dirty_worker_exit", _ONLY_DIRTY),
     _refused("control_socket", _CONTROL, flags=("--control-socket",)),
-    _refused("control_socket_mode", _CONTROL, flags=("--control-socket-mode",)),
-    _refused("control_socket_disable", _CONTROL, flags=("--no-control-socket",), switch=True,
-             harmless=(True,)),
+    _ignored("control_socket_mode", "Gunicorn uses it only for its control socket, which "
+             "forkserve does not have: " + _CONTROL, flags=("--control-socket-mode",),
+             harmless=(384,)),
+    _ignored("control_socket_disable", "forkserve has no control socket: " + _CONTROL,
+             flags=("--no-control-socket",), switch=True, harmless=(True,)),
 )
 
 BY_NAME = {row.name: row for row in ROWS}
@@ -275,6 +336,10 @@ def _same(value, harmless) -> bool:
                                                         (False, "0", "false", "no", "off")):
                 return True
         elif isinstance(candidate, int) and not isinstance(value, bool):
+            if isinstance(value, int):  # an IntEnum such as ssl.CERT_NONE too
+                if int(value) == candidate:
+                    return True
+                continue
             try:
                 if int(str(value).strip()) == candidate:
                     return True
@@ -286,25 +351,34 @@ def _same(value, harmless) -> bool:
 
 
 def translate(name: str, value):
-    """(forkserve setting, value) for Gunicorn setting `name`, or None when the
-    value asks for nothing. Raises Refused (a ValueError) with the reason."""
+    """What Gunicorn setting `name` = `value` asks of forkserve:
+    ((forkserve setting, value) or None, a warning or None). None and None:
+    it asks for nothing forkserve does differently. Raises Refused (a
+    ValueError) with the reason when forkserve cannot give what it asks."""
     row = BY_NAME[name]
     if row.kind == "honoured":
-        return row.target, value
+        return (row.target, value), None
     if row.kind == "hook":
         raise Refused(f"{name} is a server hook: define it as a function in a config file")
     if _same(value, row.harmless):
-        return None
-    raise Refused(f"forkserve does not support {name} = {value!r}: {row.note}")
+        return None, None
+    shown = "a function" if callable(value) else repr(value)
+    if row.kind == "ignored":
+        return None, f"{name} = {shown} has no effect under forkserve: {row.note}"
+    if _same(value, row.warned):
+        return None, f"{name} = {shown} has no effect under forkserve: {row.warning}"
+    raise Refused(f"forkserve does not support {name} = {shown}: {row.note}")
 
 
-def settings_from_file(namespace: dict, known: set, path: str, *, python: bool):
+def settings_from_file(namespace: dict, known: set, path: str, findings, *, python: bool):
     """Split a config file's names into ({setting: raw value}, {hook: function}).
 
     `known` are forkserve's setting names. In a Python file, names starting
     with '_', modules, classes and functions that are not hooks are the
     file's own helpers, not settings. Any other unknown name is an error
-    naming it (a typo must not pass as a setting). Raises ValueError.
+    naming it (a typo must not pass as a setting). Every error and warning
+    goes to `findings` (a forkserve.config.values.Findings), so that one
+    reading names them all.
     """
     values, hooks = {}, {}
     hook_names = {**HOOKS, **FORKSERVE_HOOKS}
@@ -312,31 +386,31 @@ def settings_from_file(namespace: dict, known: set, path: str, *, python: bool):
         name = key.replace("-", "_")
         if python and (name.startswith("_") or isinstance(value, (types.ModuleType, type))):
             continue
-        if name in hook_names:
-            hooks[name] = _check_hook(name, value, hook_names[name], path)
-            continue
-        if python and callable(value) and name not in known and name not in BY_NAME:
-            close = difflib.get_close_matches(name, hook_names, n=1, cutoff=0.8)
-            if close:
-                raise ValueError(f"config file {path}: function {key!r} is not a server hook; "
-                                 f"did you mean {close[0]!r}?")
-            continue  # a helper function of the file's own
-        if name in ("app", "wsgi_app"):
-            values["app"] = value
-        elif name in known:
-            values[name] = value
-        elif name in BY_NAME:
-            try:
-                translated = translate(name, value)
-            except Refused as exc:
-                raise ValueError(f"config file {path}: {exc}") from None
-            if translated is not None:
-                values[translated[0]] = translated[1]
-        else:
-            close = difflib.get_close_matches(name, [*known, *BY_NAME, *hook_names], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"config file {path}: unknown setting {key!r}{hint} (to keep a "
-                             f"helper value in the file, start its name with '_')")
+        try:
+            if name in hook_names:
+                hooks[name] = _check_hook(name, value, hook_names[name])
+            elif python and callable(value) and name not in known and name not in BY_NAME:
+                close = difflib.get_close_matches(name, hook_names, n=1, cutoff=0.8)
+                if close:  # else a helper function of the file's own
+                    raise ValueError(f"function {key!r} is not a server hook; did you mean "
+                                     f"{close[0]!r}?")
+            elif name in ("app", "wsgi_app"):
+                values["app"] = value
+            elif name in known:
+                values[name] = value
+            elif name in BY_NAME:
+                translated, warning = translate(name, value)
+                if warning:
+                    findings.warnings.append(f"config file {path}: {warning}")
+                if translated is not None:
+                    values[translated[0]] = translated[1]
+            else:
+                close = difflib.get_close_matches(name, [*known, *BY_NAME, *hook_names], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"unknown setting {key!r}{hint} (to keep a helper value in "
+                                 "the file, start its name with '_')")
+        except ValueError as exc:  # Refused too
+            findings.errors.append(f"config file {path}: {exc}")
     return values, hooks
 
 
@@ -364,15 +438,14 @@ def add_arguments(parser, taken):
         text, width=76, break_on_hyphens=False, break_long_words=False))
 
 
-def _check_hook(name, value, arity, path):
+def _check_hook(name, value, arity):
     if not callable(value):
-        raise ValueError(f"config file {path}: {name} must be a function taking {arity} "
-                         f"argument(s), not {type(value).__name__}")
+        raise ValueError(f"{name} must be a function taking {arity} argument(s), not "
+                         f"{type(value).__name__}")
     try:
         inspect.signature(value).bind(*range(arity))
     except TypeError:
-        raise ValueError(f"config file {path}: hook {name} must take {arity} "
-                         "argument(s)") from None
+        raise ValueError(f"hook {name} must take {arity} argument(s)") from None
     except ValueError:
         pass  # no signature to check (a builtin); Gunicorn accepts it too
     return value
@@ -387,11 +460,15 @@ def table() -> str:
         elif row.kind == "hook":
             what = "hook"
         else:
-            what = "refused"
+            what = "refused" if row.kind == "refused" else "ignored, with a warning"
             if row.harmless:
                 shown = ", ".join(repr(value) for value in row.harmless)
                 what += f" (except {shown}: nothing to do)"
-        lines.append(f"| `{row.name}` | {what} | {row.note} |")
+        note = row.note
+        if row.warned:
+            shown = ", ".join(repr(value) for value in row.warned)
+            note += f" {shown}: ignored, with a warning: {row.warning}"
+        lines.append(f"| `{row.name}` | {what} | {note} |")
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ from forkserve.memory.workergc import DEFAULT as _WORKER_GC_DEFAULT
 from forkserve.memory.workergc import parse_policy as _worker_gc_policy
 from forkserve.config import gunicorn, uwsgi
 from forkserve.config import files, values
-from forkserve.config.values import ConfigError
+from forkserve.config.values import ConfigError, Findings
 
 __all__ = ["Setting", "SETTINGS", "Config", "ConfigError", "parse", "settings_table"]
 
@@ -128,8 +128,9 @@ SETTINGS = (
             "become forkserve's settings, as docs/uwsgi.md lists (-c reads a .ini file so "
             "too).", metavar="FILE"),
     Setting("check_config", ("--check-config",), values.flag, False,
-            "Check the settings and load the application, then exit: 0 if all is well, 2 if "
-            "a setting is invalid or would be ignored.",
+            "Check the settings and load the application, then exit: 0 if the server would "
+            "start, 2 if a setting is refused or invalid. Every problem is named in one run; "
+            "settings with no effect are warnings.",
             kind="flag"),
     Setting("print_config", ("--print-config",), values.flag, False,
             "Print every setting's effective value and where it came from (default, config "
@@ -299,7 +300,8 @@ class Config:
     sources: dict = dataclasses.field(default_factory=dict)
     #: server hooks from the config file, {name: function} (forkserve.process.hooks)
     hooks: dict = dataclasses.field(default_factory=dict)
-    #: what the config file asks that forkserve does differently, logged once at start
+    #: settings given that have no effect under forkserve, or that forkserve does
+    #: differently, each with why (logged once at start)
     warnings: list = dataclasses.field(default_factory=list)
 
     def __getattr__(self, name):
@@ -316,12 +318,17 @@ class Config:
                       hooks=dict(self.hooks), warnings=list(self.warnings))
 
 
-def _convert(setting: Setting, raw, where: str):
+def _convert(setting: Setting, raw, where: str, findings=None):
+    """The converted value; a bad one raises ConfigError, or with `findings`
+    is recorded there and gives the default, so that reading goes on."""
     try:
         return setting.convert(raw)
     except ValueError as exc:
-        flag = setting.flags[-1]
-        raise ConfigError(f"{where}: {flag} ({setting.name}): {exc}") from None
+        message = f"{where}: {setting.flags[-1]} ({setting.name}): {exc}"
+        if findings is None:
+            raise ConfigError(message) from None
+        findings.errors.append(message)
+        return setting.default_value()
 
 
 #: the --help sections, in this order (a section not named here comes after
@@ -378,31 +385,43 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
 
 
 def parse(argv, environ=None, cwd=None) -> Config:
-    """Turn command-line arguments, environment and config file into a Config."""
+    """Turn command-line arguments, environment and config file into a Config.
+
+    Every problem is found in one pass: a ConfigError names them all (and
+    carries the warnings); without errors, the Config's `warnings` name the
+    settings that have no effect."""
     environ = os.environ if environ is None else environ
     cwd = os.getcwd() if cwd is None else cwd
     parser = build_parser()
+    findings = Findings()
     # uWSGI's long options (--socket, --master...) go through its table
     argv, uwsgi_flags = uwsgi.split_flags(list(argv), _flag_names())
-    cli = _command_line(parser, argv, "command line")
-    flag_warnings = _add_uwsgi_flags(cli, uwsgi_flags, cwd) if uwsgi_flags else []
+    cli = _command_line(parser, argv, "command line", findings)
+    if uwsgi_flags:
+        _add_uwsgi_flags(cli, uwsgi_flags, cwd, findings)
     # FORKSERVE_CMD_ARGS works like GUNICORN_CMD_ARGS: flags that the command
     # line overrides and that override everything else.
     env_cli = _command_line(parser, shlex.split(environ.get("FORKSERVE_CMD_ARGS", "")),
-                            "environment FORKSERVE_CMD_ARGS")
+                            "environment FORKSERVE_CMD_ARGS", findings)
 
     # a uWSGI ini file (forkserve.config.uwsgi)
     ini = cli.get("ini") or env_cli.get("ini") or environ.get(BY_NAME["ini"].env)
     if ini and (cli.get("config") or env_cli.get("config")):
-        raise ConfigError(f"both --ini {ini} and -c were given; forkserve reads one config file")
+        findings.errors.append(f"both --ini {ini} and -c were given; forkserve reads one "
+                               "config file: drop one")
     config_path = ini or cli.get("config") or env_cli.get("config") or \
         environ.get("FORKSERVE_CONFIG")
     found = None
     for default_file in ("forkserve.conf.py", "gunicorn.conf.py"):  # Gunicorn reads the latter
         if config_path is None and os.path.isfile(os.path.join(cwd, default_file)):
             config_path = found = os.path.join(cwd, default_file)
-    file_values = files.read_config_file(config_path, set(BY_NAME), ini=bool(ini),
-                                         environ=environ) if config_path else {}
+    file_values = {}
+    if config_path:
+        try:
+            file_values = files.read_config_file(config_path, set(BY_NAME), findings,
+                                                 ini=bool(ini), environ=environ)
+        except ConfigError as exc:  # the file could not be read at all: named with the rest
+            findings.errors.append(str(exc))
 
     values, sources = {}, {}
     for setting in SETTINGS:
@@ -418,7 +437,7 @@ def parse(argv, environ=None, cwd=None) -> Config:
             values[setting.name] = setting.default_value()
             sources[setting.name] = "default"
             continue
-        values[setting.name] = _convert(setting, raw, source)
+        values[setting.name] = _convert(setting, raw, source, findings)
         sources[setting.name] = source
     if config_path:
         values["config"] = config_path
@@ -435,9 +454,9 @@ def parse(argv, environ=None, cwd=None) -> Config:
         if app:
             break
     sources["app"] = source
+    findings.check()
     return Config(app=app, values=values, sources=sources,
-                  hooks=file_values.get("hooks", {}),
-                  warnings=file_values.get("warnings", []) + flag_warnings)
+                  hooks=file_values.get("hooks", {}), warnings=findings.warnings)
 
 
 def _flag_names() -> set:
@@ -446,33 +465,37 @@ def _flag_names() -> set:
             *(flag for row in gunicorn.ROWS for flag in row.flags)}
 
 
-def _add_uwsgi_flags(cli, pairs, cwd) -> list:
+def _add_uwsgi_flags(cli, pairs, cwd, findings):
     """Add uWSGI options given as flags to `cli` (forkserve's own flags win; a
-    listener or variable adds to theirs); the warnings to log."""
+    listener or variable adds to theirs); their errors and warnings to findings."""
     result = uwsgi.translate_flags(pairs, cwd)
-    if result.errors:
-        raise ConfigError(f"command line: {len(result.errors)} problem(s) with uWSGI options "
-                          "(docs/uwsgi.md):\n  " + "\n  ".join(result.errors))
+    findings.errors += result.errors  # each names the flag and what to do
+    findings.warnings += result.warnings
     for name, value in result.values.items():
         if isinstance(value, list):
             cli[name] = list(cli.get(name) or []) + value
         else:
             cli.setdefault(name, value)
-    return result.warnings
 
 
-def _command_line(parser, argv, where) -> dict:
-    """{setting: raw value} given on a command line, Gunicorn's flags translated."""
+def _command_line(parser, argv, where, findings) -> dict:
+    """{setting: raw value} given on a command line, Gunicorn's flags translated;
+    unknown and refused flags go to `findings`."""
     known, unknown = parser.parse_known_args(argv)
-    if unknown:
-        raise ConfigError(f"{where}: {_unknown_argument(unknown[0])}")
+    # each unknown flag (a value after one is not named again), or a stray argument
+    findings.errors += [f"{where}: {_unknown_argument(argument)}"
+                        for index, argument in enumerate(unknown)
+                        if argument.startswith("-") or index == 0]
     given = {name: value for name, value in vars(known).items() if value is not None}
     for dest in [dest for dest in given if dest.startswith(gunicorn.DEST_PREFIX)]:
         name = dest[len(gunicorn.DEST_PREFIX):]
         try:
-            translated = gunicorn.translate(name, given.pop(dest))
+            translated, warning = gunicorn.translate(name, given.pop(dest))
         except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+            findings.errors.append(f"{where}: {exc}")
+            continue
+        if warning:
+            findings.warnings.append(f"{where}: {warning}")
         if translated is not None:
             given.setdefault(translated[0], translated[1])
     return given

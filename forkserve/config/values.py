@@ -8,14 +8,33 @@ import os
 from typing import Any, Callable
 
 __all__ = [
-    "ConfigError", "allowed_addresses", "bind_list", "cpu_affinity", "cpu_count",
+    "ConfigError", "Findings", "allowed_addresses", "bind_list", "cpu_affinity", "cpu_count",
     "default_workers", "env_list", "flag", "json_mapping", "log_format", "log_level", "mapping",
     "name_or_id", "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds",
     "text", "umask", "whole"]
 
 
 class ConfigError(Exception):
-    """A setting has a value forkserve cannot use. The message says which and why."""
+    """A setting has a value forkserve cannot use. The message says which and why
+    (one line per problem); `warnings` are the settings found, in the same pass,
+    that would have no effect."""
+
+    def __init__(self, message, warnings=()):
+        super().__init__(message)
+        self.warnings = list(warnings)
+
+
+class Findings:
+    """What reading the settings found, all of it in one pass: `errors` stop the
+    server from starting, `warnings` name settings that would have no effect."""
+
+    def __init__(self):
+        self.errors, self.warnings = [], []
+
+    def check(self):
+        """Raise one ConfigError naming every error, carrying the warnings."""
+        if self.errors:
+            raise ConfigError("\n".join(self.errors), self.warnings)
 
 
 # --- value converters: text (or a config-file value) in, a typed value out ---

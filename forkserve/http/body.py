@@ -5,12 +5,27 @@ decodes it (Content-Length or chunked, limits and trailers are its job).
 iteration, and asks `fill()` for more bytes when the connection needs them
 (the handler's fill reads the socket under the body timeout and sends the
 100 Continue first). It does no I/O itself, so it is unit-tested on bytes.
+
+`buffered` reads a chunked body whole before the application runs, so that
+the environ can say CONTENT_LENGTH and drop Transfer-Encoding: the
+application gets a body that is no longer chunked, and every framework reads
+it as it reads a counted one. Gunicorn and gevent's pywsgi pass the de-chunked
+stream on with `HTTP_TRANSFER_ENCODING: chunked` and no CONTENT_LENGTH: Bottle
+then de-chunks it again (400), and Django, which reads CONTENT_LENGTH bytes,
+sees an empty body. Waitress buffers as we do.
 """
+
+import tempfile
 
 from forkserve.http.h1 import ClientDisconnected, RequestError
 from forkserve.http.protocol import END, NEED_DATA, PEER_CLOSED
 
-__all__ = ["Body", "EMPTY_BODY"]
+__all__ = ["Body", "EMPTY_BODY", "buffered"]
+
+#: A chunked body is held in memory up to this many bytes, and beyond them in
+#: an unnamed temporary file (in $TMPDIR), so that a large upload costs disk
+#: rather than the worker's memory (limit_request_body bounds it).
+SPOOL_BYTES = 1 << 20
 
 
 class Body:
@@ -135,3 +150,19 @@ class _Empty:
 
 
 EMPTY_BODY = _Empty()
+
+
+def buffered(body):
+    """(file, size): the whole of `body`, read now, in a file positioned at its
+    start. Raises what reading raises (RequestError, ClientDisconnected)."""
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+    size = 0
+    try:
+        while data := body.read(65536):
+            spool.write(data)
+            size += len(data)
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    return spool, size

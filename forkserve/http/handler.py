@@ -22,6 +22,10 @@ Invariants, and why:
   closed early: the client may be sending its next request right now; they
   close after `keep_alive` idle seconds like any other, and the server's
   graceful timeout force-closes what remains.
+- An idle keep-alive connection is closed only if nothing has arrived on it
+  when its timer runs: libev runs a due timer before the read that became
+  ready in the same turn (a worker busy past the deadline), and closing on a
+  request that came in time reset the client's connection.
 - Timers bound every wait on the client, and none runs while the application
   does: idle (keep_alive) between requests, header_timeout from a request's
   first byte (or the connection's start) to its last header line,
@@ -33,7 +37,7 @@ import time
 
 from gevent import sleep
 
-from forkserve.http.body import EMPTY_BODY, Body
+from forkserve.http.body import EMPTY_BODY, Body, buffered
 from forkserve.http.environ import request_environ
 from forkserve.http.h1 import ClientDisconnected, Limits, RequestError
 from forkserve.http.protocol import IDLE, NEED_DATA, Request
@@ -50,6 +54,11 @@ __all__ = ["Limits", "Handler", "ErrorStream", "FileWrapper", "RequestError",
 #: seconds, starving the other connections and the worker's heartbeat, and
 #: the master killed the "blocked" worker (connections reset mid-blast).
 YIELD_EVERY = 16
+
+
+class Shed(Expired):
+    """Thrown into a connection waiting for its request head, to free its
+    descriptor for a new client (forkserve.http.shortage)."""
 
 
 class ErrorStream:
@@ -100,6 +109,10 @@ class Handler:
         self._head_timer = timer(server.loop, limits.header_timeout)
         self._idle_timer = timer(server.loop, limits.keep_alive)
         self._body_deadline = None
+        #: time.monotonic() since when the request head is awaited under the
+        #: header timeout (None otherwise): such a connection may be shed
+        self.head_started = None
+        self._head_waiting = False
         self._proxy_info = None   # what a PROXY protocol header said, if one came
         #: time.perf_counter() when the current request began: its first byte
         #: after a keep-alive wait, else when its head was looked for
@@ -135,6 +148,18 @@ class Handler:
         """Shut the connection down (the server's close_now)."""
         self.transport.abort()
 
+    def shed(self):
+        """Close this connection soon if it is still waiting for its request
+        head: 408, no lingering (the point is to free its descriptor now).
+        Runs from the hub, where the head wait is the only place the
+        connection's greenlet can be while head_started is set."""
+        self.head_started = None  # shed once
+
+        def throw():
+            if self.transport.socket is not None and self._head_waiting:
+                self.transport.throw(Shed)
+        self.server.loop.run_callback(throw)
+
     def _next_request(self, first):
         """Read, run and answer one request; True if the connection stays open."""
         server, http = self.server, self.http
@@ -146,18 +171,28 @@ class Handler:
             server.proxy.adjust(env, self.client_address, self._proxy_info)
         except RequestError as ex:  # outside SCRIPT_NAME; contradicting scheme headers
             return self._refuse(ex)
+        spooled = None
         if request.length == 0:
             self.body = body = EMPTY_BODY
         else:
             self._body_deadline = None
             self.body = body = Body(http, self._fill_body)
-        env["wsgi.input"] = body
+        if request.chunked:  # read whole, so the environ says how long it is (body.buffered)
+            try:
+                spooled, size = buffered(body)
+            except RequestError as ex:  # a bad chunk, too large, too slow
+                return self._refuse(ex)
+            env["CONTENT_LENGTH"] = str(size)
+            del env["HTTP_TRANSFER_ENCODING"]  # the application's input is not chunked
+        env["wsgi.input"] = body if spooled is None else spooled
         responder = self.responder
         server.active_requests += 1
         try:
             responder.respond(env, body, request.line)
         finally:
             server.active_requests -= 1
+            if spooled is not None:
+                spooled.close()
         if server.on_request is not None:
             try:
                 server.on_request()
@@ -191,7 +226,8 @@ class Handler:
                     self._started = time.perf_counter()
                     if head_timer is not None:
                         head_timer.again(throw, Expired)
-                    head_armed = True
+                    head_armed = self._head_waiting = True
+                    self.head_started = time.monotonic()
                     # a PROXY protocol header comes before the first request
                     self._proxy_info = self.server.proxy.read_header(reader, self.client_address)
                     event = http.next_event()
@@ -208,6 +244,13 @@ class Handler:
                             idle_timer.again(throw, Expired)
                             try:
                                 data = reader.recv(wait_first=True)
+                            except Expired:
+                                # The loop may run the timer before the read it has
+                                # pending: a request that came in time (while the
+                                # worker was busy) is served, not closed on (an RST).
+                                data = self.transport.read_now()
+                                if data is None:
+                                    raise
                             finally:
                                 idle_timer.stop()
                         # the request begins now: the keep-alive wait is not part of it
@@ -216,13 +259,20 @@ class Handler:
                         if not head_armed:
                             if head_timer is not None:
                                 head_timer.again(throw, Expired)
-                            head_armed = True
+                            head_armed = self._head_waiting = True
+                            self.head_started = time.monotonic()
                         data = reader.recv()
                     http.receive_data(data)
                     event = http.next_event()
             finally:
+                self._head_waiting, self.head_started = False, None
                 if head_armed and head_timer is not None:
                     head_timer.stop()
+        except Shed:  # counted in the server's shortage line, not logged one by one
+            if http.their_state is not IDLE:
+                self._refuse(RequestError(408, "request head not received before descriptors "
+                                               "ran short"), linger=False, log=False)
+            return None
         except Expired:
             if http.their_state is not IDLE:  # quiet close unless part of a request arrived
                 self._refuse(RequestError(408, "request head not received in time"), linger=False)
@@ -235,9 +285,10 @@ class Handler:
             raise
         return event if isinstance(event, Request) else None
 
-    def _refuse(self, error, linger=True):
+    def _refuse(self, error, linger=True, log=True):
         """Answer a refused request with its status and close."""
-        self._log_refusal(error)
+        if log:
+            self._log_refusal(error)
         try:
             self.transport.send(self.http.refusal(error.status))
         except ClientDisconnected:

@@ -30,6 +30,7 @@ from forkserve.http.accesslog import AccessFormat
 from forkserve.http.handler import ErrorStream, FileWrapper, Handler, Limits
 from forkserve.http.protocol import Connection
 from forkserve.http.proxy import ProxyPolicy
+from forkserve.http.shortage import DESCRIPTOR_ERRNOS, SHED_BATCH, ShortageLog, oldest_heads
 
 __all__ = ["Server", "needs_nodelay"]
 
@@ -39,10 +40,10 @@ _SETSOCKOPT_GONE = frozenset({errno.EINVAL, errno.ECONNRESET, errno.ENOTCONN, er
 # accept() failures that concern one connection (gone before we took it) or
 # a momentary shortage; the server keeps accepting.
 _ACCEPT_SKIP = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR})
-_ACCEPT_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_ACCEPT_SHORTAGE = DESCRIPTOR_ERRNOS | {errno.ENOBUFS, errno.ENOMEM}
 #: seconds to wait before accepting again when out of descriptors or memory
+#: and no connection could be shed (forkserve.http.shortage)
 SHORTAGE_PAUSE = 0.1
-
 
 
 def needs_nodelay(listener):
@@ -113,6 +114,7 @@ class Server:
         #: servers (forkserve.process.balance.Admission); None: always
         self.admission = admission
         self._handlers = set()
+        self._shortage = ShortageLog(time.monotonic)
         self._acceptor = None
         self._nodelay = False
         self._date = (0, "")
@@ -165,12 +167,17 @@ class Server:
                 if ex.errno in _ACCEPT_SKIP:
                     continue
                 if ex.errno in _ACCEPT_SHORTAGE:
-                    self.logger.error("cannot accept connections: %s; retrying in %gs "
-                                      "(raise the open-files limit or lower "
-                                      "--worker-connections)", ex.strerror, SHORTAGE_PAUSE)
-                    gevent.sleep(SHORTAGE_PAUSE)
+                    shed = self._shed_heads() if ex.errno in DESCRIPTOR_ERRNOS else 0
+                    line = self._shortage.failed(ex.strerror, shed)
+                    if line is not None:
+                        self.logger.error("%s", line)
+                    # shed ones close as soon as their greenlets run: then accept again
+                    gevent.sleep(0 if shed else SHORTAGE_PAUSE)
                     continue
                 raise
+            line = self._shortage.accepted()
+            if line is not None:
+                self.logger.warning("%s", line)
             serving = pool.spawn(self._serve, sock, address)
             if admission is not None:
                 admission.opened()
@@ -179,6 +186,16 @@ class Server:
             # accepting back to back would let one worker take a whole burst
             # of connections that the workers sharing the listener could split.
             gevent.sleep(0)
+
+    def _shed_heads(self):
+        """Close the oldest connections still sending their request head (up to
+        SHED_BATCH) to free descriptors; how many were shed."""
+        waiting = [(handler.head_started, handler) for handler in self._handlers
+                   if handler.head_started is not None]
+        shed = oldest_heads(waiting, SHED_BATCH)
+        for handler in shed:
+            handler.shed()
+        return len(shed)
 
     def _serve(self, sock, address):
         if self.allowed_peers is not None and address not in self.allowed_peers:

@@ -30,9 +30,11 @@ LINGER_SECONDS = 1.0
 LINGER_BYTES = 1 << 20
 
 # errnos that only mean "the client went away"; anything else is a real error.
+# EBADF is not among them: a descriptor closed under a connection is a bug of
+# ours, to be raised (and logged with its traceback), not counted as a client.
 GONE_ERRNOS = frozenset({
     errno.EPIPE, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT,
-    errno.ENOTCONN, errno.ESHUTDOWN, errno.EBADF,
+    errno.ENOTCONN, errno.ESHUTDOWN,
 })
 
 

@@ -91,7 +91,10 @@ def _list_servers(servers, titles):
             summary = headline(report_from_pid(pid))
         except ServerNotFound as exc:
             summary = str(exc)
-        lines.append(f"  {pid:>7}  {titles.get(pid, ('?',))[0]}: {summary}")
+        addresses = [address for address in procfs.listening_addresses(pid)
+                     if not address.startswith("unix:@forkserve-why-")]  # --why's own
+        where = ", ".join(addresses) or "no listening socket seen"
+        lines.append(f"  {pid:>7}  {titles.get(pid, ('?',))[0]} on {where}: {summary}")
     return "\n".join(lines)
 
 
@@ -120,14 +123,22 @@ def _worker_to_explain(where):
 def _why(pid, as_json):
     from forkserve.memory import copied_objects
 
-    def progress(figures):
-        print(f"forkserve memory --why: {figures['objects_walked']:,} objects walked, "
-              f"{figures['seconds']:.1f} s", file=sys.stderr, flush=True)
+    def progress(figures):  # one line, rewritten in place, on a terminal only
+        sys.stderr.write(f"\rforkserve memory --why: {figures['objects_walked']:,} objects "
+                         f"walked, {figures['seconds']:.1f} s\x1b[K")
+        sys.stderr.flush()
 
+    # Progress is for a person watching: redirected (2>&1 into a file, a pipe)
+    # it would only add lines to the answer.
+    watching = sys.stderr.isatty()
     try:
-        answer = copied_objects.ask(pid, progress=progress)
+        answer = copied_objects.ask(pid, progress=progress if watching else None)
     except copied_objects.WhyError as exc:
-        print(f"forkserve memory --why: {exc}", file=sys.stderr)
+        answer = exc
+    if watching:
+        sys.stderr.write("\r\x1b[K")  # the progress line goes before the answer
+    if isinstance(answer, copied_objects.WhyError):
+        print(f"forkserve memory --why: {answer}", file=sys.stderr)
         return 1
     print(json.dumps(answer, indent=2) if as_json else copied_objects.format_why(answer))
     return 0

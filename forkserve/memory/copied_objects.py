@@ -32,8 +32,10 @@ How it works, and the rules it rests on:
 
 The master listens for requests on an abstract Unix socket named after its
 pid (Linux), accepts only its own user or root, and forks one auditor per
-request; the auditor answers with JSON and exits. Nothing here blocks the
-master.
+request, one at a time: while an auditor runs, another request is answered
+at once that it must wait (each auditor is a fork of the whole master, and
+its walk takes a CPU for seconds). The auditor answers with JSON and exits.
+Nothing here blocks the master.
 """
 
 import array
@@ -286,7 +288,7 @@ def format_why(result):
 
 
 class WhyListener:
-    """The master's end: forks an auditor per request, never blocks.
+    """The master's end: forks an auditor per request, one at a time, never blocks.
 
     Create in the master, poll filenos() for reading with the loop's select
     and call service(readable); fork is the real os.fork (not gevent's).
@@ -295,6 +297,7 @@ class WhyListener:
     def __init__(self, first_modules=(), fork=os.fork):
         self.first_modules = tuple(first_modules)
         self.fork = fork
+        self.auditor = None  # the pid of the auditor running, if one is
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(socket_name(os.getpid()))
         self.sock.listen(8)
@@ -316,8 +319,33 @@ class WhyListener:
                 socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
             if uid not in (0, os.getuid()):
                 return  # another user: closed unanswered
-            if self.fork() == 0:
+            if self._auditing():
+                busy = {"error": f"master {os.getpid()} is answering another --why (auditor "
+                                 f"pid {self.auditor}); one runs at a time: try again once it "
+                                 "is done"}
+                try:
+                    # read the question first: closing on it unread would reset the answer
+                    conn.recv(64, socket.MSG_DONTWAIT)
+                    conn.sendall(json.dumps(busy).encode() + b"\n")
+                except OSError:
+                    pass  # not arrived yet (the answer may then be reset), or the asker left
+                return
+            pid = self.fork()
+            if pid == 0:
                 self._audit(conn)  # never returns
+            self.auditor = pid
+
+    def _auditing(self):
+        """The last auditor forked still runs (neither exited nor reaped)."""
+        from forkserve.memory import procfs
+
+        if self.auditor is None:
+            return False
+        stat = procfs.read_stat(self.auditor)  # None once it exited (a zombie too)
+        if stat is None or stat.ppid != os.getpid():
+            self.auditor = None
+            return False
+        return True
 
     def close(self):
         self.sock.close()

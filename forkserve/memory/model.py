@@ -315,8 +315,9 @@ def tree_infos(root, *, title_of, children_of):
         generations = [(pid, number, _state(number, serving)) for pid, number in numbers.items()]
         return supervised_infos(root, generations, title_of=title_of, children_of=children_of)
     own = [child for child in children if child not in numbers]
-    if not numbers:
-        return _master_and_workers(root, own, None, None, titles.get)
+    if not numbers:  # a master is generation 1 unless a reload started it (its title says)
+        generation = None if title is None else title.generation or 1
+        return _master_and_workers(root, own, generation, None, titles.get)
     serving = serving or 1
     entries = [(root, own, 1, _state(1, serving))] + [
         (pid, children_of(pid), number, _state(number, serving))

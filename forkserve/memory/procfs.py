@@ -28,6 +28,7 @@ import errno
 import functools
 import os
 import re
+import socket
 
 __all__ = [
     "MEMORY_FIELDS",
@@ -331,6 +332,58 @@ def _scan_children(pid, proc):
         if stat.ppid == pid:
             children.append(stat.pid)
     return sorted(children)
+
+
+def parse_listening(text):
+    """{socket inode: "HOST:PORT"} of the listening sockets in /proc/net/tcp or
+    tcp6 text (addresses are hex, each 32-bit word in host byte order)."""
+    found = {}
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
+            continue
+        address, port = fields[1].split(":")
+        raw = bytes.fromhex(address)
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+        if len(raw) == 4:
+            host = socket.inet_ntop(socket.AF_INET, raw)
+        else:
+            host = "[" + socket.inet_ntop(socket.AF_INET6, raw) + "]"
+        found[int(fields[9])] = f"{host}:{int(port, 16)}"
+    return found
+
+
+def parse_listening_unix(text):
+    """{socket inode: "unix:PATH"} of the listening unix sockets in /proc/net/unix."""
+    found = {}
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        # Num RefCount Protocol Flags Type St Inode Path; flag 0x10000: __SO_ACCEPTCON
+        if len(fields) >= 8 and int(fields[3], 16) & 0x10000:
+            found[int(fields[6])] = "unix:" + fields[7]
+    return found
+
+
+def listening_addresses(pid, *, proc=PROC):
+    """The addresses `pid` listens on, sorted; [] if it is gone or not ours to read."""
+    try:
+        inodes = set()
+        for fd in os.listdir(f"{proc}/{pid}/fd"):
+            target = os.readlink(f"{proc}/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+        tables = {}
+        for name, parse in (("tcp", parse_listening), ("tcp6", parse_listening),
+                            ("unix", parse_listening_unix)):
+            try:
+                tables.update(parse(_read(f"{proc}/{pid}/net/{name}").decode()))
+            except FileNotFoundError:  # no IPv6, or no /proc/net in this container
+                continue
+    except OSError as exc:
+        if exc.errno in _VANISHED_ERRNOS or exc.errno == errno.EACCES:
+            return []
+        raise
+    return sorted({tables[inode] for inode in inodes if inode in tables})
 
 
 def read_title(pid, *, proc=PROC):

@@ -40,7 +40,8 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     `role` (a generation_protocol.Role) says whether this process is a generation started
     by a reload; by default it is read from the environment, here, once.
     """
-    moot = ignored.check(cfg, os.environ, os.getpid())  # before Role takes systemd's variables
+    # settings with no effect: given ones, then this run's (before Role takes systemd's variables)
+    moot = cfg.warnings + ignored.check(cfg, os.environ, os.getpid())
     role = role or generation_protocol.Role.from_environ()
     status = _prepare(cfg)
     if status is not None:
@@ -55,7 +56,7 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     app_name = app_name or cfg.app or "app"
     if cfg.config:  # the one file read, named so a stray ./gunicorn.conf.py is noticed
         log.info("Config file read: %s (%s)", cfg.config, cfg.sources["config"])
-    for message in cfg.warnings + moot:  # what the config asks that forkserve does otherwise
+    for message in moot:  # what the config asks that forkserve does otherwise, and why
         log.warning("%s", message)
     if cfg.check_config:  # binds nothing: the checked server may be running on the port
         if app is None and _load(cfg) is None:
@@ -126,11 +127,11 @@ def _prepare(cfg):
 
 
 def _checked(app_name, moot):
-    """--check-config: the exit status once the application has loaded."""
-    if moot:
-        _complain(f"configuration has {len(moot)} setting(s) that would be ignored (see above)")
-        return exits.CONFIG_ERROR
-    print(f"forkserve: configuration OK; application {app_name} loaded", file=sys.stderr)
+    """--check-config: the exit status once the application has loaded. Settings
+    with no effect are warnings (logged above): the server would start."""
+    ignored_count = f" ({len(moot)} setting(s) with no effect, see above)" if moot else ""
+    print(f"forkserve: configuration OK{ignored_count}; application {app_name} loaded",
+          file=sys.stderr)
     return exits.OK
 
 

@@ -58,8 +58,8 @@ class Driver:
     - `begin_stop(mode)`: a TERM ("graceful") or an INT/QUIT ("fast");
 
     and what the hand-over asks: `retire(number)`; the master also
-    `kill_own_workers()`; the master and the single server also
-    `become_supervisor(action)`.
+    `kill_own_workers()` and `resize_own(signum)` (TTIN/TTOU for its own
+    workers); the master and the single server also `become_supervisor(action)`.
     """
 
     #: a generation's supervisor (its pid): once it is gone (SIGKILL), this
@@ -120,6 +120,17 @@ class Driver:
 
     def handle_chld(self):
         pass  # reap() runs on every turn
+
+    def handle_ttin(self):
+        self.apply(self.handover.resize(1, self.clock()))
+
+    def handle_ttou(self):
+        self.apply(self.handover.resize(-1, self.clock()))
+
+    def wait_timeout(self, timeout):
+        """`timeout`, or less when a TTIN/TTOU is due for forwarding sooner."""
+        due = self.handover.forward_wait(self.clock())
+        return timeout if due is None else min(timeout, due)
 
     @property
     def stopping(self):
@@ -184,6 +195,12 @@ class Driver:
         self.generations.signal(action.number,
                                 signal.SIGTERM if action.mode == "graceful" else signal.SIGQUIT)
 
+    def _do_forward(self, action):
+        if action.number == self.handover.owner:
+            self.resize_own(action.signum)  # the master's own workers
+        else:
+            self.generations.signal(action.number, action.signum)
+
     def _do_notify(self, action):
         systemd.notify(action.state)
 
@@ -200,4 +217,5 @@ class Driver:
 _ACTIONS = {handover.Spawn: "_do_spawn", handover.Retire: "_do_retire",
             handover.Kill: "_do_kill", handover.Stop: "_do_stop",
             handover.Notify: "_do_notify", handover.Log: "_do_log",
-            handover.BecomeSupervisor: "_do_become_supervisor", handover.Halt: "_do_halt"}
+            handover.BecomeSupervisor: "_do_become_supervisor", handover.Halt: "_do_halt",
+            handover.Forward: "_do_forward"}

@@ -156,14 +156,15 @@ def supervisor_state(environ=os.environ):
 
 
 def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=None, *,
-                    reload_again=False, queue=None, history=None):
+                    reload_again=False, queue=None, history=None, workers=0):
     """Replace this process with the supervisor of generation `number`. Never returns.
 
     From here on signals stay blocked (the mask and pending signals survive
     exec; the supervisor unblocks them once its handlers are in), and the
     ones already in `queue` (a SignalQueue) are handed over in the state.
     The stats dashboard's `history` (forkserve.memory.history.History), if
-    any, goes along in a memfd (`taken_history()` reads it back).
+    any, goes along in a memfd (`taken_history()` reads it back). `workers`
+    TTIN (negative: TTOU) are still to be forwarded to generation `number`.
     """
     signals.hold()
     handed_over = queue.pop_all() if queue is not None else []
@@ -178,7 +179,8 @@ def exec_supervisor(cfg, app_name, child_pid, number, listeners, stats_listener=
              "generation": number, "fds": fds, "stats_fd": stats_fd,
              "history_fd": _history_fd(history) if history is not None else None,
              "argv": list(sys.orig_argv), "start_directory": START_DIRECTORY,
-             "reload_again": reload_again, "signals": [int(signum) for signum in handed_over]}
+             "reload_again": reload_again, "signals": [int(signum) for signum in handed_over],
+             "workers": workers}
     environ = dict(os.environ)
     environ[STATE] = json.dumps(state)
     for name in (FDS, READY_FD, GENERATION):

@@ -28,6 +28,12 @@ Invariants:
   the generations told to stop get the same escalation (after
   `graceful_timeout` for TERM, at once for INT/QUIT), so a stop always ends.
 - READY=1 is only told to systemd while a generation serves.
+- TTIN and TTOU (`resize`) are for the generation that will serve: while
+  one starts they are counted, and once it serves it gets them (the one that
+  drains would take them away with it); after a failed start the serving one
+  gets them. They reach another process as signals (Forward), one at a time,
+  FORWARD_PACE apart, because standard signals sent back to back coalesce:
+  the receiver may see one of several.
 - `owner_serves`: the master and the single-process server are themselves
   the first serving generation. When their hand-over is done they become a
   supervisor (BecomeSupervisor); if the new generation dies while they
@@ -38,9 +44,10 @@ Invariants:
 
 import dataclasses
 import logging
+import signal
 
 __all__ = ["Handover", "Spawn", "Retire", "Kill", "Stop", "Notify", "Log",
-           "BecomeSupervisor", "Halt"]
+           "BecomeSupervisor", "Halt", "Forward"]
 
 # --- actions: what the driver is asked to do, in order ---
 
@@ -76,6 +83,14 @@ class Stop:
 
 
 @dataclasses.dataclass(frozen=True)
+class Forward:
+    """One TTIN or TTOU (`signum`) for generation `number`: to its process, or,
+    when it is the owner's, to the owner's own workers."""
+    number: int
+    signum: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Notify:
     """Tell systemd, e.g. "RELOADING=1"."""
     state: str
@@ -90,9 +105,11 @@ class Log:
 @dataclasses.dataclass(frozen=True)
 class BecomeSupervisor:
     """The hand-over is done: exec into the supervisor of generation `number`
-    (which tells systemd READY=1)."""
+    (which tells systemd READY=1); `workers` TTIN (or, negative, TTOU) are
+    still to be forwarded to it."""
     number: int
     reload_again: bool
+    workers: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +125,10 @@ KILL_GRACE = 5.0
 #: seconds a generation may take to load and say it serves: generous, since
 #: loading a large dataset takes minutes; past it, it is a failed start
 START_TIMEOUT = 600.0
+#: seconds between two TTIN/TTOU forwarded to one generation, so that its
+#: master sees each (standard signals that arrive before the first is handled
+#: coalesce into one)
+FORWARD_PACE = 0.2
 
 
 class ForceOut:
@@ -142,7 +163,7 @@ class Handover:
     """One reload at a time, for one driver; see the module docstring."""
 
     def __init__(self, *, serving, graceful_timeout, owner_serves, max_failures=5,
-                 reload_again=False, start_timeout=START_TIMEOUT):
+                 reload_again=False, start_timeout=START_TIMEOUT, workers=0):
         #: the number of the generation that serves (None: none does)
         self.serving = serving
         #: the generation started and not yet ready
@@ -167,6 +188,13 @@ class Handover:
         #: generations told to stop and not gone yet, and when they are forced out
         self.stopped = set()
         self.stop_deadline = ForceOut()
+        #: TTIN (+1) and TTOU (-1) received while a generation starts, for it
+        self.pending_workers = 0
+        #: TTIN/TTOU still to forward to generation `forward_to`, one per
+        #: FORWARD_PACE from `forward_at` on
+        self.forward_to = serving if workers else None
+        self.forward_left = workers
+        self.forward_at = 0.0
 
     @property
     def state(self):
@@ -210,6 +238,26 @@ class Handover:
                     Notify("RELOADING=1"), *self._spawn(now)]
         return []
 
+    def resize(self, delta, now) -> list:
+        """TTIN (`delta` 1) or TTOU (-1): for the starting generation once it
+        serves, else for the serving one (Forward)."""
+        name = "TTIN" if delta > 0 else "TTOU"
+        if self.stopping:
+            return [Log(logging.INFO, f"{name} ignored: stopping")]
+        if self.starting is not None:
+            self.pending_workers += delta
+            return [Log(logging.INFO, f"{name} during a reload: generation {self.starting} "
+                                      f"gets {_workers(self.pending_workers)} once it serves")]
+        if self.serving is None:
+            return [Log(logging.WARNING, f"{name} ignored: no generation serves")]
+        return self._forward(self.serving, delta, now)
+
+    def forward_wait(self, now):
+        """Seconds until the next TTIN/TTOU is due for forwarding, or None."""
+        if not self.forward_left or self.stopping:
+            return None
+        return max(0.0, self.forward_at - now)
+
     def stop(self, mode, now) -> list:
         """TERM ("graceful") or INT/QUIT ("fast"): every other generation stops too.
 
@@ -220,6 +268,7 @@ class Handover:
             return []
         self.stopping = mode
         self.reload_again = False
+        self.pending_workers = self.forward_left = 0
         numbers = [number for number in (self.retiring, self.serving, self.starting)
                    if number is not None and number != self.owner]
         self.stopped.update(numbers)
@@ -237,6 +286,7 @@ class Handover:
         self.start_deadline.clear()
         actions = [Log(logging.INFO, f"Generation {new} serves"
                                      + (f"; draining generation {old}" if old else ""))]
+        actions += self._forward_pending(new, now)
         if old is None:
             return actions + self._done(now)
         self.retiring = old
@@ -269,7 +319,8 @@ class Handover:
         return (self.start_deadline.due(now, starting, "did not say it serves within "
                                                        f"{self.start_timeout:g}s of its start")
                 + self.deadline.due(now, retiring, "did not finish within the graceful "
-                                                   f"timeout ({self.graceful_timeout:g}s)"))
+                                                   f"timeout ({self.graceful_timeout:g}s)")
+                + self._forward_due(now))
 
     # --- transitions ---
 
@@ -285,7 +336,8 @@ class Handover:
             self.stopping = DONE  # nothing more happens in this process
             # exec_supervisor tells systemd READY=1 once it holds the signals,
             # so that a HUP sent right after READY is not lost in the exec.
-            return [BecomeSupervisor(self.serving, self.reload_again)]
+            left = self.forward_left if self.forward_to == self.serving else 0
+            return [BecomeSupervisor(self.serving, self.reload_again, left)]
         if self.serving is None:  # the new one died too: another starts (_serving_died)
             return self.begin(now)
         return [Notify("READY=1"), *self.begin(now)]
@@ -298,6 +350,7 @@ class Handover:
             actions = [Log(logging.ERROR, f"Reload failed: generation {number} {description} "
                                           "before it was ready; the previous generation "
                                           "keeps serving")]
+            actions += self._forward_pending(self.serving, now)  # its TTIN/TTOU: to this one
             # The reload is over and the old generation serves; a HUP that
             # came meanwhile (perhaps with the fix) is tried now.
             return actions + [Notify("READY=1"), *self.begin(now)]
@@ -321,7 +374,41 @@ class Handover:
             return actions  # already starting one
         return actions + self._spawn(now)
 
+    def _forward_pending(self, number, now):
+        """The TTIN/TTOU counted while a generation started, for `number` now."""
+        delta, self.pending_workers = self.pending_workers, 0
+        if not delta:
+            return []
+        return [Log(logging.INFO, f"Generation {number} gets the {_workers(delta)} asked for "
+                                  "during the reload"), *self._forward(number, delta, now)]
+
+    def _forward(self, number, delta, now):
+        if number == self.owner:  # this process's own workers: no signal to coalesce
+            return [Forward(number, signal.SIGTTIN if delta > 0 else signal.SIGTTOU)
+                    for _ in range(abs(delta))]
+        if self.forward_to != number:  # what was left for another generation left with it
+            self.forward_to, self.forward_left = number, 0
+        self.forward_left += delta
+        return self._forward_due(now)
+
+    def _forward_due(self, now):
+        """One TTIN/TTOU, if one is left and FORWARD_PACE has passed since the last."""
+        left = self.forward_left
+        if not left or self.stopping or now < self.forward_at:
+            return []
+        self.forward_left -= 1 if left > 0 else -1
+        self.forward_at = now + FORWARD_PACE
+        return [Forward(self.forward_to, signal.SIGTTIN if left > 0 else signal.SIGTTOU)]
+
     def _forget(self, number):
         for name in ("starting", "retiring", "serving"):
             if getattr(self, name) == number:
                 setattr(self, name, None)
+
+
+def _workers(delta):
+    """'2 workers more', '1 worker fewer', 'no change in workers'."""
+    if not delta:
+        return "no change in workers"
+    count = abs(delta)
+    return f"{count} worker{'s' if count != 1 else ''} {'more' if delta > 0 else 'fewer'}"

@@ -117,7 +117,12 @@ class Master(Driver):
         self.queue.install(MASTER_SIGNALS, setter=original("signal", "signal"))
         self.why = copied_objects.listen(self.app_name, fork=self._fork)  # forkserve memory --why
         signals.release()
-        log.info("Using master pid %d with %d workers", os.getpid(), self.target)
+        if self.reloadable:
+            log.info("Using master pid %d with %s", os.getpid(), _count_workers(self.target))
+        else:  # its own pid is not the one to signal: its supervisor's (the pid file's) is
+            log.info("Generation %d runs in pid %d with %s; send signals to the master, pid "
+                     "%d (the pid file's)", self.generation, os.getpid(),
+                     _count_workers(self.target), self.parent or os.getppid())
         cpus = os.sched_getaffinity(0)
         if affinity.choose(self.cfg.cpu_affinity, 1, self.target, cpus) is not None:
             log.info("Pinning each worker to one of %d CPUs (--cpu-affinity %s%s)", len(cpus),
@@ -158,7 +163,7 @@ class Master(Driver):
         try:
             readable, writable, _ = self._select(
                 watched, self.stats.writable_filenos() if self.stats else [], [],
-                max(0.0, timeout))
+                max(0.0, self.wait_timeout(timeout)))
         except InterruptedError:
             return
         if self.queue.wake_r in readable:
@@ -182,20 +187,22 @@ class Master(Driver):
         log.info("Hang up: restarting %d workers gracefully", self.target)
         self.lifecycle.retire_all()
 
-    def handle_ttin(self):
-        if self.target >= self.scoreboard.capacity // 2:
-            log.warning("TTIN ignored: already at %d workers", self.target)
+    def resize_own(self, signum):
+        """TTIN or TTOU for this master's own workers (the hand-over decides
+        whose they are: during a reload, the incoming generation's)."""
+        if signum == signal.SIGTTIN:
+            if self.target >= self.scoreboard.capacity // 2:
+                log.warning("TTIN ignored: already at %d workers", self.target)
+                return
+            self.lifecycle.target += 1
+            log.info("TTIN: %s", _count_workers(self.target))
+            self.hooks.nworkers_changed(self.target, self.target - 1)
             return
-        self.lifecycle.target += 1
-        log.info("TTIN: %d workers", self.target)
-        self.hooks.nworkers_changed(self.target, self.target - 1)
-
-    def handle_ttou(self):
         if self.target <= 1:
             log.info("TTOU ignored: at least one worker is kept")
             return
         self.lifecycle.target -= 1
-        log.info("TTOU: %d workers", self.target)
+        log.info("TTOU: %s", _count_workers(self.target))
         self.hooks.nworkers_changed(self.target, self.target + 1)
 
     def handle_usr1(self):
@@ -387,6 +394,7 @@ class Master(Driver):
                                action.number, self.listeners,
                                self.stats.listener if self.stats else None,
                                reload_again=action.reload_again, queue=self.queue,
+                               workers=action.workers,
                                history=self.stats.history if self.stats else None)
 
     # --- memory: --max-worker-memory, --memory-log-interval, the stats report ---
@@ -404,6 +412,8 @@ class Master(Driver):
                             "--max-worker-memory %d MiB; recycling it", record.worker_id,
                             record.pid, reading.private / 2**20, self.cfg.max_worker_memory)
                 self.lifecycle.retire(record.pid)
+                # the worker's own check then says nothing more (one line per recycle)
+                self.scoreboard.set_state(record.index, RETIRE)
                 return
 
     def process_infos(self):
@@ -435,3 +445,7 @@ class Master(Driver):
             return
         self.next_memory_log = now + interval
         render.log_report(log, self.report())
+
+
+def _count_workers(count):
+    return f"{count} worker" + ("" if count == 1 else "s")

@@ -64,11 +64,16 @@ SIGNALS = (
                                    "forkserve's reload already starts a new interpreter, "
                                    "under the same PID)",
            single="the same as HUP", supervisor="the same as HUP"),
-    Signal(signal.SIGTTIN, workers="one worker more", single="logged and ignored (no workers)",
-           supervisor="passed to the serving generation"),
-    Signal(signal.SIGTTOU, workers="one worker fewer (never below one)",
+    Signal(signal.SIGTTIN, workers="one worker more; during a reload, one more for the "
+                                   "incoming generation once it serves",
            single="logged and ignored (no workers)",
-           supervisor="passed to the serving generation"),
+           supervisor="passed to the serving generation; during a reload, to the incoming one "
+                      "once it serves"),
+    Signal(signal.SIGTTOU, workers="one worker fewer (never below one); during a reload, one "
+                                   "fewer for the incoming generation once it serves",
+           single="logged and ignored (no workers)",
+           supervisor="passed to the serving generation; during a reload, to the incoming one "
+                      "once it serves"),
     Signal(signal.SIGUSR1, workers="reopen log files (for logrotate), in every worker too",
            single="reopen log files", supervisor="reopen log files, in every generation too"),
     Signal(signal.SIGCHLD, workers="a worker exited: reap it, replace it if needed", single=None,

@@ -63,7 +63,8 @@ class Supervisor(Driver):
         self.handover = Handover(serving=state["generation"], owner_serves=False,
                                  graceful_timeout=self.cfg.graceful_timeout,
                                  max_failures=self.max_failures,
-                                 reload_again=state.get("reload_again", False))
+                                 reload_again=state.get("reload_again", False),
+                                 workers=state.get("workers", 0))
         self.queue = SignalQueue()
         for signum in state.get("signals", ()):
             self.queue.push(signum)  # arrived while the master was handing over
@@ -93,7 +94,8 @@ class Supervisor(Driver):
         watched = [self.queue.wake_r, *self.generations.waiting_fds()]
         stats_r = self.stats.filenos() if self.stats else []
         stats_w = self.stats.writable_filenos() if self.stats else []
-        readable, writable, _ = self._select(watched + stats_r, stats_w, [], 1.0)
+        readable, writable, _ = self._select(watched + stats_r, stats_w, [],
+                                             self.wait_timeout(1.0))
         if self.queue.wake_r in readable:
             self.queue.drain_wakeups()
         if self.stats:
@@ -123,19 +125,9 @@ class Supervisor(Driver):
                  else "Handling signal: fast stop")
         self.apply(self.handover.stop(mode, self.clock()))
 
-    def handle_ttin(self):
-        self._forward(signal.SIGTTIN)
-
-    def handle_ttou(self):
-        self._forward(signal.SIGTTOU)
-
     def handle_usr1(self):
         logs.reopen(self.cfg)
         self.signal_all(signal.SIGUSR1)
-
-    def _forward(self, signum):
-        if self.handover.serving is not None:
-            self.generations.signal(self.handover.serving, signum)
 
     def signal_all(self, signum):
         for number in list(self.generations.pids):

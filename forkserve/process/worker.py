@@ -287,6 +287,9 @@ class Worker:
 
     def _check_memory(self, now):
         self._next_memory_check = now + self.memory_check_gap
+        if self.scoreboard.read(self.index).state == RETIRE:  # the master found it over first
+            self._retire()  # and logged it: stop accepting, without a second line
+            return
         private = self.memory_limit.over()
         if private is not None:
             log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
