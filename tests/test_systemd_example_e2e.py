@@ -70,11 +70,24 @@ def run_activated(tmp_path, extra=()):
          *extra, "basic:app"], cwd=APPS, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
     try:
-        poll(sock_path.exists, timeout=20, message="systemd-socket-activate's socket")
+        # The file exists once bound; connections are refused until it listens.
+        poll(lambda: _listening(sock_path), timeout=20,
+             message="systemd-socket-activate's socket to listen")
         yield proc, sock_path
     finally:
         kill_group(proc, 10)
         log.close()
+
+
+def _listening(sock_path):
+    if not sock_path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(sock_path))
+        except ConnectionRefusedError:
+            return False
+    return True
 
 
 def test_socket_activation_serves_reloads_and_stops_cleanly(tmp_path):
