@@ -74,7 +74,7 @@ class SingleServer(Driver):
         self.update_title()
         # this process serves as a worker does: it collects its own garbage
         # by the --worker-gc policy (the frozen heap is never examined)
-        self.gc = workergc.apply(workergc.resolve(self.cfg.worker_gc, self.cfg.share_heap))
+        self.gc = workergc.apply(self.cfg.worker_gc)
         self.queue.install(SINGLE_SIGNALS)  # run on the event loop, not in a signal handler
         signals.release()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
