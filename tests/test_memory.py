@@ -1365,11 +1365,9 @@ def test_worker_gc_policy_that_does_not_exist_lists_the_ones_that_do():
         workergc.parse_policy("sometimes")
 
 
-@pytest.mark.parametrize("share_heap, policy", [(False, "young"), (True, "normal")])
-def test_worker_gc_auto_is_normal_with_share_heap_and_young_without(share_heap, policy):
-    assert workergc.DEFAULT == "auto"
-    assert workergc.resolve("auto", share_heap) == policy
-    assert workergc.resolve("idle", share_heap) == "idle"  # a chosen policy is kept
+def test_worker_gc_default_is_normal_and_auto_the_default_s_old_name_reads_as_it():
+    assert workergc.DEFAULT == "normal"
+    assert workergc.parse_policy("auto") == "normal"
 
 
 def test_gc_stats_count_collections_and_their_pause():

@@ -103,8 +103,8 @@ def test_single_process_mode_serves_with_no_child_processes(run_server):
     server = run_server("-w", "0")
     info = server.get_json("/gc")
     assert info["pid"] == server.pid
-    # the loaded heap frozen; the process's own garbage collected by --worker-gc (young)
-    assert info["threshold"] == [700, 10, 1 << 30] and info["freeze_count"] > 0
+    # the loaded heap frozen; the process's own garbage collected by --worker-gc (normal)
+    assert info["threshold"] == [700, 10, 10] and info["freeze_count"] > 0
     assert info["multiprocess"] is False
     assert server.children() == []
     server.signal(signal.SIGTERM)
@@ -315,8 +315,21 @@ def test_a_closed_connection_is_freed_without_waiting_for_a_collection(run_serve
     poll(lambda: int(server.get("/handlers")[1]) <= 2, message="the closed connections freed")
 
 
+@pytest.mark.parametrize("flags, collected", [((), True), (("--worker-gc", "young"), False)],
+                         ids=["default", "young"])
+def test_by_default_a_worker_collects_cyclic_garbage_promoted_to_the_oldest_generation(
+        run_server, flags, collected):
+    server = run_server("-w", "1", *flags, app="gc_probe:app")
+    for _ in range(20):
+        assert server.get("/promote") == (200, "promoted")
+    assert server.get("/leftovers") == (200, "20")
+    for _ in range(20):  # 40,000 cycles: collections of every generation the policy has
+        assert server.get("/churn") == (200, "churned")
+    assert server.get("/leftovers") == (200, "0" if collected else "20")
+
+
 def test_a_single_process_collects_its_own_garbage_by_the_worker_gc_policy(run_server):
-    young = run_server("-w", "0", app="gc_probe:app")  # the default: young
-    assert young.get("/threshold") == (200, f"700 10 {1 << 30}")
-    normal = run_server("-w", "0", "--worker-gc", "normal", app="gc_probe:app")
+    normal = run_server("-w", "0", app="gc_probe:app")  # the default: normal
     assert normal.get("/threshold") == (200, "700 10 10")
+    young = run_server("-w", "0", "--worker-gc", "young", app="gc_probe:app")
+    assert young.get("/threshold") == (200, f"700 10 {1 << 30}")

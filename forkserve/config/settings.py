@@ -154,10 +154,10 @@ SETTINGS = (
             "MiB. 0 disables.", metavar="MB", section="memory"),
     # --worker-gc: forkserve.memory.workergc holds the policies and their reasons.
     Setting("worker_gc", ("--worker-gc",), _worker_gc_policy, _WORKER_GC_DEFAULT,
-            "When workers (and a -w 0 process) collect their own cyclic garbage: off, young (generations 0-1 at "
-            "Python's thresholds), normal (Python's defaults), idle (young generations "
-            "between requests) or auto (normal with --share-heap, else young). The master's "
-            "frozen heap is never collected.",
+            "When workers (and a -w 0 process) collect their own cyclic garbage: normal "
+            "(Python's thresholds, full collections included), young (generations 0-1 only), "
+            "idle (young generations between requests) or off. The master's frozen heap is "
+            "never collected.",
             metavar="POLICY", section="memory"),
     # --no-take-free-space: forkserve.memory.free_space holds what it takes and its checks.
     Setting("take_free_space", ("--no-take-free-space",), values.flag_on_by_default, True,

@@ -130,7 +130,8 @@ class _State:
 def before_fork(enabled=True, state=_State):
     """Take the allocators' free space before a worker's fork: a Taken, or None
     when nothing was taken (turned off, refused, or the budget is spent)."""
-    if not enabled or state.stopped:
+    budget = BUDGET if state.first is None else BUDGET - state.since_first
+    if not enabled or state.stopped or budget <= 0:
         return None
     reason = refusal(read_allocators())
     if reason is not None:
@@ -138,9 +139,6 @@ def before_fork(enabled=True, state=_State):
             log.info("Not taking the allocators' free space before forking workers: %s; "
                      "workers may copy a few more of the master's pages. %s", reason, SILENCE)
             state.said = reason
-        return None
-    budget = BUDGET if state.first is None else BUDGET - state.since_first
-    if budget <= 0:
         return None
     extension = _extension()
     try:

@@ -48,14 +48,7 @@ import time
 
 from forkserve.memory import sharing
 
-__all__ = ["refusal", "share_heap", "shared", "unavailable"]
-
-_state = {"shared": False}
-
-
-def shared():
-    """Whether this process (or the master it was forked from) shared its heap."""
-    return _state["shared"]
+__all__ = ["refusal", "share_heap", "unavailable"]
 
 
 def unavailable():
@@ -99,5 +92,4 @@ def share_heap(collect_first=False):
                                         sharing.fill_utf8_cache)
         del roots
     gc.freeze()
-    _state["shared"] = True
     return sharing.report_of(result, started)

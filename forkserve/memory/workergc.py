@@ -14,24 +14,28 @@ applies one policy right after fork:
     idle    no automatic collection; the young generations are collected
             when the worker served no request since its last tick (about
             every second), so a collection never pauses a request.
-    auto    (the default) normal with --share-heap, young without it.
+
+The default is normal, with or without --share-heap ("auto", the name the
+default had before, is read as normal).
 
 Why none of them copies the master's pages: gc.freeze() moved every object
 the master made into the permanent generation, which no collection examines,
 and a collection writes only the GC headers of the objects in the
 generations it collects: the worker's own. It reads the headers of frozen
 objects that those point to, and reading does not copy. (Measured in
-benchmarks/worker_gc.py, which also chose the default.)
+benchmarks/worker_gc.py.)
 
-Why auto: young was chosen (below) on apps whose garbage dies young. With
---share-heap, the Django test shop's worker growth was
-mostly cyclic garbage promoted to the oldest generation that young never
-collects. With the master's heap immortal and frozen, a full collection
-examines only the worker's own objects: measured A/B
-(benchmarks/results/share_heap/worker-gc-ab-312.txt, -313.txt), normal
-took no measurable time per request more than young (0.108-0.112 ms of
-collections per request either way) and a child's memory after 4,000
-requests was 12.1-12.3 MiB instead of 19.5-19.8.
+Why normal: cyclic garbage that lives long enough to be promoted to the
+oldest generation (a Django project's request cycle leaves such cycles) is
+never collected by young, and a worker's private memory grows with it. A
+full collection in a worker examines only the worker's own objects (the
+master's are frozen), so it stays cheap. Measured with
+benchmarks/share_heap.py on the Flask and Django test apps (3.12, 4
+workers, 20,000 requests, two runs; docs/memory.md#garbage-collection-in-workers):
+the largest Django worker ended at 21.0-21.3 MiB with normal against
+28.3-31.7 with young (Gunicorn --preload: 32.8-32.9), and with --share-heap
+at 14.1-14.3 against 21.6-24.2; Flask's were within 0.4 MiB of each other
+(9.9-10.1 against 9.8-9.9, 5.9-6.0 against 5.6-5.7).
 
 Collections and their pauses are counted through gc.callbacks and published
 in the worker's scoreboard slot, so the master's stats show them.
@@ -42,25 +46,26 @@ import time
 
 from forkserve.memory import cow
 
-__all__ = ["POLICIES", "DEFAULT", "GcStats", "apply", "parse_policy", "resolve"]
+__all__ = ["POLICIES", "DEFAULT", "GcStats", "apply", "parse_policy"]
 
-#: policy -> automatic thresholds (None: Python's defaults)
+#: policy -> automatic thresholds
 _THRESHOLDS = {"off": (0, 10, 10), "young": (700, 10, 1 << 30), "normal": (700, 10, 10),
                "idle": (0, 10, 10)}
-POLICIES = ("auto", *_THRESHOLDS)
-#: Chosen from benchmarks/results/worker_gc.md: with "off", 20,000 requests
-#: grew two workers by 75 MiB (a probe leaving an exception and two linked
-#: dicts per request) and 15 MiB (Flask's own request handling); with
-#: "young", by 0.2 and 0.1 MiB at 0.3-0.45 ms per collection, and none of the
-#: master's frozen 72 MiB dataset was copied. "idle" did not collect under
-#: steady load, and its one collection took 193 ms.
-#: "auto": young, or normal with --share-heap (see "Why auto" above).
-DEFAULT = "auto"
+POLICIES = tuple(_THRESHOLDS)
+#: young bounded the growth of apps whose garbage dies young
+#: (benchmarks/results/worker_gc.md: with "off", 20,000 requests grew two
+#: workers by 75 MiB and 15 MiB; with "young", by 0.2 and 0.1 MiB at
+#: 0.3-0.45 ms per collection; "idle" did not collect under steady load);
+#: normal bounds those and the garbage promoted to the oldest generation too
+#: ("Why normal" above).
+DEFAULT = "normal"
 
 
 def parse_policy(value):
     """The --worker-gc converter: one of POLICIES."""
     policy = str(value).strip().lower()
+    if policy == "auto":  # the default's name before it was normal everywhere
+        return DEFAULT
     if policy not in POLICIES:
         raise ValueError(f"expected one of {', '.join(POLICIES)}; got {value!r}")
     return policy
@@ -106,13 +111,6 @@ class _Policy:
             if requests == self._requests and gc.get_count()[0] > 0:
                 gc.collect(1)
             self._requests = requests
-
-
-def resolve(policy, share_heap):
-    """The policy a worker applies: "auto" made concrete for --share-heap or not."""
-    if policy != "auto":
-        return policy
-    return "normal" if share_heap else "young"
 
 
 def apply(policy, publish=None):

@@ -27,7 +27,7 @@ import os
 import gevent
 import gevent.event
 
-from forkserve.memory import cow, heap, model, render, workergc
+from forkserve.memory import cow, model, render, workergc
 from forkserve import exits, logs
 from forkserve.process import generation_protocol, procname, signals, source_watch, systemd
 from forkserve.process.handover import Handover
@@ -74,7 +74,7 @@ class SingleServer(Driver):
         self.update_title()
         # this process serves as a worker does: it collects its own garbage
         # by the --worker-gc policy (the frozen heap is never examined)
-        self.gc = workergc.apply(workergc.resolve(self.cfg.worker_gc, heap.shared()))
+        self.gc = workergc.apply(self.cfg.worker_gc)
         self.queue.install(SINGLE_SIGNALS)  # run on the event loop, not in a signal handler
         signals.release()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,

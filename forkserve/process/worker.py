@@ -20,7 +20,7 @@ import signal
 import time
 import traceback
 
-from forkserve.memory import cow, heap, limit, procfs, render, workergc
+from forkserve.memory import cow, limit, procfs, render, workergc
 from forkserve import exits, logs
 from forkserve.process import affinity, privileges, procname, signals
 from forkserve.process.balance import Admission
@@ -143,8 +143,8 @@ class Worker:
         procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name)
         privileges.drop(self.cfg.user, self.cfg.group)
         cow.check()
-        policy = workergc.resolve(self.cfg.worker_gc, heap.shared())
-        self.gc = workergc.apply(policy, functools.partial(self.scoreboard.set_gc, self.index))
+        self.gc = workergc.apply(self.cfg.worker_gc,
+                                 functools.partial(self.scoreboard.set_gc, self.index))
         gevent.signal_handler(signal.SIGTERM, self._request_stop, "graceful")
         gevent.signal_handler(signal.SIGINT, self._request_stop, "fast")
         gevent.signal_handler(signal.SIGQUIT, self._request_stop, "fast")
