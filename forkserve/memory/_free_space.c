@@ -46,6 +46,7 @@
 #include <Python.h>
 
 #include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -299,6 +300,39 @@ allocator(PyObject *module, PyObject *unused)
     return PyUnicode_FromString(name);
 }
 
+#ifdef __GLIBC__
+/* Whether the symbol at address is defined where it lies. A non-PIE
+   executable that takes malloc's address has a "canonical PLT entry" for it
+   (Debian's python3.14 has one): dlsym(RTLD_DEFAULT) returns that stub, whose
+   symbol is undefined, while calls still go to the first real definition. */
+static int
+defined_at(void *address)
+{
+    Dl_info info;
+    const ElfW(Sym) *symbol = NULL;
+    if (address == NULL
+        || !dladdr1(address, &info, (void **)&symbol, RTLD_DL_SYMENT) || symbol == NULL) {
+        return 0;
+    }
+    return symbol->st_shndx != SHN_UNDEF;
+}
+
+/* dl_iterate_phdr's callback: stop (1) at a loaded object other than glibc's
+   that defines malloc itself (an LD_PRELOADed jemalloc or tcmalloc). */
+static int
+defines_malloc(struct dl_phdr_info *object, size_t size, void *glibcs)
+{
+    (void)size;
+    if (object->dlpi_name == NULL || object->dlpi_name[0] == '\0') return 0;  /* the program */
+    void *handle = dlopen(object->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == NULL) return 0;
+    void *found = dlsym(handle, "malloc");  /* the object's, or a dependency's */
+    int other = found != NULL && found != glibcs && defined_at(found);
+    dlclose(handle);
+    return other;
+}
+#endif
+
 static PyObject *
 glibc_malloc(PyObject *module, PyObject *unused)
 {
@@ -308,7 +342,14 @@ glibc_malloc(PyObject *module, PyObject *unused)
     if (libc != NULL) {
         void *glibcs = dlsym(libc, "malloc");
         void *linked = dlsym(RTLD_DEFAULT, "malloc");
-        same = glibcs != NULL && glibcs == linked;
+        if (glibcs != NULL && linked == glibcs) {
+            same = 1;
+        }
+        else if (glibcs != NULL && !defined_at(linked)) {
+            /* The program's canonical PLT stub: glibc's, unless another loaded
+               object defines malloc. */
+            same = !dl_iterate_phdr(defines_malloc, glibcs);
+        }
         dlclose(libc);
     }
 #endif
