@@ -7,10 +7,15 @@ write and then undo, as 3.14's stack references do with an object whose count
 alone says immortal):
 
 1. Two subjects, a tuple and a str, are allocated alone on pages of their
-   own: each is larger than glibc's largest mmap threshold (32 MiB), so malloc
-   maps it by itself (jemalloc and tcmalloc give such sizes extents of their
-   own too), and its header sits at the start of its first page, which is
-   checked. They are marked as the walks mark (`mark`), their words saved.
+   own. First at 1 MiB, kept only if each header sits exactly where glibc
+   puts a block it maps by itself (16 bytes into a page, after the chunk
+   header; 32 for the tuple, whose GC header comes first); otherwise at
+   33 MiB, more than glibc's largest mmap threshold (32 MiB), which malloc
+   always maps by itself (jemalloc and tcmalloc give such sizes extents of
+   their own too), the header checked to be at the start of a page. The
+   small size is tried first because freeing a block glibc mapped raises its
+   mmap threshold to that block's size for the rest of the process.
+   They are marked as the walks mark (`mark`), their words saved.
 2. A child is forked. It stops its collector, then uses the subjects the
    ways the interpreter and C code take and drop references: locals,
    arguments and return values through nested calls, a global, a class
@@ -24,8 +29,8 @@ alone says immortal):
 4. The parent restores the subjects' words (they become ordinary objects
    again and are freed) and returns None, or why the probe failed.
 
-It costs two 33 MiB allocations for the moment it runs, and one fork, once
-per process (sharing caches the verdict).
+It costs two 1 MiB (or 33 MiB) allocations for the moment it runs, and one
+fork, once per process (sharing caches the verdict).
 """
 
 import gc
@@ -39,6 +44,8 @@ __all__ = ["run"]
 #: Larger than glibc's DEFAULT_MMAP_THRESHOLD_MAX (32 MiB on 64-bit), the most
 #: its dynamic mmap threshold can rise to: such a block is always mapped alone.
 ALONE = 33 << 20
+#: Tried first: mapped alone while glibc's mmap threshold is below it.
+SMALL = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _PRESENT = 1 << 63
 _EXCLUSIVE = 1 << 56  # "page exclusively mapped" (Linux 4.2+)
@@ -55,8 +62,8 @@ def run(mark, restore):
 
     mark(list) marks each item and returns their old words; restore(list,
     words) puts them back."""
-    subjects = [(None,) * (ALONE // 8), " " * ALONE]
-    if any(id(subject) % PAGE >= 256 for subject in subjects):
+    subjects = _subjects()
+    if subjects is None:
         return "the probe could not place its objects on pages of their own"
     control = object()
     _Held.subjects = subjects
@@ -67,6 +74,16 @@ def run(mark, restore):
         restore(subjects, words)
         _Held.subjects = ()
     return verdict
+
+
+def _subjects():
+    """A tuple and a str alone on their pages, or None."""
+    small = [(None,) * (SMALL // 8), " " * SMALL]
+    if [id(subject) % PAGE for subject in small] == [32, 16]:  # glibc mapped each alone
+        return small
+    del small
+    large = [(None,) * (ALONE // 8), " " * ALONE]
+    return large if all(id(subject) % PAGE < 256 for subject in large) else None
 
 
 def _in_child(subjects, control):
