@@ -6,7 +6,7 @@ specialised form of the bytecode of every function a request runs (written
 into the code objects themselves). Built in a worker, each is built once per
 worker, in that worker's private memory, and specialising a shared code
 object copies its page. Built in the master before the heap is shared
-(--share-heap) and frozen, they are built once and shared.
+(forkserve.memory.heap) and frozen, they are built once and shared.
 
 Two ways to ask for it, both run by forkserve.process.boot before the heap
 is shared:
