@@ -5,12 +5,14 @@ learns the port from the server's "Listening at:" log line, polls until a
 deadline instead of sleeping, and kills the whole group in teardown.
 """
 
+import faulthandler
 import pathlib
 
 import pytest
 import setproctitle
 
-from forkserve_testing import ServerProcess
+from forkserve.process import threads
+from forkserve_testing import ServerProcess, poll
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 APPS = pathlib.Path(__file__).resolve().parent / "apps"
@@ -24,6 +26,20 @@ def _process_title_restored():
     title = setproctitle.getproctitle()
     yield
     setproctitle.setproctitle(title)
+
+
+@pytest.fixture
+def single_threaded():
+    """For a test that forks this process itself, as a master forks a worker:
+    the process must then be single-threaded, as the master must be (a child
+    inherits only the forking thread; Python 3.12+ warns, and 3.15's warning
+    is an error here). The only thread pytest adds is faulthandler's watchdog,
+    armed for every test by `faulthandler_timeout` (pyproject.toml): it is
+    stopped for this test, which `timeout` (pytest-timeout's SIGALRM, no
+    thread) still bounds. Any other thread left alive fails the test here."""
+    faulthandler.cancel_dump_traceback_later()
+    poll(lambda: threads.count() == 1, timeout=5,
+         message=f"this process to be single-threaded (threads: {threads.python_threads()})")
 
 
 @pytest.fixture

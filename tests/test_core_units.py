@@ -88,6 +88,7 @@ def _status_of(code=None, signum=None):
     return os.waitpid(pid, 0)[1]
 
 
+@pytest.mark.usefixtures("single_threaded")  # _status_of forks this process
 @pytest.mark.parametrize("code, signum, kind", [
     (0, None, "clean"), (exits.WORKER_BOOT_ERROR, None, "boot_error"), (1, None, "error"),
     (None, signal.SIGKILL, "signal"),

@@ -1241,6 +1241,7 @@ _COPIED = {}
 
 
 @linux_only
+@pytest.mark.usefixtures("single_threaded")  # forks this process: a master and its worker
 def test_why_blames_the_copied_pages_on_the_module_global_that_holds_them():
     # A "master" (this process) holding a dataset; a "worker" forked from it
     # reads half the dataset (refcount writes copy those pages); an "auditor"

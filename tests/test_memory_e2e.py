@@ -440,4 +440,5 @@ def _health(port):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
             return response.status
     except urllib.error.HTTPError as error:
-        return error.code
+        with error:  # it holds the response open (3.15 warns when it is left unclosed)
+            return error.code

@@ -4,6 +4,7 @@ boot           the start-up sequence, in the order that keeps memory shared
 progress       log lines while a long application import runs
 env_settings   raw_env, pythonpath, umask: the process setup Gunicorn users set
 master         spawns, reaps and recycles workers (-w N), carries out its reload, watches memory
+threads        warns when the master has other threads alive as it forks a worker
 lifecycle      the workers' lifecycle: pure decisions (fork, signal, halt), events in
 worker         what runs in a worker after fork
 boot_errors    where a worker leaves the error that stopped it booting, for the master

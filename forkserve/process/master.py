@@ -13,10 +13,11 @@ and allocates little, so the pages it shares with the workers stay clean:
 Signal handlers only enqueue (forkserve.process.signals); `handle_<name>()`
 methods run from the loop. The master waits with the original select(),
 fork() and waitpid() even when gevent has monkey-patched them for the
-application: the master never runs a gevent hub. Right before each fork,
-forkserve.memory.free_space takes the allocators' free space, so the new
-worker's allocations land on fresh pages, not in the holes between the
-master's objects.
+application: the master never runs a gevent hub, and it says in its log when
+it is not single-threaded as it forks (forkserve.process.threads). Right
+before each fork, forkserve.memory.free_space takes the allocators' free
+space, so the new worker's allocations land on fresh pages, not in the holes
+between the master's objects.
 
 What to do with the workers (fork one, replace one that died after a
 backoff, recycle replacement first, stop one, give up after repeated boot
@@ -40,7 +41,7 @@ from forkserve import exits
 from forkserve.exits import HaltServer
 from forkserve.memory import copied_objects, free_space, model, procfs, render
 from forkserve.process import (affinity, generation_protocol, procname, signals, source_watch,
-                               systemd)
+                               systemd, threads)
 from forkserve.process.boot_errors import BootErrors
 from forkserve.process.driver import FORK_ERRNOS, Driver
 from forkserve.process.generations import Generations, reaped
@@ -88,7 +89,7 @@ class Master(Driver):
         self.parent = os.getppid() if role.supervised else None
         self.next_memory_check = 0.0
         self.next_memory_log = 0.0
-        self._fork = fork or original("os", "fork")
+        self._fork = threads.unwarned(fork or original("os", "fork"))
         self._waitpid = waitpid or original("os", "waitpid")
         self._kill = kill
         self._select = select or original("select", "select")
@@ -96,6 +97,8 @@ class Master(Driver):
         self.handover = Handover(serving=self.generation, owner_serves=True,
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=self._fork, kill=kill)
+        #: warns when the master is not single-threaded as it forks a worker
+        self.thread_watch = threads.ThreadWatch()
         self.why = None  # the --why listener, opened by run()
         #: the generation the master's title says serves, while it is not its own
         self.titled_serving = None
@@ -305,6 +308,7 @@ class Master(Driver):
                         close_fds=self.master_fds(), number=number,
                         boot_errors=self.boot_errors, hooks=self.hooks, cpu=cpu)
         self.hooks.pre_fork(worker)
+        self.thread_watch.before_fork()
         # Until the worker has its own handlers, a signal sent to it (a TERM
         # right after the fork) must wait, not run the master's handler in it
         # and be lost: the worker unblocks them in init_process().

@@ -29,7 +29,8 @@ import gevent.event
 
 from forkserve.memory import cow, model, render, workergc
 from forkserve import exits, logs
-from forkserve.process import generation_protocol, procname, signals, source_watch, systemd
+from forkserve.process import (generation_protocol, procname, signals, source_watch, systemd,
+                               threads)
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
@@ -62,7 +63,7 @@ class SingleServer(Driver):
         self.generation = role.generation
         self.handover = Handover(serving=self.generation, owner_serves=True,
                                  graceful_timeout=cfg.graceful_timeout)
-        self.generations = Generations(listeners, fork=original("os", "fork"))
+        self.generations = Generations(listeners, fork=threads.unwarned(original("os", "fork")))
         self._waitpid = waitpid or original("os", "waitpid")
         #: the hand-over retired this process: the loop ends, run() drains
         self.draining = False

@@ -23,7 +23,7 @@ import time
 
 from forkserve.memory import cow, model
 from forkserve import exits, logs
-from forkserve.process import generation_protocol, procname, signals, systemd
+from forkserve.process import generation_protocol, procname, signals, systemd, threads
 from forkserve.config.settings import Config
 from forkserve.process.driver import Driver
 from forkserve.process.generations import Generations, reaped
@@ -57,8 +57,8 @@ class Supervisor(Driver):
         self._select = select or original("select", "select")
         self.clock = clock
         self.generations = Generations(self.listeners, state["argv"],
-                                       fork=fork or original("os", "fork"), kill=kill,
-                                       directory=state["start_directory"])
+                                       fork=threads.unwarned(fork or original("os", "fork")),
+                                       kill=kill, directory=state["start_directory"])
         self.generations.pids[state["generation"]] = state["child"]
         self.handover = Handover(serving=state["generation"], owner_serves=False,
                                  graceful_timeout=self.cfg.graceful_timeout,
