@@ -15,8 +15,9 @@ import pytest
 
 from forkserve import exits
 from forkserve.config.settings import parse
+from forkserve.process.actions import Stop
 from forkserve.process.driver import Driver
-from forkserve.process.handover import Handover, Stop
+from forkserve.process.handover import Handover
 from forkserve.process.master import Master
 from forkserve.process.single import SingleServer
 

@@ -2,10 +2,10 @@
 
 Events in (a worker was forked, its scoreboard slot was read, it exited, the
 clock moved, a stop or a recycle was asked for), actions out (fork one,
-signal one, log, halt, announce readiness). No process, no clock, no
-scoreboard here: the master reads those and carries out the actions
-(forkserve.process.master), so every rule below is a unit test without
-fork (tests/test_lifecycle.py).
+signal one, log, halt, announce readiness: forkserve.process.actions). No
+process, no clock, no scoreboard here: the master reads those and carries
+out the actions (forkserve.process.driver's `apply`), so every rule below
+is a unit test without fork (tests/test_lifecycle.py).
 
 A worker's states: booting (forked, has not said it serves), ready (serving,
 counted towards the target), retiring (to be replaced: --max-requests,
@@ -36,68 +36,13 @@ Invariants:
 import logging
 import signal
 
-from forkserve import exits
+from forkserve.process.actions import Announce, Fork, Halt, Kill, Log
 
 #: Doublings of the boot backoff counted at most (2**30 x 0.1 s is far past
 #: any max_backoff).
 _MAX_DOUBLINGS = 30
 
-__all__ = ["Lifecycle", "WorkerRecord", "Fork", "Kill", "Log", "Halt", "Announce"]
-
-
-class Fork:
-    """Fork one worker, then tell the lifecycle `forked()` (or stop forking for this turn)."""
-
-    __slots__ = ()
-
-    def __eq__(self, other):
-        return type(other) is Fork
-
-    def __repr__(self):
-        return "Fork()"
-
-
-class _Action:
-    __slots__ = ()
-
-    def __eq__(self, other):
-        return type(other) is type(self) and all(
-            getattr(self, name) == getattr(other, name) for name in self.__slots__)
-
-    def __repr__(self):
-        fields = ", ".join(repr(getattr(self, name)) for name in self.__slots__)
-        return f"{type(self).__name__}({fields})"
-
-
-class Kill(_Action):
-    """Send `signum` to worker `pid`."""
-
-    __slots__ = ("pid", "signum")
-
-    def __init__(self, pid, signum):
-        self.pid, self.signum = pid, signum
-
-
-class Log(_Action):
-    __slots__ = ("level", "message")
-
-    def __init__(self, level, message):
-        self.level, self.message = level, message
-
-
-class Halt(_Action):
-    """Stop the server with `status` (HaltServer)."""
-
-    __slots__ = ("reason", "status")
-
-    def __init__(self, reason, status=exits.WORKER_BOOT_ERROR):
-        self.reason, self.status = reason, status
-
-
-class Announce(_Action):
-    """Every worker of the target was ready once: tell systemd and the supervisor."""
-
-    __slots__ = ()
+__all__ = ["Lifecycle", "WorkerRecord"]
 
 
 class WorkerRecord:

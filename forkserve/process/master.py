@@ -22,12 +22,12 @@ What to do with the workers (fork one, replace one that died after a
 backoff, recycle replacement first, stop one, give up after repeated boot
 failures) is decided by forkserve.process.lifecycle, a pure state machine;
 murder() and manage() feed it what the scoreboard and the clock say, reap()
-feeds it the exits, and carry_out() does what it decides.
+feeds it the exits, and the driver's apply() does what it decides.
 
 A reload (HUP) is decided by forkserve.process.handover, shared with the
 single-process server and the supervisor; the master only carries out its
-actions (driver.Driver): spawn the generation, drain its own workers once it
-serves, exec into the supervisor once they are gone.
+actions (driver.Driver.apply): spawn the generation, drain its own workers
+once it serves, exec into the supervisor once they are gone.
 """
 
 import logging
@@ -46,7 +46,7 @@ from forkserve.process.driver import FORK_ERRNOS, Driver
 from forkserve.process.generations import Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
-from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle, Log
+from forkserve.process.lifecycle import Lifecycle
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue
 from forkserve.process.unpatched import original
@@ -135,7 +135,7 @@ class Master(Driver):
 
     def halt(self):
         self.halting = True  # a hook raising while the rest are reaped halts nothing more
-        self.carry_out(self.lifecycle.halt())
+        self.apply(self.lifecycle.halt())
         super().halt()  # a reload under way stops too
         self.wait_all(deadline=self.clock() + 5)
 
@@ -221,7 +221,7 @@ class Master(Driver):
             log.info("Handling signal: term (graceful stop, up to %gs)", self.cfg.graceful_timeout)
         else:
             log.info("Handling signal: fast stop")
-        self.carry_out(kills)
+        self.apply(kills)
 
     # --- reap ---
 
@@ -240,29 +240,13 @@ class Master(Driver):
                                             error=self.boot_errors.take(record.index))
             self.scoreboard.release(record.index)
             for call in (lambda: self.hooks.child_exit(record.index, pid),
-                         lambda: self.carry_out(actions)):
+                         lambda: self.apply(actions)):
                 try:
                     call()
                 except HaltServer as raised:  # every exited worker is seen to first
                     halt = halt or raised
         if halt is not None and not self.halting:
             raise halt
-
-    def carry_out(self, actions):
-        """Do what forkserve.process.lifecycle decided."""
-        forking = True
-        for action in actions:
-            if type(action) is Fork:
-                forking = forking and self.spawn_worker() is not None
-            elif type(action) is Kill:
-                self.kill(action.pid, action.signum)
-            elif type(action) is Log:
-                log.log(action.level, "%s", action.message)
-            elif type(action) is Announce:
-                generation_protocol.signal_ready(self.role)  # to the supervisor, if this is a generation
-                systemd.notify("READY=1")
-            elif type(action) is Halt:
-                raise HaltServer(action.reason, action.status)
 
     # --- murder: timeouts, drain deadlines, memory limits ---
 
@@ -271,7 +255,7 @@ class Master(Driver):
         now = self.clock()
         for record in list(self.workers.values()):
             slot = self.scoreboard.read(record.index)
-            self.carry_out(self.lifecycle.observed(
+            self.apply(self.lifecycle.observed(
                 record.pid, now, beat=slot.beat, said_ready=slot.state >= READY,
                 asked_retire=slot.state == RETIRE))
         if self.cfg.max_worker_memory and now >= self.next_memory_check:
@@ -282,7 +266,7 @@ class Master(Driver):
 
     def manage(self):
         # while our workers drain for a new generation, none is replaced
-        self.carry_out(self.lifecycle.tick(
+        self.apply(self.lifecycle.tick(
             self.clock(), replace=self.handover.retiring != self.generation))
 
     def serving(self):
@@ -319,7 +303,7 @@ class Master(Driver):
             if exc.errno not in FORK_ERRNOS:
                 raise
             self.scoreboard.release(index)
-            self.carry_out(self.lifecycle.fork_failed(self.clock(), exc.strerror))
+            self.apply(self.lifecycle.fork_failed(self.clock(), exc.strerror))
             return None
         finally:
             signals.release()
@@ -380,14 +364,14 @@ class Master(Driver):
                                f"serving generation {self.handover.serving}")
             # each with its own SIGKILL deadline: the hand-over's ends if
             # the new generation dies meanwhile
-            self.carry_out(self.lifecycle.drain(self.clock()))
+            self.apply(self.lifecycle.drain(self.clock()))
         else:
             self.generations.signal(number, signal.SIGTERM)
 
     def kill_own_workers(self):
         # murder() SIGKILLs each retired worker at its own deadline (and
         # clears it); this catches any still waiting for theirs.
-        self.carry_out(self.lifecycle.kill_draining(self.generation))
+        self.apply(self.lifecycle.kill_draining(self.generation))
 
     def become_supervisor(self, action):
         generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),

@@ -29,7 +29,8 @@ import gevent.event
 
 from forkserve.memory import cow, model, render, workergc
 from forkserve import exits, logs
-from forkserve.process import generation_protocol, procname, signals, source_watch, systemd
+from forkserve.process import generation_protocol, procname, signals, source_watch
+from forkserve.process.actions import Announce
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
@@ -84,8 +85,7 @@ class SingleServer(Driver):
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
         self.hooks.when_ready(single=self)
-        generation_protocol.signal_ready(self.role)
-        systemd.notify("READY=1")
+        self.apply([Announce()])  # to the supervisor, if this is a generation, and systemd
         self.loop()  # until a stop, or the hand-over retires this process
         if self.stopping == "fast":
             log.info("Shutting down: fast stop")
