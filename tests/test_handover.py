@@ -660,8 +660,8 @@ def test_master_accounts_for_every_exited_worker_before_a_raising_child_exit_hal
     with pytest.raises(HaltServer):
         master.reap()
     assert master.workers == {}  # both reaped, neither left for a halt to wait on
-    master.halting = True  # the halt's own cleanup reaps: a raising hook halts nothing more
     _turn(master)  # forks two again (nothing stops this test's loop)
+    master.stop_state.halting = True  # the halt's cleanup reaps: a raising hook halts no more
     for pid in list(master.workers):
         _exit(master, pid)
     master.reap()

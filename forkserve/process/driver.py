@@ -16,8 +16,11 @@ Invariants:
   turn calls `handle_<name>()`.
 - Reaping comes before the "finished?" check: a process stops once its last
   child has been collected, never with a child it has not waited for.
-- The stop state is the hand-over's (`handover.stopping`): one per
-  process, None until a stop, then the mode of the strongest one asked for.
+- One stop state per process (forkserve.process.stop_state), held by its
+  hand-over (`handover.stop_state`; the master's lifecycle shares it):
+  None until a stop, then the mode of the strongest one asked for.
+  Draining and halting are read from it and from the hand-over, never
+  kept beside them.
 - The decisions themselves are pure (forkserve.process.handover and
   forkserve.process.lifecycle); a driver only reads the world for them and
   carries out what they return (`apply`, the one place that does, for
@@ -139,7 +142,8 @@ class Driver:
 
     @property
     def stopping(self):
-        """None, or the stop under way: "graceful" or "fast" (the hand-over's)."""
+        """None, the stop under way ("graceful" or "fast"), or handover.DONE
+        (read from the process's one stop state)."""
         return self.handover.stopping
 
     def supervisor_gone(self) -> bool:

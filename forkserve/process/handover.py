@@ -47,6 +47,7 @@ import signal
 
 from forkserve.process.actions import (BecomeSupervisor, ForceOut, Forward, Halt, Log, Notify,
                                        Retire, Spawn, Stop)
+from forkserve.process.stop_state import StopState
 
 __all__ = ["Handover"]
 
@@ -95,7 +96,7 @@ class Handover:
     """One reload at a time, for one driver; see the module docstring."""
 
     def __init__(self, *, serving, graceful_timeout, owner_serves, max_failures=5,
-                 reload_again=False, start_timeout=START_TIMEOUT, workers=0):
+                 reload_again=False, start_timeout=START_TIMEOUT, workers=0, stop_state=None):
         #: the number of the generation that serves (None: none does)
         self.serving = serving
         #: the generation started and not yet ready
@@ -116,7 +117,9 @@ class Handover:
         #: one (it drains too long) are forced out
         self.start_deadline = Escalation()
         self.deadline = Escalation()
-        self.stopping = None
+        #: the process's one stop state (forkserve.process.stop_state): the
+        #: master shares it with its workers' lifecycle
+        self.stop_state = StopState() if stop_state is None else stop_state
         #: generations told to stop and not gone yet, and when they are forced out
         self.stopped = set()
         self.stop_deadline = Escalation()
@@ -127,6 +130,12 @@ class Handover:
         self.forward_to = serving if workers else None
         self.forward_left = workers
         self.forward_at = 0.0
+
+    @property
+    def stopping(self):
+        """None, the stop under way ("graceful" or "fast"), or DONE once this
+        process has handed over."""
+        return DONE if self.stop_state.handed_over else self.stop_state.mode
 
     @property
     def state(self):
@@ -147,8 +156,7 @@ class Handover:
         """A stop at least as strong as `mode` was asked for already (a second
         TERM, a TERM after an INT), or this process's hand-over is done: a
         stop(mode) now would change nothing."""
-        return self.stopping in ("fast", DONE) or (self.stopping is not None
-                                                   and mode == "graceful")
+        return self.stop_state.under_way(mode)
 
     # --- events ---
 
@@ -196,9 +204,8 @@ class Handover:
         The driver stops its own workers itself; this stops the generations
         that are separate processes, the starting one included.
         """
-        if self.stop_under_way(mode):
+        if not self.stop_state.ask(mode):
             return []
-        self.stopping = mode
         self.reload_again = False
         self.pending_workers = self.forward_left = 0
         numbers = [number for number in (self.retiring, self.serving, self.starting)
@@ -265,7 +272,7 @@ class Handover:
     def _done(self, now):
         """The reload is over: one generation serves."""
         if self.owner_serves:
-            self.stopping = DONE  # nothing more happens in this process
+            self.stop_state.handed_over = True  # nothing more happens in this process
             # exec_supervisor tells systemd READY=1 once it holds the signals,
             # so that a HUP sent right after READY is not lost in the exec.
             left = self.forward_left if self.forward_to == self.serving else 0

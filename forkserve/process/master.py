@@ -49,6 +49,7 @@ from forkserve.process.hooks import Hooks
 from forkserve.process.lifecycle import Lifecycle
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue
+from forkserve.process.stop_state import StopState
 from forkserve.process.unpatched import original
 from forkserve.process.worker import Worker
 
@@ -70,17 +71,19 @@ class Master(Driver):
         self.listeners = listeners
         self.app_name = app_name
         self.stats = stats
+        #: the one stop state, shared by the lifecycle and the hand-over
+        self.stop_state = StopState()
         #: what to do with the workers: forkserve.process.lifecycle decides,
         #: this master reads their slots and exits and carries it out
         self.lifecycle = Lifecycle(cfg.workers, timeout=cfg.timeout,
                                    graceful_timeout=cfg.graceful_timeout,
-                                   abort_first=self.hooks.installed("worker_abort"))
+                                   abort_first=self.hooks.installed("worker_abort"),
+                                   stop_state=self.stop_state)
         self.scoreboard = Scoreboard()
         self.boot_errors = BootErrors(self.scoreboard.capacity)
         self.queue = SignalQueue()
         self.role = role
         self.generation = role.generation
-        self.halting = False  # a HaltServer is being carried out
         #: HUP reloads code and data in a new generation, unless this master
         #: is itself a generation under a supervisor (then HUP restarts workers)
         self.reloadable = not role.supervised
@@ -94,7 +97,8 @@ class Master(Driver):
         self._select = select or original("select", "select")
         self.clock = clock
         self.handover = Handover(serving=self.generation, owner_serves=True,
-                                 graceful_timeout=cfg.graceful_timeout)
+                                 graceful_timeout=cfg.graceful_timeout,
+                                 stop_state=self.stop_state)
         self.generations = Generations(listeners, fork=self._fork, kill=kill)
         self.why = None  # the --why listener, opened by run()
         #: the generation the master's title says serves, while it is not its own
@@ -104,6 +108,11 @@ class Master(Driver):
     def workers(self):
         """pid -> WorkerRecord of every worker not yet reaped."""
         return self.lifecycle.workers
+
+    @property
+    def halting(self):
+        """A HaltServer is being carried out (the stop state's)."""
+        return self.stop_state.halting
 
     @property
     def target(self):
@@ -134,7 +143,7 @@ class Master(Driver):
         self.hooks.when_ready(self)
 
     def halt(self):
-        self.halting = True  # a hook raising while the rest are reaped halts nothing more
+        # halting from here on: a hook raising while the rest are reaped halts nothing more
         self.apply(self.lifecycle.halt())
         super().halt()  # a reload under way stops too
         self.wait_all(deadline=self.clock() + 5)
@@ -211,11 +220,11 @@ class Master(Driver):
         self.signal_workers(signal.SIGUSR1)
 
     def begin_stop(self, mode):
-        if self.handover.stop_under_way(mode):
-            return  # the stop state is the hand-over's
+        if self.stop_state.under_way(mode):
+            return
         now = self.clock()
-        self.apply(self.handover.stop(mode, now))
-        kills = self.lifecycle.stop(mode, now)  # the workers, told the same
+        self.apply(self.handover.stop(mode, now))  # it takes the mode into the stop state
+        kills = self.lifecycle.stop_workers(now)  # the workers, told the same
         systemd.notify("STOPPING=1")
         if mode == "graceful":
             log.info("Handling signal: term (graceful stop, up to %gs)", self.cfg.graceful_timeout)

@@ -65,11 +65,15 @@ class SingleServer(Driver):
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=original("os", "fork"))
         self._waitpid = waitpid or original("os", "waitpid")
-        #: the hand-over retired this process: the loop ends, run() drains
-        self.draining = False
         self.clock = _now
         #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
         self.parent = os.getppid() if role.supervised else None
+
+    @property
+    def draining(self):
+        """The hand-over retired this process (a new generation serves): the
+        loop ends, run() drains, then hands over."""
+        return self.handover.retiring == self.generation
 
     def run(self) -> int:
         self.update_title()
@@ -177,8 +181,7 @@ class SingleServer(Driver):
     # --- what the hand-over asks of this process (driver.Driver) ---
 
     def retire(self, number):
-        self.hooks.pre_retire(self.generation)
-        self.draining = True  # the loop ends; run() drains, then hands over
+        self.hooks.pre_retire(self.generation)  # self.draining now: the loop ends
 
     def become_supervisor(self, action):
         generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
