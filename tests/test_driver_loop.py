@@ -15,10 +15,12 @@ import pytest
 
 from forkserve import exits
 from forkserve.config.settings import parse
+from forkserve.process.actions import Stop
 from forkserve.process.driver import Driver
-from forkserve.process.handover import Handover, Stop
+from forkserve.process.handover import Handover
 from forkserve.process.master import Master
 from forkserve.process.single import SingleServer
+from forkserve.process.stop_state import StopState
 
 from driver_fakes import FakeGenerations
 
@@ -181,6 +183,35 @@ def test_driver_loop_master_stops_through_the_handover_and_its_workers_follow(ma
     assert master.killed == [(4001, signal.SIGTERM), (4001, signal.SIGQUIT)]
     del master.lifecycle.workers[4001]  # reaped
     assert master.turn() is False
+
+
+def test_driver_loop_master_lifecycle_and_handover_share_one_stop_state(master):
+    master.handover.stop("fast", 100.0)  # however the stop is taken, the workers' view follows
+    assert master.lifecycle.stopping == "fast" and master.stopping == "fast"
+
+
+def test_driver_loop_master_halting_is_read_from_its_stop_state(master):
+    master.lifecycle.forked(0, 4001, 1, 1)
+    master.apply(master.lifecycle.halt())
+    assert master.halting and master.killed == [(4001, signal.SIGKILL)]
+    # the workers are killed as in a fast stop; the hand-over is not stopped (Driver.halt is)
+    assert master.lifecycle.stopping == "fast" and master.handover.stopping is None
+
+
+# --- the stop state (forkserve.process.stop_state) ---
+
+def test_stop_state_only_gets_faster():
+    state = StopState()
+    assert state.ask("graceful") and state.mode == "graceful"
+    assert not state.ask("graceful")  # a second TERM
+    assert state.ask("fast") and state.mode == "fast"  # INT after TERM
+    assert not state.ask("graceful") and state.mode == "fast"  # TERM after INT
+
+
+def test_stop_state_takes_no_stop_once_handed_over():
+    state = StopState()
+    state.handed_over = True
+    assert not state.ask("fast") and state.mode is None
 
 
 # --- the single server: the same loop, waiting on its gevent hub ---

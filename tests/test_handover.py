@@ -15,10 +15,11 @@ import pytest
 
 from forkserve import exits
 from forkserve.config.settings import parse
-from forkserve.process import generation_protocol, handover, systemd
+from forkserve.process import actions as action_types, generation_protocol, handover, systemd
+from forkserve.process.actions import (BecomeSupervisor, ForceOut, Forward, Halt, Log, Notify,
+                                       Retire, Spawn, Stop)
 from forkserve.process.generations import Generations
-from forkserve.process.handover import (BecomeSupervisor, Halt, Handover, Kill, Notify, Retire,
-                                        Spawn, Stop)
+from forkserve.process.handover import Handover
 from forkserve.process.lifecycle import Lifecycle
 from forkserve.process.master import Master
 from forkserve.process.scoreboard import FREE, READY, RETIRE
@@ -30,8 +31,8 @@ from driver_fakes import FakeGenerations
 
 def _kinds(actions, *types):
     """The actions other than log lines (or only those of `types`)."""
-    types = types or tuple(t for t in handover.__dict__.values()
-                           if isinstance(t, type) and t is not handover.Log)
+    types = types or tuple(getattr(action_types, name) for name in action_types.__all__
+                           if name != "Log")
     return [a for a in actions if isinstance(a, types)]
 
 
@@ -152,10 +153,10 @@ def test_reload_old_generation_that_does_not_leave_within_the_graceful_timeout_i
     machine.hup(now=0)
     machine.ready(now=100)
     assert _kinds(machine.tick(now=110.9)) == []
-    assert _kinds(machine.tick(now=111.1)) == [Kill(1)]
+    assert _kinds(machine.tick(now=111.1)) == [ForceOut(1)]
     assert _kinds(machine.tick(now=111.1 + handover.KILL_GRACE - 0.1)) == []
     # a generation whose loop is blocked ignores the fast stop: SIGKILL follows
-    assert _kinds(machine.tick(now=111.2 + handover.KILL_GRACE)) == [Kill(1, hard=True)]
+    assert _kinds(machine.tick(now=111.2 + handover.KILL_GRACE)) == [ForceOut(1, hard=True)]
     assert _kinds(machine.tick(now=500)) == []  # nothing stronger: waited for
     assert _kinds(machine.gone(1, "drained", now=501)) == [BecomeSupervisor(2, False)]
 
@@ -166,10 +167,10 @@ def test_reload_generations_that_do_not_stop_are_stopped_fast_then_killed(mode, 
     machine.hup(now=0)
     machine.stop(mode, now=10)
     assert _kinds(machine.tick(now=10 + grace - 0.1)) == []
-    assert _kinds(machine.tick(now=10.1 + grace)) == [Kill(3), Kill(4)]
+    assert _kinds(machine.tick(now=10.1 + grace)) == [ForceOut(3), ForceOut(4)]
     machine.gone(3, "exited cleanly", now=10.2 + grace)
     assert _kinds(machine.tick(now=10.3 + grace + handover.KILL_GRACE)) == [
-        Kill(4, hard=True)]
+        ForceOut(4, hard=True)]
     assert _kinds(machine.tick(now=1000)) == []
 
 
@@ -179,21 +180,21 @@ def test_reload_a_generation_stuck_loading_is_forced_out_and_a_queued_hup_goes_o
     machine.hup(now=1)  # queued behind the generation that never says it serves
     assert _kinds(machine.tick(now=59.9)) == []
     actions = machine.tick(now=60.1)
-    assert _kinds(actions) == [Kill(2)]
+    assert _kinds(actions) == [ForceOut(2)]
     assert "did not say it serves within 60s" in actions[0].message
-    assert _kinds(machine.tick(now=60.2 + handover.KILL_GRACE)) == [Kill(2, hard=True)]
+    assert _kinds(machine.tick(now=60.2 + handover.KILL_GRACE)) == [ForceOut(2, hard=True)]
     assert _kinds(machine.gone(2, "was killed by SIGKILL", now=66)) == [
         Notify("READY=1"), Notify("RELOADING=1"), Spawn(3)]
     assert _kinds(machine.tick(now=125)) == []  # generation 3 has its own 60 s
     assert _kinds(machine.ready(now=126)) == [Retire(1)]
-    assert _kinds(machine.tick(now=1000)) == [Kill(1)]  # only the drain's deadline is left
+    assert _kinds(machine.tick(now=1000)) == [ForceOut(1)]  # only the drain's deadline is left
 
 
 def test_reload_a_fast_stop_after_a_graceful_one_forces_out_sooner():
     machine = _supervisor()
     machine.stop("graceful", now=0)
     machine.stop("fast", now=2)
-    assert _kinds(machine.tick(now=3.1)) == [Kill(3)]
+    assert _kinds(machine.tick(now=3.1)) == [ForceOut(3)]
 
 
 def test_reload_new_generation_dying_after_ready_lets_the_master_serve_again():
@@ -659,8 +660,8 @@ def test_master_accounts_for_every_exited_worker_before_a_raising_child_exit_hal
     with pytest.raises(HaltServer):
         master.reap()
     assert master.workers == {}  # both reaped, neither left for a halt to wait on
-    master.halting = True  # the halt's own cleanup reaps: a raising hook halts nothing more
     _turn(master)  # forks two again (nothing stops this test's loop)
+    master.stop_state.halting = True  # the halt's cleanup reaps: a raising hook halts no more
     for pid in list(master.workers):
         _exit(master, pid)
     master.reap()
@@ -703,8 +704,8 @@ TTIN, TTOU = signal.SIGTTIN, signal.SIGTTOU
 
 def test_resize_while_idle_goes_to_the_owners_own_workers_at_once():
     machine = _owner()
-    assert _kinds(machine.resize(1, now=0)) == [handover.Forward(1, TTIN)]
-    assert _kinds(machine.resize(-1, now=0)) == [handover.Forward(1, TTOU)]
+    assert _kinds(machine.resize(1, now=0)) == [Forward(1, TTIN)]
+    assert _kinds(machine.resize(-1, now=0)) == [Forward(1, TTOU)]
 
 
 def test_resize_while_a_generation_starts_is_kept_for_it_and_forwarded_one_at_a_time():
@@ -715,27 +716,27 @@ def test_resize_while_a_generation_starts_is_kept_for_it_and_forwarded_one_at_a_
     [said] = machine.resize(-1, now=5)
     assert said.message == "TTOU during a reload: generation 4 gets 3 workers more once it serves"
     actions = machine.ready(now=10)
-    assert _kinds(actions, handover.Forward) == [handover.Forward(4, TTIN)]
+    assert _kinds(actions, Forward) == [Forward(4, TTIN)]
     assert any("gets the 3 workers more asked for during the reload" in a.message
-               for a in actions if isinstance(a, handover.Log))
-    assert _kinds(machine.tick(now=10 + handover.FORWARD_PACE / 2), handover.Forward) == []
+               for a in actions if isinstance(a, Log))
+    assert _kinds(machine.tick(now=10 + handover.FORWARD_PACE / 2), Forward) == []
     assert machine.forward_wait(now=10.1) == pytest.approx(handover.FORWARD_PACE - 0.1)
     sent = []
     now = 10.0
     while machine.forward_wait(now) is not None:
         now += handover.FORWARD_PACE
-        sent += _kinds(machine.tick(now=now), handover.Forward)
-    assert sent == [handover.Forward(4, TTIN)] * 2
+        sent += _kinds(machine.tick(now=now), Forward)
+    assert sent == [Forward(4, TTIN)] * 2
     # it serves now: straight to it, paced after the last one
     assert _kinds(machine.resize(-1, now=now + handover.FORWARD_PACE)) == [
-        handover.Forward(4, TTOU)]
+        Forward(4, TTOU)]
 
 
 def test_resize_while_the_old_generation_drains_goes_to_the_new_one():
     machine = _supervisor()
     machine.hup(now=0)
     machine.ready(now=1)
-    assert _kinds(machine.resize(1, now=2)) == [handover.Forward(4, TTIN)]
+    assert _kinds(machine.resize(1, now=2)) == [Forward(4, TTIN)]
 
 
 def test_resize_during_a_failed_reload_goes_to_the_generation_that_keeps_serving():
@@ -743,7 +744,7 @@ def test_resize_during_a_failed_reload_goes_to_the_generation_that_keeps_serving
     machine.hup(now=0)
     machine.resize(-1, now=1)
     actions = machine.gone(4, "exited with status 4", now=2)
-    assert _kinds(actions, handover.Forward) == [handover.Forward(3, TTOU)]
+    assert _kinds(actions, Forward) == [Forward(3, TTOU)]
 
 
 def test_resize_during_the_masters_reload_is_handed_to_its_supervisor():
@@ -751,10 +752,10 @@ def test_resize_during_the_masters_reload_is_handed_to_its_supervisor():
     machine.hup(now=0)
     machine.resize(1, now=1)
     machine.resize(1, now=1.1)
-    assert _kinds(machine.ready(now=2), handover.Forward) == [handover.Forward(2, TTIN)]
+    assert _kinds(machine.ready(now=2), Forward) == [Forward(2, TTIN)]
     assert _kinds(machine.gone(1, "drained", now=2.01)) == [BecomeSupervisor(2, False, 1)]
     supervisor = Handover(serving=2, graceful_timeout=10, owner_serves=False, workers=1)
-    assert _kinds(supervisor.tick(now=5)) == [handover.Forward(2, TTIN)]
+    assert _kinds(supervisor.tick(now=5)) == [Forward(2, TTIN)]
     assert supervisor.forward_wait(now=5) is None
 
 

@@ -11,7 +11,8 @@ import signal
 import pytest
 
 from forkserve import exits
-from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle
+from forkserve.process.actions import Announce, Fork, Halt, Kill
+from forkserve.process.lifecycle import Lifecycle
 
 KILLED = exits.classify(signal.SIGKILL)                       # a raw status: killed by a signal
 BOOT_ERROR = exits.classify(exits.WORKER_BOOT_ERROR << 8)

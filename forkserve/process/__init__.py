@@ -12,6 +12,10 @@ gevent_servers what a serving process is built from (preload, its HTTP servers)
 single         one process serving, no fork (-w 0)
 supervisor     what the master becomes after its first reload
 handover       the reload state machine: pure decisions, events in, actions out
+actions        what the pure decisions (lifecycle, handover) ask for: one vocabulary
+stop_state     a process's one stop state: its mode, handed over, halting
+driver         the loop the master, the single server and the supervisor run, and
+               the one place that carries out actions
 generations    the I/O half of a reload: generation processes, and the driver
 generation_protocol  how a generation starts and adopts the listeners, and how a
                master becomes a supervisor

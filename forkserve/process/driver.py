@@ -1,4 +1,4 @@
-"""The loop every server process runs, and the hand-over's actions carried out.
+"""The loop every server process runs, and the decisions' actions carried out.
 
 The master (-w N), the single-process server (-w 0) and the supervisor are
 each a Driver. They differ in what they reap (workers and generations, or
@@ -16,11 +16,15 @@ Invariants:
   turn calls `handle_<name>()`.
 - Reaping comes before the "finished?" check: a process stops once its last
   child has been collected, never with a child it has not waited for.
-- The stop state is the hand-over's (`handover.stopping`): one per
-  process, None until a stop, then the mode of the strongest one asked for.
+- One stop state per process (forkserve.process.stop_state), held by its
+  hand-over (`handover.stop_state`; the master's lifecycle shares it):
+  None until a stop, then the mode of the strongest one asked for.
+  Draining and halting are read from it and from the hand-over, never
+  kept beside them.
 - The decisions themselves are pure (forkserve.process.handover and
   forkserve.process.lifecycle); a driver only reads the world for them and
-  carries out what they return (`apply`).
+  carries out what they return (`apply`, the one place that does, for
+  every action of forkserve.process.actions).
 """
 
 import errno
@@ -29,7 +33,9 @@ import os
 import signal
 
 from forkserve import exits
-from forkserve.process import handover, systemd
+from forkserve.process import generation_protocol, systemd
+from forkserve.process.actions import (Announce, BecomeSupervisor, ForceOut, Fork, Forward, Halt,
+                                       Kill, Log, Notify, Retire, Spawn, Stop)
 from forkserve.process.signals import handler_name
 
 __all__ = ["Driver"]
@@ -41,7 +47,7 @@ FORK_ERRNOS = {errno.EAGAIN, errno.ENOMEM}
 
 
 class Driver:
-    """The loop, and what every driver does for forkserve.process.handover.
+    """The loop, and the actions of forkserve.process.actions carried out.
 
     A driver has `self.handover`, `self.clock()`, `self.hooks` (a
     forkserve.process.hooks.Hooks), `self.generations` (a
@@ -57,9 +63,11 @@ class Driver:
     - `wait()`: sleep until a signal, a ready generation or the next deadline;
     - `begin_stop(mode)`: a TERM ("graceful") or an INT/QUIT ("fast");
 
-    and what the hand-over asks: `retire(number)`; the master also
-    `kill_own_workers()` and `resize_own(signum)` (TTIN/TTOU for its own
-    workers); the master and the single server also `become_supervisor(action)`.
+    and what the actions ask: `retire(number)`; the master also
+    `spawn_worker()` (a pid, or None when it could not fork), `kill(pid,
+    signum)`, `kill_own_workers()` and `resize_own(signum)` (TTIN/TTOU for
+    its own workers); the master and the single server also `role` (for
+    Announce) and `become_supervisor(action)`.
     """
 
     #: a generation's supervisor (its pid): once it is gone (SIGKILL), this
@@ -134,7 +142,8 @@ class Driver:
 
     @property
     def stopping(self):
-        """None, or the stop under way: "graceful" or "fast" (the hand-over's)."""
+        """None, the stop under way ("graceful" or "fast"), or handover.DONE
+        (read from the process's one stop state)."""
         return self.handover.stopping
 
     def supervisor_gone(self) -> bool:
@@ -163,11 +172,26 @@ class Driver:
         self.apply(self.handover.gone(number, f"(pid {pid}) {description}", self.clock()))
         return True
 
-    # --- the hand-over's actions, carried out ---
+    # --- the decisions' actions, carried out ---
 
     def apply(self, actions):
+        """Carry out, in order, what forkserve.process.lifecycle or
+        forkserve.process.handover decided. A Fork that fails (no free slot,
+        fork() refused) skips the Forks after it: the lifecycle asks again
+        on a later turn. Halt raises exits.HaltServer."""
+        forking = True
         for action in actions:
-            getattr(self, _ACTIONS[type(action)])(action)
+            if type(action) is Fork:
+                forking = forking and self.spawn_worker() is not None
+            else:
+                getattr(self, _ACTIONS[type(action)])(action)
+
+    def _do_kill(self, action):
+        self.kill(action.pid, action.signum)
+
+    def _do_announce(self, action):
+        generation_protocol.signal_ready(self.role)  # to the supervisor, if this is a generation
+        systemd.notify("READY=1")
 
     def _do_spawn(self, action):
         self.hooks.on_reload()   # Gunicorn's reload hooks, where a config installed them
@@ -185,7 +209,7 @@ class Driver:
     def _do_retire(self, action):
         self.retire(action.number)
 
-    def _do_kill(self, action):
+    def _do_force_out(self, action):
         if action.number == self.handover.owner:
             self.kill_own_workers()  # the master's own generation: its workers
         else:
@@ -211,11 +235,10 @@ class Driver:
         self.become_supervisor(action)
 
     def _do_halt(self, action):
-        raise exits.HaltServer(action.reason, exits.WORKER_BOOT_ERROR)
+        raise exits.HaltServer(action.reason, action.status)
 
 
-_ACTIONS = {handover.Spawn: "_do_spawn", handover.Retire: "_do_retire",
-            handover.Kill: "_do_kill", handover.Stop: "_do_stop",
-            handover.Notify: "_do_notify", handover.Log: "_do_log",
-            handover.BecomeSupervisor: "_do_become_supervisor", handover.Halt: "_do_halt",
-            handover.Forward: "_do_forward"}
+_ACTIONS = {Kill: "_do_kill", Announce: "_do_announce", Spawn: "_do_spawn",
+            Retire: "_do_retire", Stop: "_do_stop", ForceOut: "_do_force_out",
+            Forward: "_do_forward", BecomeSupervisor: "_do_become_supervisor",
+            Notify: "_do_notify", Log: "_do_log", Halt: "_do_halt"}

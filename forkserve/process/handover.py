@@ -2,7 +2,7 @@
 
 Pure decisions, no I/O: every method takes an event (a HUP, a stop, a
 generation's ready byte, a generation gone, the clock) and returns a list of
-actions for the caller to carry out. The master (-w N), the single-process
+actions (forkserve.process.actions) for the caller to carry out. The master (-w N), the single-process
 server (-w 0) and the supervisor are thin drivers around it.
 
     idle --HUP--> starting --ready--> retiring --old gone--> idle
@@ -19,8 +19,8 @@ Invariants:
 - A generation only retires once the next one said it serves, so a
   generation that fails to start costs nothing but the log line.
 - The old generation gets `graceful_timeout` (+1 s) to drain, then a fast
-  stop (Kill), then KILL_GRACE seconds more before SIGKILL (Kill hard): the
-  reload always ends, even when a generation's loop is blocked.
+  stop (ForceOut), then KILL_GRACE seconds more before SIGKILL (ForceOut
+  hard): the reload always ends, even when a generation's loop is blocked.
 - A generation that has not said it serves within `start_timeout`
   (START_TIMEOUT, 10 minutes, unless given) is forced out the same way and
   counts as a failed start, so HUPs queued behind it are not held forever.
@@ -42,85 +42,18 @@ Invariants:
   failed starts in a row.
 """
 
-import dataclasses
 import logging
 import signal
 
-__all__ = ["Handover", "Spawn", "Retire", "Kill", "Stop", "Notify", "Log",
-           "BecomeSupervisor", "Halt", "Forward"]
+from forkserve.process.actions import (BecomeSupervisor, ForceOut, Forward, Halt, Log, Notify,
+                                       Retire, Spawn, Stop)
+from forkserve.process.stop_state import StopState
 
-# --- actions: what the driver is asked to do, in order ---
-
-
-@dataclasses.dataclass(frozen=True)
-class Spawn:
-    """Start generation `number` (fork + exec, adopting the listeners)."""
-    number: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Retire:
-    """Generation `number` must drain and leave (SIGTERM)."""
-    number: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Kill:
-    """Generation `number` overstayed its graceful timeout: force it out.
-
-    First a fast stop (SIGQUIT: its master kills its own workers); `hard`
-    when that was ignored for KILL_GRACE seconds: SIGKILL.
-    """
-    number: int
-    hard: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Stop:
-    """Stop the starting generation `number`; mode is "graceful" or "fast"."""
-    number: int
-    mode: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Forward:
-    """One TTIN or TTOU (`signum`) for generation `number`: to its process, or,
-    when it is the owner's, to the owner's own workers."""
-    number: int
-    signum: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Notify:
-    """Tell systemd, e.g. "RELOADING=1"."""
-    state: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Log:
-    level: int
-    message: str
-
-
-@dataclasses.dataclass(frozen=True)
-class BecomeSupervisor:
-    """The hand-over is done: exec into the supervisor of generation `number`
-    (which tells systemd READY=1); `workers` TTIN (or, negative, TTOU) are
-    still to be forwarded to it."""
-    number: int
-    reload_again: bool
-    workers: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Halt:
-    """Give up: no generation can start."""
-    reason: str
-
+__all__ = ["Handover"]
 
 IDLE, STARTING, RETIRING, STOPPING, DONE = "idle", "starting", "retiring", "stopping", "done"
 
-#: seconds a generation gets after the fast stop (Kill) before SIGKILL (Kill hard)
+#: seconds a generation gets after the fast stop (ForceOut) before SIGKILL (ForceOut hard)
 KILL_GRACE = 5.0
 #: seconds a generation may take to load and say it serves: generous, since
 #: loading a large dataset takes minutes; past it, it is a failed start
@@ -131,7 +64,7 @@ START_TIMEOUT = 600.0
 FORWARD_PACE = 0.2
 
 
-class ForceOut:
+class Escalation:
     """When a generation is forced out: at `at` the fast stop, KILL_GRACE later SIGKILL."""
 
     def __init__(self):
@@ -152,18 +85,18 @@ class ForceOut:
             self.at = None  # nothing stronger than SIGKILL: wait for them to be gone
             return [Log(logging.ERROR, f"Generation {number} is still there {KILL_GRACE:g}s "
                                        "after the fast stop; sending SIGKILL")
-                    for number in numbers] + [Kill(number, hard=True) for number in numbers]
+                    for number in numbers] + [ForceOut(number, hard=True) for number in numbers]
         self.killed, self.at = True, now + KILL_GRACE
         return [Log(logging.WARNING, f"Generation {number} {reason}; stopping it fast "
                                      f"(SIGKILL in {KILL_GRACE:g}s if it stays)")
-                for number in numbers] + [Kill(number) for number in numbers]
+                for number in numbers] + [ForceOut(number) for number in numbers]
 
 
 class Handover:
     """One reload at a time, for one driver; see the module docstring."""
 
     def __init__(self, *, serving, graceful_timeout, owner_serves, max_failures=5,
-                 reload_again=False, start_timeout=START_TIMEOUT, workers=0):
+                 reload_again=False, start_timeout=START_TIMEOUT, workers=0, stop_state=None):
         #: the number of the generation that serves (None: none does)
         self.serving = serving
         #: the generation started and not yet ready
@@ -182,12 +115,14 @@ class Handover:
         self.start_timeout = start_timeout
         #: when the starting generation (it loads too long) and the retiring
         #: one (it drains too long) are forced out
-        self.start_deadline = ForceOut()
-        self.deadline = ForceOut()
-        self.stopping = None
+        self.start_deadline = Escalation()
+        self.deadline = Escalation()
+        #: the process's one stop state (forkserve.process.stop_state): the
+        #: master shares it with its workers' lifecycle
+        self.stop_state = StopState() if stop_state is None else stop_state
         #: generations told to stop and not gone yet, and when they are forced out
         self.stopped = set()
-        self.stop_deadline = ForceOut()
+        self.stop_deadline = Escalation()
         #: TTIN (+1) and TTOU (-1) received while a generation starts, for it
         self.pending_workers = 0
         #: TTIN/TTOU still to forward to generation `forward_to`, one per
@@ -195,6 +130,12 @@ class Handover:
         self.forward_to = serving if workers else None
         self.forward_left = workers
         self.forward_at = 0.0
+
+    @property
+    def stopping(self):
+        """None, the stop under way ("graceful" or "fast"), or DONE once this
+        process has handed over."""
+        return DONE if self.stop_state.handed_over else self.stop_state.mode
 
     @property
     def state(self):
@@ -215,8 +156,7 @@ class Handover:
         """A stop at least as strong as `mode` was asked for already (a second
         TERM, a TERM after an INT), or this process's hand-over is done: a
         stop(mode) now would change nothing."""
-        return self.stopping in ("fast", DONE) or (self.stopping is not None
-                                                   and mode == "graceful")
+        return self.stop_state.under_way(mode)
 
     # --- events ---
 
@@ -264,9 +204,8 @@ class Handover:
         The driver stops its own workers itself; this stops the generations
         that are separate processes, the starting one included.
         """
-        if self.stop_under_way(mode):
+        if not self.stop_state.ask(mode):
             return []
-        self.stopping = mode
         self.reload_again = False
         self.pending_workers = self.forward_left = 0
         numbers = [number for number in (self.retiring, self.serving, self.starting)
@@ -333,7 +272,7 @@ class Handover:
     def _done(self, now):
         """The reload is over: one generation serves."""
         if self.owner_serves:
-            self.stopping = DONE  # nothing more happens in this process
+            self.stop_state.handed_over = True  # nothing more happens in this process
             # exec_supervisor tells systemd READY=1 once it holds the signals,
             # so that a HUP sent right after READY is not lost in the exec.
             left = self.forward_left if self.forward_to == self.serving else 0

@@ -2,10 +2,10 @@
 
 Events in (a worker was forked, its scoreboard slot was read, it exited, the
 clock moved, a stop or a recycle was asked for), actions out (fork one,
-signal one, log, halt, announce readiness). No process, no clock, no
-scoreboard here: the master reads those and carries out the actions
-(forkserve.process.master), so every rule below is a unit test without
-fork (tests/test_lifecycle.py).
+signal one, log, halt, announce readiness: forkserve.process.actions). No
+process, no clock, no scoreboard here: the master reads those and carries
+out the actions (forkserve.process.driver's `apply`), so every rule below
+is a unit test without fork (tests/test_lifecycle.py).
 
 A worker's states: booting (forked, has not said it serves), ready (serving,
 counted towards the target), retiring (to be replaced: --max-requests,
@@ -36,68 +36,14 @@ Invariants:
 import logging
 import signal
 
-from forkserve import exits
+from forkserve.process.actions import Announce, Fork, Halt, Kill, Log
+from forkserve.process.stop_state import StopState
 
 #: Doublings of the boot backoff counted at most (2**30 x 0.1 s is far past
 #: any max_backoff).
 _MAX_DOUBLINGS = 30
 
-__all__ = ["Lifecycle", "WorkerRecord", "Fork", "Kill", "Log", "Halt", "Announce"]
-
-
-class Fork:
-    """Fork one worker, then tell the lifecycle `forked()` (or stop forking for this turn)."""
-
-    __slots__ = ()
-
-    def __eq__(self, other):
-        return type(other) is Fork
-
-    def __repr__(self):
-        return "Fork()"
-
-
-class _Action:
-    __slots__ = ()
-
-    def __eq__(self, other):
-        return type(other) is type(self) and all(
-            getattr(self, name) == getattr(other, name) for name in self.__slots__)
-
-    def __repr__(self):
-        fields = ", ".join(repr(getattr(self, name)) for name in self.__slots__)
-        return f"{type(self).__name__}({fields})"
-
-
-class Kill(_Action):
-    """Send `signum` to worker `pid`."""
-
-    __slots__ = ("pid", "signum")
-
-    def __init__(self, pid, signum):
-        self.pid, self.signum = pid, signum
-
-
-class Log(_Action):
-    __slots__ = ("level", "message")
-
-    def __init__(self, level, message):
-        self.level, self.message = level, message
-
-
-class Halt(_Action):
-    """Stop the server with `status` (HaltServer)."""
-
-    __slots__ = ("reason", "status")
-
-    def __init__(self, reason, status=exits.WORKER_BOOT_ERROR):
-        self.reason, self.status = reason, status
-
-
-class Announce(_Action):
-    """Every worker of the target was ready once: tell systemd and the supervisor."""
-
-    __slots__ = ()
+__all__ = ["Lifecycle", "WorkerRecord"]
 
 
 class WorkerRecord:
@@ -139,7 +85,8 @@ class Lifecycle:
     #: are retried this often for as long as it lasts, never given up on
     max_backoff = 2.0
 
-    def __init__(self, target, *, timeout, graceful_timeout, abort_first=False):
+    def __init__(self, target, *, timeout, graceful_timeout, abort_first=False,
+                 stop_state=None):
         self.target = target
         self.timeout = timeout                    # --timeout; 0: never
         self.graceful_timeout = graceful_timeout
@@ -150,11 +97,16 @@ class Lifecycle:
         self.boot_failures = 0     # WORKER_BOOT_ERROR exits in a row
         self.early_exits = 0       # exits before ready in a row, whatever the cause
         self.next_spawn_at = 0.0
-        #: what the workers were told: None, "graceful" or "fast" (the
-        #: master's own stop state is its hand-over's; it tells this the same)
-        self.stopping = None
+        #: the process's one stop state (forkserve.process.stop_state): the
+        #: master shares its hand-over's with this
+        self.stop_state = StopState() if stop_state is None else stop_state
         self.stop_deadline = None
         self.announced = False
+
+    @property
+    def stopping(self):
+        """What the workers were told: None, "graceful" or "fast"."""
+        return self.stop_state.workers_told
 
     # --- events ---
 
@@ -263,11 +215,16 @@ class Lifecycle:
 
     def stop(self, mode, now):
         """TERM ("graceful", within the graceful timeout) or QUIT ("fast",
-        within a second) to every worker; None if a stop as strong is under way."""
-        if self.stopping == "fast" or (self.stopping and mode == "graceful"):
+        within a second) to every worker; None if a stop as strong, or a
+        halt, is under way."""
+        if self.stop_state.halting or not self.stop_state.ask(mode):
             return None
-        self.stopping = mode
-        if mode == "graceful":
+        return self.stop_workers(now)
+
+    def stop_workers(self, now):
+        """Tell every worker the stop under way (`stop_state.mode`, taken by
+        whoever asked: stop() here, or the master's hand-over)."""
+        if self.stop_state.mode == "graceful":
             self.stop_deadline = now + self.graceful_timeout
             return self.signal_all(signal.SIGTERM)
         self.stop_deadline = now + 1.0
@@ -275,7 +232,7 @@ class Lifecycle:
 
     def halt(self):
         """The server halts: SIGKILL to every worker, whose exits are expected."""
-        self.stopping = self.stopping or "fast"
+        self.stop_state.halting = True
         return self.signal_all(signal.SIGKILL)
 
     def retire(self, pid):

@@ -23,12 +23,12 @@ What to do with the workers (fork one, replace one that died after a
 backoff, recycle replacement first, stop one, give up after repeated boot
 failures) is decided by forkserve.process.lifecycle, a pure state machine;
 murder() and manage() feed it what the scoreboard and the clock say, reap()
-feeds it the exits, and carry_out() does what it decides.
+feeds it the exits, and the driver's apply() does what it decides.
 
 A reload (HUP) is decided by forkserve.process.handover, shared with the
 single-process server and the supervisor; the master only carries out its
-actions (driver.Driver): spawn the generation, drain its own workers once it
-serves, exec into the supervisor once they are gone.
+actions (driver.Driver.apply): spawn the generation, drain its own workers
+once it serves, exec into the supervisor once they are gone.
 """
 
 import logging
@@ -47,9 +47,10 @@ from forkserve.process.driver import FORK_ERRNOS, Driver
 from forkserve.process.generations import Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
-from forkserve.process.lifecycle import Announce, Fork, Halt, Kill, Lifecycle, Log
+from forkserve.process.lifecycle import Lifecycle
 from forkserve.process.scoreboard import FREE, READY, RETIRE, Scoreboard, heartbeat_interval
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue
+from forkserve.process.stop_state import StopState
 from forkserve.process.unpatched import original
 from forkserve.process.worker import Worker
 
@@ -71,17 +72,19 @@ class Master(Driver):
         self.listeners = listeners
         self.app_name = app_name
         self.stats = stats
+        #: the one stop state, shared by the lifecycle and the hand-over
+        self.stop_state = StopState()
         #: what to do with the workers: forkserve.process.lifecycle decides,
         #: this master reads their slots and exits and carries it out
         self.lifecycle = Lifecycle(cfg.workers, timeout=cfg.timeout,
                                    graceful_timeout=cfg.graceful_timeout,
-                                   abort_first=self.hooks.installed("worker_abort"))
+                                   abort_first=self.hooks.installed("worker_abort"),
+                                   stop_state=self.stop_state)
         self.scoreboard = Scoreboard()
         self.boot_errors = BootErrors(self.scoreboard.capacity)
         self.queue = SignalQueue()
         self.role = role
         self.generation = role.generation
-        self.halting = False  # a HaltServer is being carried out
         #: HUP reloads code and data in a new generation, unless this master
         #: is itself a generation under a supervisor (then HUP restarts workers)
         self.reloadable = not role.supervised
@@ -95,7 +98,8 @@ class Master(Driver):
         self._select = select or original("select", "select")
         self.clock = clock
         self.handover = Handover(serving=self.generation, owner_serves=True,
-                                 graceful_timeout=cfg.graceful_timeout)
+                                 graceful_timeout=cfg.graceful_timeout,
+                                 stop_state=self.stop_state)
         self.generations = Generations(listeners, fork=self._fork, kill=kill)
         #: warns when the master is not single-threaded as it forks a worker
         self.thread_watch = threads.ThreadWatch()
@@ -107,6 +111,11 @@ class Master(Driver):
     def workers(self):
         """pid -> WorkerRecord of every worker not yet reaped."""
         return self.lifecycle.workers
+
+    @property
+    def halting(self):
+        """A HaltServer is being carried out (the stop state's)."""
+        return self.stop_state.halting
 
     @property
     def target(self):
@@ -137,8 +146,8 @@ class Master(Driver):
         self.hooks.when_ready(self)
 
     def halt(self):
-        self.halting = True  # a hook raising while the rest are reaped halts nothing more
-        self.carry_out(self.lifecycle.halt())
+        # halting from here on: a hook raising while the rest are reaped halts nothing more
+        self.apply(self.lifecycle.halt())
         super().halt()  # a reload under way stops too
         self.wait_all(deadline=self.clock() + 5)
 
@@ -214,17 +223,17 @@ class Master(Driver):
         self.signal_workers(signal.SIGUSR1)
 
     def begin_stop(self, mode):
-        if self.handover.stop_under_way(mode):
-            return  # the stop state is the hand-over's
+        if self.stop_state.under_way(mode):
+            return
         now = self.clock()
-        self.apply(self.handover.stop(mode, now))
-        kills = self.lifecycle.stop(mode, now)  # the workers, told the same
+        self.apply(self.handover.stop(mode, now))  # it takes the mode into the stop state
+        kills = self.lifecycle.stop_workers(now)  # the workers, told the same
         systemd.notify("STOPPING=1")
         if mode == "graceful":
             log.info("Handling signal: term (graceful stop, up to %gs)", self.cfg.graceful_timeout)
         else:
             log.info("Handling signal: fast stop")
-        self.carry_out(kills)
+        self.apply(kills)
 
     # --- reap ---
 
@@ -243,29 +252,13 @@ class Master(Driver):
                                             error=self.boot_errors.take(record.index))
             self.scoreboard.release(record.index)
             for call in (lambda: self.hooks.child_exit(record.index, pid),
-                         lambda: self.carry_out(actions)):
+                         lambda: self.apply(actions)):
                 try:
                     call()
                 except HaltServer as raised:  # every exited worker is seen to first
                     halt = halt or raised
         if halt is not None and not self.halting:
             raise halt
-
-    def carry_out(self, actions):
-        """Do what forkserve.process.lifecycle decided."""
-        forking = True
-        for action in actions:
-            if type(action) is Fork:
-                forking = forking and self.spawn_worker() is not None
-            elif type(action) is Kill:
-                self.kill(action.pid, action.signum)
-            elif type(action) is Log:
-                log.log(action.level, "%s", action.message)
-            elif type(action) is Announce:
-                generation_protocol.signal_ready(self.role)  # to the supervisor, if this is a generation
-                systemd.notify("READY=1")
-            elif type(action) is Halt:
-                raise HaltServer(action.reason, action.status)
 
     # --- murder: timeouts, drain deadlines, memory limits ---
 
@@ -274,7 +267,7 @@ class Master(Driver):
         now = self.clock()
         for record in list(self.workers.values()):
             slot = self.scoreboard.read(record.index)
-            self.carry_out(self.lifecycle.observed(
+            self.apply(self.lifecycle.observed(
                 record.pid, now, beat=slot.beat, said_ready=slot.state >= READY,
                 asked_retire=slot.state == RETIRE))
         if self.cfg.max_worker_memory and now >= self.next_memory_check:
@@ -285,7 +278,7 @@ class Master(Driver):
 
     def manage(self):
         # while our workers drain for a new generation, none is replaced
-        self.carry_out(self.lifecycle.tick(
+        self.apply(self.lifecycle.tick(
             self.clock(), replace=self.handover.retiring != self.generation))
 
     def serving(self):
@@ -323,7 +316,7 @@ class Master(Driver):
             if exc.errno not in FORK_ERRNOS:
                 raise
             self.scoreboard.release(index)
-            self.carry_out(self.lifecycle.fork_failed(self.clock(), exc.strerror))
+            self.apply(self.lifecycle.fork_failed(self.clock(), exc.strerror))
             return None
         finally:
             signals.release()
@@ -384,14 +377,14 @@ class Master(Driver):
                                f"serving generation {self.handover.serving}")
             # each with its own SIGKILL deadline: the hand-over's ends if
             # the new generation dies meanwhile
-            self.carry_out(self.lifecycle.drain(self.clock()))
+            self.apply(self.lifecycle.drain(self.clock()))
         else:
             self.generations.signal(number, signal.SIGTERM)
 
     def kill_own_workers(self):
         # murder() SIGKILLs each retired worker at its own deadline (and
         # clears it); this catches any still waiting for theirs.
-        self.carry_out(self.lifecycle.kill_draining(self.generation))
+        self.apply(self.lifecycle.kill_draining(self.generation))
 
     def become_supervisor(self, action):
         generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),

@@ -29,8 +29,8 @@ import gevent.event
 
 from forkserve.memory import cow, model, render, workergc
 from forkserve import exits, logs
-from forkserve.process import (generation_protocol, procname, signals, source_watch, systemd,
-                               threads)
+from forkserve.process import generation_protocol, procname, signals, source_watch, threads
+from forkserve.process.actions import Announce
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
@@ -65,11 +65,15 @@ class SingleServer(Driver):
                                  graceful_timeout=cfg.graceful_timeout)
         self.generations = Generations(listeners, fork=threads.unwarned(original("os", "fork")))
         self._waitpid = waitpid or original("os", "waitpid")
-        #: the hand-over retired this process: the loop ends, run() drains
-        self.draining = False
         self.clock = _now
         #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
         self.parent = os.getppid() if role.supervised else None
+
+    @property
+    def draining(self):
+        """The hand-over retired this process (a new generation serves): the
+        loop ends, run() drains, then hands over."""
+        return self.handover.retiring == self.generation
 
     def run(self) -> int:
         self.update_title()
@@ -85,8 +89,7 @@ class SingleServer(Driver):
         stats_server = self._start_stats()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())
         self.hooks.when_ready(single=self)
-        generation_protocol.signal_ready(self.role)
-        systemd.notify("READY=1")
+        self.apply([Announce()])  # to the supervisor, if this is a generation, and systemd
         self.loop()  # until a stop, or the hand-over retires this process
         if self.stopping == "fast":
             log.info("Shutting down: fast stop")
@@ -178,8 +181,7 @@ class SingleServer(Driver):
     # --- what the hand-over asks of this process (driver.Driver) ---
 
     def retire(self, number):
-        self.hooks.pre_retire(self.generation)
-        self.draining = True  # the loop ends; run() drains, then hands over
+        self.hooks.pre_retire(self.generation)  # self.draining now: the loop ends
 
     def become_supervisor(self, action):
         generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),

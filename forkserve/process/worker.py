@@ -27,6 +27,7 @@ from forkserve.process.balance import Admission
 from forkserve.process.hooks import Hooks
 from forkserve.process.gevent_servers import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
+from forkserve.process.stop_state import StopState
 from forkserve.process.unpatched import original
 
 __all__ = ["Worker"]
@@ -73,7 +74,7 @@ class Worker:
         self.master_pid = os.getpid()
         self.requests = 0
         self.servers = []
-        self.stop_mode = None   # None, "graceful" or "fast"
+        self.stop_state = StopState()  # a TERM, an INT or QUIT, or the master gone
         self.private = ""       # ", 12.3 MiB private", as last read
         #: --max-worker-memory checked after responses (memory.limit)
         self.memory_limit = None
@@ -191,11 +192,11 @@ class Worker:
         import gevent
         interval = heartbeat_interval(self.cfg.timeout)
         next_reading = 0.0
-        while self.stop_mode is None:
+        while self.stop_state.mode is None:
             if os.getppid() != self.master_pid:
                 log.warning("Worker %d (pid %d): its master (pid %d) is gone; stopping",
                             self.worker_id, os.getpid(), self.master_pid)
-                self.stop_mode = "graceful"
+                self.stop_state.ask("graceful")
                 break
             self.scoreboard.beat(self.index)
             cow.check()
@@ -207,7 +208,7 @@ class Worker:
             self.update_title()
             self.wakeup.wait(interval)
             self.wakeup.clear()
-        if self.stop_mode == "fast":
+        if self.stop_state.mode == "fast":
             for server in self.servers:
                 server.close_now()
             return
@@ -257,8 +258,7 @@ class Worker:
     def _request_stop(self, mode):
         if mode == "fast":
             self.hooks.worker_int(self)
-        if self.stop_mode != "fast":
-            self.stop_mode = mode
+        self.stop_state.ask(mode)  # a fast one wins
         self.wakeup.set()
 
     def _count_request(self):
