@@ -657,31 +657,23 @@ TUPLES = r"""
 import gc, json, os, sys
 gc.disable()
 import forkserve
+from forkserve.memory import procfs
 
-def rollup():
-    kb = {}
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if rest.strip().endswith("kB"):
-                kb[name] = int(rest.split()[0])
-    return kb
+def me():
+    return procfs.read_process(os.getpid())
 
-before = rollup()["Rss"]
+before = me().rss
 pairs = [(f"key {n}", n * 7919) for n in range(200_000)]
-dataset = rollup()["Rss"] - before
+dataset = (me().rss - before) // 1024
 forkserve.share(pairs)
 read_end, write_end = os.pipe()
 pid = os.fork()
 if pid == 0:
-    start = rollup()
+    start = me().uss
     total = 0
     for pair in pairs:
         total ^= hash(pair)
-    kb = rollup()
-    copied = (kb["Private_Clean"] + kb["Private_Dirty"]
-              - start["Private_Clean"] - start["Private_Dirty"])
-    os.write(write_end, str(copied).encode())
+    os.write(write_end, str((me().uss - start) // 1024).encode())
     os._exit(0)
 os.close(write_end)
 with os.fdopen(read_end, "rb") as pipe:
