@@ -3,6 +3,7 @@
     python benchmarks/request_calls.py --tree before=/tmp/fs-before --tree after=.
     python benchmarks/request_calls.py --tree after=. --app persondb --top 40
     python benchmarks/request_calls.py --tree before=/tmp/fs-before --tree after=. --opcodes --top 30
+    python benchmarks/request_calls.py --tree after=. --new-connections --top 40
 
 Counts, not times: for each tree it starts `python -m forkserve -w 0` on the
 app under a profile hook (sys.setprofile) that is off until told, makes
@@ -14,6 +15,11 @@ the hub's), divided by the requests. A count is exact and does not depend
 on the machine's load, so two trees can be compared on a busy machine where
 their req/s cannot; what a call costs differs, so a count is a guide to
 where time goes, and throughput is measured by http_throughput.py.
+
+With --new-connections each counted request comes on a connection of its
+own, with `Connection: close`, as nginx's uwsgi_pass and many proxies send
+them: the count then includes what the server does per connection (accept,
+the connection's greenlet and objects, the close).
 
 With --opcodes it counts bytecode instructions instead (sys.settrace with
 f_trace_opcodes), per function: the Python work of a request, which the
@@ -108,6 +114,23 @@ def get_many(conn, paths, count):
             raise SystemExit(f"GET {path} answered {response.status}")
 
 
+def get_each_new(port, paths, count):
+    """`count` GETs of `paths` in turn, each on a new connection that the
+    server closes after its response; each must be a 200."""
+    for i in range(count):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        get_closing(conn, paths[i % len(paths)])
+        conn.close()
+
+
+def get_closing(conn, path):
+    conn.request("GET", path, headers={"Connection": "close"})
+    response = conn.getresponse()
+    response.read()
+    if response.status != 200:
+        raise SystemExit(f"GET {path} answered {response.status}")
+
+
 def count_calls(tree, app, paths, env, work, args):
     """Counter of calls (function -> calls per request) for one tree."""
     out = work / f"calls-{os.getpid()}-{time.monotonic_ns()}.json"
@@ -123,7 +146,10 @@ def count_calls(tree, app, paths, env, work, args):
         # setup is not counted, only the keep-alive requests after it
         get_many(conn, paths, args.warmup)
         server.group.send_signal(signal.SIGRTMIN)
-        get_many(conn, paths, args.requests)
+        if args.new_connections:
+            get_each_new(server.port, paths, args.requests)
+        else:
+            get_many(conn, paths, args.requests)
         server.group.send_signal(signal.SIGRTMIN + 1)
         deadline = time.monotonic() + DUMP_TIMEOUT_S
         while not out.exists():
@@ -148,6 +174,8 @@ def main():
                         help="also list the N functions called most per request")
     parser.add_argument("--opcodes", action="store_true",
                         help="count bytecode instructions per function instead of calls")
+    parser.add_argument("--new-connections", action="store_true",
+                        help="a new connection for each counted request (Connection: close)")
     parser.add_argument("--forkserve-args", default="",
                         help="more forkserve arguments, e.g. '--access-logfile /dev/null'")
     args = parser.parse_args()
@@ -177,7 +205,8 @@ def main():
                 else f"{python:6.1f} Python calls + {c:6.1f} C calls")
         print(f"{name:10} {what} per request "
               f"({args.app}, GET {paths[0]}{' ...' if len(paths) > 1 else ''}, "
-              f"{args.requests} keep-alive requests)")
+              f"{args.requests} {'new-connection' if args.new_connections else 'keep-alive'} "
+              "requests)")
     if args.top:
         for name, counts in results.items():
             print(f"\n{name}: the {args.top} functions "
