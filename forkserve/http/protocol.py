@@ -313,14 +313,15 @@ class Connection:
         elif not valid_host(host):
             raise RequestError(400, f"invalid Host {escape(host[:60])}")
         connection = headers.get("HTTP_CONNECTION")
-        known = _ONE_TOKEN.get(connection)  # what clients and proxies send: one token
         if connection is None:
             keep = version != "HTTP/1.0"
-        elif known is not None:
-            keep = known[version == "HTTP/1.1"]
         else:
-            tokens = {t.strip(" \t").lower() for t in connection.split(",")}
-            keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
+            known = _ONE_TOKEN.get(connection)  # what clients and proxies send: one token
+            if known is not None:
+                keep = known[version == "HTTP/1.1"]
+            else:
+                tokens = {t.strip(" \t").lower() for t in connection.split(",")}
+                keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
         self.keep_alive = keep and self._keep_alive_allowed
         self._no_body = method == "HEAD"
         transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
