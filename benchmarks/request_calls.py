@@ -3,6 +3,8 @@
     python benchmarks/request_calls.py --tree before=/tmp/fs-before --tree after=.
     python benchmarks/request_calls.py --tree after=. --app persondb --top 40
     python benchmarks/request_calls.py --tree before=/tmp/fs-before --tree after=. --opcodes --top 30
+    python benchmarks/request_calls.py --tree after=. --new-connections --top 40
+    python benchmarks/request_calls.py --tree after=. --uwsgi --top 40
 
 Counts, not times: for each tree it starts `python -m forkserve -w 0` on the
 app under a profile hook (sys.setprofile) that is off until told, makes
@@ -14,6 +16,13 @@ the hub's), divided by the requests. A count is exact and does not depend
 on the machine's load, so two trees can be compared on a busy machine where
 their req/s cannot; what a call costs differs, so a count is a guide to
 where time goes, and throughput is measured by http_throughput.py.
+
+With --new-connections each counted request comes on a connection of its
+own, with `Connection: close`, as nginx's uwsgi_pass and many proxies send
+them: the count then includes what the server does per connection (accept,
+the connection's greenlet and objects, the close). --uwsgi sends them as
+nginx's uwsgi_pass does, a uwsgi packet on a connection of its own each,
+to a uwsgi listener (`-b uwsgi:127.0.0.1:0`).
 
 With --opcodes it counts bytecode instructions instead (sys.settrace with
 f_trace_opcodes), per function: the Python work of a request, which the
@@ -31,7 +40,9 @@ import collections
 import http.client
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +55,7 @@ if __package__ in (None, ""):
 
 from benchmarks.harness.servers import HELLO_APP  # noqa: E402
 from benchmarks.harness.start import start as start_server  # noqa: E402
+from forkserve.http.uwsgi import encode_packet  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,6 +120,50 @@ def get_many(conn, paths, count):
             raise SystemExit(f"GET {path} answered {response.status}")
 
 
+def get_each_new(port, paths, count):
+    """`count` GETs of `paths` in turn, each on a new connection that the
+    server closes after its response; each must be a 200."""
+    for i in range(count):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        get_closing(conn, paths[i % len(paths)])
+        conn.close()
+
+
+def get_closing(conn, path):
+    conn.request("GET", path, headers={"Connection": "close"})
+    response = conn.getresponse()
+    response.read()
+    if response.status != 200:
+        raise SystemExit(f"GET {path} answered {response.status}")
+
+
+def uwsgi_each_new(port, paths, count):
+    """`count` uwsgi requests of `paths` in turn, each on a new connection,
+    read to the server's close; each must be a 200."""
+    for i in range(count):
+        path = paths[i % len(paths)]
+        packet = encode_packet([("REQUEST_METHOD", "GET"), ("REQUEST_URI", path),
+                                ("PATH_INFO", path), ("QUERY_STRING", ""),
+                                ("SERVER_PROTOCOL", "HTTP/1.1"), ("HTTP_HOST", "localhost"),
+                                ("REMOTE_ADDR", "127.0.0.1"), ("REMOTE_PORT", "40000"),
+                                ("SERVER_NAME", "localhost"), ("SERVER_PORT", "80")])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(packet)
+            response = b""
+            while chunk := sock.recv(65536):
+                response += chunk
+        if not response.startswith(b"HTTP/1.1 200 "):
+            raise SystemExit(f"uwsgi GET {path} answered {response[:40]!r}")
+
+
+def uwsgi_port(server):
+    """The port of the server's uwsgi listener, from its log."""
+    found = re.search(rb"Listening at: uwsgi://127\.0\.0\.1:(\d+)", server.log())
+    if found is None:
+        raise SystemExit(f"no uwsgi listener in the server's log: {server.log_path}")
+    return int(found.group(1))
+
+
 def count_calls(tree, app, paths, env, work, args):
     """Counter of calls (function -> calls per request) for one tree."""
     out = work / f"calls-{os.getpid()}-{time.monotonic_ns()}.json"
@@ -115,7 +171,7 @@ def count_calls(tree, app, paths, env, work, args):
     if args.opcodes:
         environment["CALLS_OPCODES"] = "1"
     argv = [sys.executable, str(work / "counting.py"), "-w", "0", "-b", "127.0.0.1:0",
-            *args.forkserve_args, app]
+            *(["-b", "uwsgi:127.0.0.1:0"] if args.uwsgi else []), *args.forkserve_args, app]
     with start_server(argv, log_path=work / "server.log", env=environment, cwd=tree,
                       probe_path=paths[0]) as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
@@ -123,7 +179,12 @@ def count_calls(tree, app, paths, env, work, args):
         # setup is not counted, only the keep-alive requests after it
         get_many(conn, paths, args.warmup)
         server.group.send_signal(signal.SIGRTMIN)
-        get_many(conn, paths, args.requests)
+        if args.uwsgi:
+            uwsgi_each_new(uwsgi_port(server), paths, args.requests)
+        elif args.new_connections:
+            get_each_new(server.port, paths, args.requests)
+        else:
+            get_many(conn, paths, args.requests)
         server.group.send_signal(signal.SIGRTMIN + 1)
         deadline = time.monotonic() + DUMP_TIMEOUT_S
         while not out.exists():
@@ -148,6 +209,10 @@ def main():
                         help="also list the N functions called most per request")
     parser.add_argument("--opcodes", action="store_true",
                         help="count bytecode instructions per function instead of calls")
+    parser.add_argument("--new-connections", action="store_true",
+                        help="a new connection for each counted request (Connection: close)")
+    parser.add_argument("--uwsgi", action="store_true",
+                        help="count uwsgi requests (as nginx's uwsgi_pass), one per connection")
     parser.add_argument("--forkserve-args", default="",
                         help="more forkserve arguments, e.g. '--access-logfile /dev/null'")
     args = parser.parse_args()
@@ -170,6 +235,8 @@ def main():
     results = {name: count_calls(Path(tree).resolve(), app, paths, env, work, args)
                for name, tree in trees.items()}
     first = next(iter(results.values()))
+    kind = ("uwsgi" if args.uwsgi else "new-connection" if args.new_connections
+            else "keep-alive")
     for name, counts in results.items():
         python = sum(n for f, n in counts.items() if not f.endswith("(C)"))
         c = sum(n for f, n in counts.items() if f.endswith("(C)"))
@@ -177,7 +244,8 @@ def main():
                 else f"{python:6.1f} Python calls + {c:6.1f} C calls")
         print(f"{name:10} {what} per request "
               f"({args.app}, GET {paths[0]}{' ...' if len(paths) > 1 else ''}, "
-              f"{args.requests} keep-alive requests)")
+              f"{args.requests} {kind} "
+              "requests)")
     if args.top:
         for name, counts in results.items():
             print(f"\n{name}: the {args.top} functions "

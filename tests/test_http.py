@@ -324,6 +324,24 @@ def test_keep_alive_is_decided_once_by_version_connection_and_draining():
     assert head(pipelined, draining=True)  # the request already sent is answered
 
 
+@pytest.mark.parametrize("value", ["close", "Close", "CLOSE", "keep-alive", "Keep-Alive",
+                                   "keep-Alive", "KEEP-ALIVE", "upgrade", "close, upgrade",
+                                   "Upgrade, Keep-Alive", " close", "keep-alive\t"])
+@pytest.mark.parametrize("version", ["HTTP/1.0", "HTTP/1.1"])
+def test_connection_header_keeps_the_connection_by_its_tokens_whatever_their_case(value,
+                                                                                   version):
+    # RFC 9112 9.3/9.6: HTTP/1.1 closes on the `close` token, HTTP/1.0 keeps only on
+    # `keep-alive`; tokens are case-insensitive, whether alone or in a list
+    connection = Connection(Limits())
+    connection.receive_data(f"GET / {version}\r\nHost: t\r\nConnection: {value}\r\n\r\n"
+                            .encode())
+    connection.next_event()
+    respond(connection)
+    tokens = [token.strip(" \t").lower() for token in value.split(",")]
+    expected = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
+    assert connection.keep_alive is expected
+
+
 def test_expect_100_continue_is_owed_until_the_first_body_read():
     connection = Connection(Limits())
     connection.receive_data(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n"

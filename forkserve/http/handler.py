@@ -107,7 +107,10 @@ class Handler:
         self.responder = Responder(self.http, self.transport, server, self.peer)
         self.body = EMPTY_BODY
         self._head_timer = timer(server.loop, limits.header_timeout)
-        self._idle_timer = timer(server.loop, limits.keep_alive)
+        # made when the connection first waits for a second request: with one
+        # request per connection (Connection: close, a proxy's uwsgi_pass)
+        # it is never needed
+        self._idle_timer = None
         self._body_deadline = None
         #: time.monotonic() since when the request head is awaited under the
         #: header timeout (None otherwise): such a connection may be shed
@@ -218,7 +221,7 @@ class Handler:
         should close (EOF, timeout, refusal)."""
         http, reader = self.http, self.transport.reader
         throw = self.transport.throw
-        head_timer, idle_timer = self._head_timer, self._idle_timer
+        head_timer = self._head_timer
         head_armed = False
         try:
             try:
@@ -230,7 +233,7 @@ class Handler:
                     self.head_started = time.monotonic()
                     # a PROXY protocol header comes before the first request
                     self._proxy_info = self.server.proxy.read_header(reader, self.client_address)
-                    event = http.next_event()
+                    event = NEED_DATA  # the connection object has been given nothing yet
                 elif http.buffered:  # pipelined: the request began when the last one ended
                     self._started = time.perf_counter()
                     event = http.next_event()
@@ -238,6 +241,10 @@ class Handler:
                     event = NEED_DATA
                 while event is NEED_DATA:
                     if http.their_state is IDLE and not first:  # between requests
+                        idle_timer = self._idle_timer
+                        if idle_timer is None:
+                            idle_timer = self._idle_timer = timer(self.server.loop,
+                                                                  self.server.limits.keep_alive)
                         if idle_timer is None:
                             data = reader.recv(wait_first=True)
                         else:

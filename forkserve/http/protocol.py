@@ -63,6 +63,14 @@ _FIELD_KEYS = {name: "HTTP_" + spelling.upper().replace("-", "_") for spelling i
     "Sec-Fetch-Site", "Sec-Fetch-User", "DNT", "Priority") for name in (spelling, spelling.lower())}
 
 
+#: A Connection header of one token as clients spell it -> whether it keeps
+#: the connection (HTTP/1.0, HTTP/1.1): the general rule below, precomputed
+#: for the values that nginx's proxy_pass (close), curl, wrk and browsers
+#: send, so the usual head skips splitting the list.
+_ONE_TOKEN = {value: ("keep-alive" == value.lower(), "close" != value.lower())
+              for value in ("close", "Close", "keep-alive", "Keep-Alive", "keep-Alive")}
+
+
 class _Sentinel:
     __slots__ = ("name",)
 
@@ -308,8 +316,12 @@ class Connection:
         if connection is None:
             keep = version != "HTTP/1.0"
         else:
-            tokens = {t.strip(" \t").lower() for t in connection.split(",")}
-            keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
+            known = _ONE_TOKEN.get(connection)  # what clients and proxies send: one token
+            if known is not None:
+                keep = known[version == "HTTP/1.1"]
+            else:
+                tokens = {t.strip(" \t").lower() for t in connection.split(",")}
+                keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
         self.keep_alive = keep and self._keep_alive_allowed
         self._no_body = method == "HEAD"
         transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")

@@ -56,7 +56,11 @@ class Transport:
         self.reader = Reader(self._fd, loop)
         self.linger = False
         self.throw = getcurrent().throw
-        self._send_timer = timer(loop, send_timeout)
+        self._send_timeout = send_timeout
+        # made by the first send that the socket does not take whole: most
+        # connections never need it (one per connection cost a libev timer
+        # and its close to every new connection)
+        self._send_timer = None
 
     def read_now(self):
         """What the client already sent, without waiting: its bytes, b"" once
@@ -102,10 +106,12 @@ class Transport:
     def guarded(self, send, *args):
         """Run a send under send_timeout; a client that is gone or does not
         read becomes ClientDisconnected."""
-        timer = self._send_timer
+        expiry = self._send_timer
+        if expiry is None:
+            expiry = self._send_timer = timer(self.loop, self._send_timeout)
         try:
-            if timer is not None:
-                timer.again(self.throw, Expired)
+            if expiry is not None:
+                expiry.again(self.throw, Expired)
             send(*args)
         except Expired:
             raise ClientDisconnected("client did not read the response within send_timeout") \
@@ -115,8 +121,8 @@ class Transport:
                 raise
             raise ClientDisconnected("client went away during the response") from ex
         finally:
-            if timer is not None:
-                timer.stop()
+            if expiry is not None:
+                expiry.stop()
 
     def abort(self):
         """Shut the connection down; a greenlet blocked on it wakes (a read sees EOF,
