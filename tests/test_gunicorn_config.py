@@ -82,27 +82,21 @@ def test_a_typical_gunicorn_config_file_is_read_under_gunicorns_names(tmp_path):
     assert cfg.sources["keep_alive"] == f"config file {path}"
 
 
-def test_a_misspelled_setting_in_a_config_file_is_an_error_that_names_it(tmp_path):
-    path = write(tmp_path, "workers = 2\nkeepalvie = 5\n")
-    with pytest.raises(ConfigError, match=r"unknown setting 'keepalvie'; did you mean 'keepalive'"):
-        parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))
-
-
-def test_a_plain_value_that_is_not_a_setting_is_an_error_with_what_to_do(tmp_path):
-    path = write(tmp_path, "BASE_DIR = '/srv'\n")
-    with pytest.raises(ConfigError, match=r"'BASE_DIR'.*start its name with '_'"):
-        parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))
-
-
-def test_a_misspelled_hook_is_an_error(tmp_path):
-    path = write(tmp_path, "def post_forkk(server, worker):\n    pass\n")
-    with pytest.raises(ConfigError, match=r"'post_forkk' is not a server hook; did you mean 'post_fork'"):
-        parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))
-
-
-def test_a_hook_with_the_wrong_arguments_is_an_error(tmp_path):
-    path = write(tmp_path, "def post_fork(worker):\n    pass\n")
-    with pytest.raises(ConfigError, match="hook post_fork must take 2 argument"):
+@pytest.mark.parametrize("text, message", [
+    pytest.param("workers = 2\nkeepalvie = 5\n",
+                 r"unknown setting 'keepalvie'; did you mean 'keepalive'",
+                 id="a misspelled setting is named"),
+    pytest.param("BASE_DIR = '/srv'\n", r"'BASE_DIR'.*start its name with '_'",
+                 id="a plain value that is not a setting says what to do"),
+    pytest.param("def post_forkk(server, worker):\n    pass\n",
+                 r"'post_forkk' is not a server hook; did you mean 'post_fork'",
+                 id="a misspelled hook"),
+    pytest.param("def post_fork(worker):\n    pass\n", "hook post_fork must take 2 argument",
+                 id="a hook with the wrong arguments"),
+])
+def test_a_mistake_in_a_config_file_is_an_error_that_says_what_it_is(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message):
         parse(["-c", path, "a:b"], environ={}, cwd=str(tmp_path))
 
 
