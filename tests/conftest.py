@@ -6,7 +6,9 @@ deadline instead of sleeping, and kills the whole group in teardown.
 """
 
 import faulthandler
+import os
 import pathlib
+import socket
 
 import pytest
 import setproctitle
@@ -58,3 +60,26 @@ def run_server(tmp_path):
     yield start
     for server in started:
         server.kill_group()
+
+
+def _forbidden(what):
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"a test that must not {what} did: drive it with an injected fake")
+    return forbidden
+
+
+@pytest.fixture
+def no_fork(monkeypatch):
+    """os.fork and os.kill fail the test: for the pure decisions and the loops
+    that drive them, which take fork, kill and waitpid as arguments. Use it
+    as `pytestmark = pytest.mark.usefixtures("no_fork")`."""
+    monkeypatch.setattr(os, "fork", _forbidden("fork"))
+    monkeypatch.setattr(os, "kill", _forbidden("send a signal"))
+
+
+@pytest.fixture
+def no_sockets(monkeypatch):
+    """Creating a socket fails the test: for protocol and balance logic that
+    takes bytes or a fake select and gives events or decisions."""
+    monkeypatch.setattr(socket, "socket", _forbidden("create a socket"))
+    monkeypatch.setattr(socket, "create_connection", _forbidden("create a socket"))

@@ -1,11 +1,16 @@
 """The connection balance's decision and its accept-loop side, with no socket:
-forkserve.process.balance against a real scoreboard, a fake select and clock."""
+forkserve.process.balance against a real scoreboard, a fake select and clock.
+The accept loop's waits are driven by a scripted clock and listen queue
+(Looks), and its wake on a closing connection by events: no test sleeps."""
 
 import gevent
+import gevent.event
 import pytest
 
 from forkserve.process.balance import Admission, ceiling, fair_share, may_accept
 from forkserve.process.scoreboard import READY, RETIRE, Scoreboard
+
+pytestmark = pytest.mark.usefixtures("no_fork", "no_sockets")
 
 
 @pytest.mark.parametrize("total, workers, share", [(0, 4, 0), (1, 4, 1), (8, 4, 2),
@@ -86,15 +91,51 @@ class FakeClock:
         return self.now
 
 
-def admission_of_four(clock, select):
+class StillWaiting(Exception):
+    """wait_turn looked at the listen queue once more than the script has steps."""
+
+
+class Looks:
+    """The listen queue a paused worker looks at, and the clock it reads, as
+    a script: wait_turn's look number i (a select) happens at time
+    script[i][0] on the clock, sees a pending connection if script[i][1],
+    and then runs script[i][2](board), if given. A look past the script
+    raises StillWaiting out of wait_turn: the worker would have waited on.
+    With a zero tick, wait_turn runs here and now: no real time passes."""
+
+    def __init__(self, clock, script):
+        self.clock = clock
+        self.script = list(script)
+        self.timeouts = []
+        self.board = None
+
+    def __call__(self, read, write, error, timeout):
+        self.timeouts.append(timeout)
+        if len(self.timeouts) > len(self.script):
+            raise StillWaiting(f"look {len(self.timeouts)}")
+        now, pending, then = (self.script[len(self.timeouts) - 1] + (None,))[:3]
+        self.clock.now = now
+        if then is not None:
+            then(self.board)
+        return (read if pending else []), [], []
+
+
+def admission_of_four(clock, select, tick=0.0):
     """Worker 0 of four READY workers on a real scoreboard."""
     board = Scoreboard(capacity=8)
     for index in range(4):
         board.prepare(index)
         board.set_state(index, READY)
     admission = Admission(board, 0, select, clock)
-    admission.tick = 0.001
+    admission.tick = tick
+    if isinstance(select, Looks):
+        select.board = board
     return board, admission
+
+
+def peers_catch_up(board):
+    for index in (1, 2, 3):
+        board.set_connections(index, 1, 1)
 
 
 def test_opened_and_closed_publish_the_open_and_accepted_counts():
@@ -107,59 +148,51 @@ def test_opened_and_closed_publish_the_open_and_accepted_counts():
 
 
 def test_a_worker_over_its_share_waits_until_a_peer_catches_up():
-    looks = []
-    board, admission = admission_of_four(FakeClock(), lambda r, w, x, t: looks.append(t) or ([], [], []))
+    looks = Looks(FakeClock(), [(0.0, False), (1.0, False), (2.0, False, peers_catch_up)])
+    # A tick that is not zero (1 ms between looks): the looks must not wait that long.
+    board, admission = admission_of_four(looks.clock, looks, tick=0.001)
     admission.opened()  # 1 against 0, 0, 0: over its share
-    waiting = gevent.spawn(admission.wait_turn, "listener")
-    gevent.sleep(0.02)
-    assert not waiting.dead and looks and set(looks) == {0}  # zero-timeout looks only
-    for index in (1, 2, 3):
-        board.set_connections(index, 1, 1)
-    assert waiting.join(timeout=2) is None and waiting.dead
+    admission.wait_turn("listener")
+    assert looks.timeouts == [0, 0, 0]  # zero-timeout looks only, until the peers caught up
     board.close()
 
 
 def test_a_connection_left_waiting_longer_than_the_patience_is_taken_anyway():
-    clock = FakeClock()
-    board, admission = admission_of_four(clock, lambda r, w, x, t: (r, [], []))  # always pending
+    patience = Admission.patience
+    looks = Looks(FakeClock(), [(0.0, True), (patience / 2, True), (patience, True)])
+    board, admission = admission_of_four(looks.clock, looks)  # always pending
     admission.opened()
-    waiting = gevent.spawn(admission.wait_turn, "listener")
-    gevent.sleep(0.01)
-    assert not waiting.dead  # pending, but not for long yet
-    clock.now += admission.patience
-    waiting.join(timeout=2)
-    assert waiting.dead
+    admission.wait_turn("listener")
+    assert len(looks.timeouts) == 3  # pending, but not for long yet; then taken
     board.close()
 
 
 def test_patience_counts_only_while_connections_keep_waiting():
-    clock = FakeClock()
-    pending = [True]
-    board, admission = admission_of_four(clock, lambda r, w, x, t: (r if pending[0] else [], [], []))
+    patience = Admission.patience
+    looks = Looks(FakeClock(), [
+        (0.0, True),
+        (patience / 2, False),  # a peer took it
+        (patience, True),  # the new one has only just been seen
+        (patience * 1.5, True),
+    ])
+    board, admission = admission_of_four(looks.clock, looks)
     admission.opened()
-    waiting = gevent.spawn(admission.wait_turn, "listener")
-    gevent.sleep(0.01)
-    pending[0] = False  # a peer took it
-    gevent.sleep(0.01)
-    pending[0] = True
-    clock.now += admission.patience  # the new one has only just been seen
-    gevent.sleep(0.01)
-    assert not waiting.dead
-    waiting.kill()
+    with pytest.raises(StillWaiting, match="look 5"):
+        admission.wait_turn("listener")
     board.close()
 
 
 def test_a_paused_worker_looks_again_as_soon_as_one_of_its_connections_ends():
-    board, admission = admission_of_four(FakeClock(), lambda r, w, x, t: ([], [], []))
-    admission.tick = 60.0  # only its own closing can wake it in time
+    looked = gevent.event.Event()
+    board, admission = admission_of_four(FakeClock(), lambda r, w, x, t: looked.set() or ([], [], []),
+                                         tick=60.0)  # only its own closing can wake it in time
     admission.opened()
     admission.opened()
-    for index in (1, 2, 3):
-        board.set_connections(index, 1, 1)
+    peers_catch_up(board)
     waiting = gevent.spawn(admission.wait_turn, "listener")
-    gevent.sleep(0.01)
+    assert looked.wait(timeout=2)  # it looked, and now waits for its tick
     assert not waiting.dead  # 2 against 1, 1, 1
     admission.closed()
     waiting.join(timeout=2)
-    assert waiting.dead
+    assert waiting.dead and waiting.successful()
     board.close()
