@@ -7,22 +7,29 @@ cannot be compiled, its pure-Python walk is used instead.
 """
 from setuptools import Extension, setup
 
+# The headers the extensions share: an edit to one rebuilds each that includes it.
+ADDRSET = ["forkserve/memory/_addrset.h"]  # the address set of the walks
+MODULE = ["forkserve/memory/_module.h"]    # how each is built as a module
+
 setup(
     ext_modules=[
         Extension(
             "forkserve.memory._immortal",
             sources=["forkserve/memory/_immortal.c"],
+            depends=ADDRSET + MODULE,
             optional=True,
         ),
         Extension(
             "forkserve.memory._free_space",
             sources=["forkserve/memory/_free_space.c"],
+            depends=MODULE,
             libraries=["dl"],  # dlopen/dlsym: in libc itself from glibc 2.34
             optional=True,
         ),
         Extension(
             "forkserve.memory._whywalk",
             sources=["forkserve/memory/_whywalk.c"],
+            depends=ADDRSET + MODULE,
             optional=True,
         ),
     ]

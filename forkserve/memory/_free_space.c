@@ -55,6 +55,8 @@
 #include <malloc.h>
 #endif
 
+#include "_module.h"
+
 /* Exported by CPython 3.11-3.13, declared only in an internal header. It
  * prints the table and returns 1 when pymalloc is the object allocator (with
  * or without debug hooks over it), and prints nothing and returns 0 otherwise. */
@@ -383,25 +385,26 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "forkserve.memory._free_space",
-    "Take the allocators' free space in the master before a worker's fork.", -1, methods,
-};
+static struct PyModuleDef module_def = MODULE_DEF(
+    "forkserve.memory._free_space",
+    "Take the allocators' free space in the master before a worker's fork.",
+    methods);
 
-PyMODINIT_FUNC
-PyInit__free_space(void)
+static int
+add_stats_error(PyObject *module)
 {
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL) {
-        return NULL;
-    }
     StatsError = PyErr_NewExceptionWithDoc(
         "forkserve.memory._free_space.StatsError",
         "pymalloc's statistics table did not add up: nothing was taken.",
         PyExc_RuntimeError, NULL);
-    if (StatsError == NULL || PyModule_AddObjectRef(m, "StatsError", StatsError) < 0) {
-        Py_XDECREF(m);
-        return NULL;
+    if (StatsError == NULL) {
+        return -1;
     }
-    return m;
+    return PyModule_AddObjectRef(module, "StatsError", StatsError);
+}
+
+PyMODINIT_FUNC
+PyInit__free_space(void)
+{
+    return module_create(&module_def, add_stats_error);
 }

@@ -85,8 +85,8 @@
  *   marked; frame objects are never marked (a running frame's object is
  *   reused as the function returns).
  * - hash_only(root, utf8) is walk() without marking, for the versions
- *   above that CHECKED excludes and 3.11: an address bitmap is its visited
- *   mark.
+ *   above that CHECKED excludes and 3.11: an address bitmap (_addrset.h's
+ *   BitSet) is its visited mark.
  *
  * The caller (forkserve/memory/sharing.py) decides whether marking is safe
  * here: it checks the version and runs a probe in a forked child first.
@@ -95,6 +95,9 @@
 #include <Python.h>
 #include <frameobject.h>
 #include <string.h>
+
+#include "_addrset.h"
+#include "_module.h"
 
 #if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x03100000 \
     && SIZEOF_VOID_P == 8 && !defined(Py_GIL_DISABLED) \
@@ -363,105 +366,6 @@ prepare(PyObject *op, enum kind k, int utf8)
 }
 
 
-/* ---- the address set (visited mark of hash_only) -------------------------
- *
- * A bitmap with one bit per 16 bytes of address space, kept per MiB chunk
- * in a small hash table keyed by the chunk's address. Two distinct objects
- * are at least sizeof(PyObject) == 16 bytes apart, so they never share a
- * bit. Objects laid out one after another (as a loader makes them) land in
- * the same few chunks, so this is cache friendly where a hash set of
- * pointers misses the cache on every object: about 8 KiB per MiB of heap.
- */
-
-#define CHUNK_SHIFT 20
-#define CHUNK_WORDS ((1 << (CHUNK_SHIFT - 4)) / 64)
-
-typedef struct {
-    uintptr_t base;         /* address >> CHUNK_SHIFT */
-    uint64_t *bits;         /* NULL = empty slot */
-} chunk;
-
-typedef struct {
-    chunk *slots;           /* capacity is a power of two */
-    Py_ssize_t used, cap;
-    chunk *last;            /* the chunk of the previous lookup */
-} addrset;
-
-static size_t
-chunk_slot(uintptr_t base, Py_ssize_t cap)
-{
-    return (size_t)(base * (uintptr_t)0x9E3779B97F4A7C15ULL) & ((size_t)cap - 1);
-}
-
-static int
-addrset_grow(addrset *s)
-{
-    Py_ssize_t cap = s->cap ? s->cap * 2 : 64;
-    chunk *slots = PyMem_Calloc((size_t)cap, sizeof(chunk));
-    if (slots == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < s->cap; i++) {
-        if (s->slots[i].bits == NULL) continue;
-        size_t j = chunk_slot(s->slots[i].base, cap);
-        while (slots[j].bits != NULL) j = (j + 1) & ((size_t)cap - 1);
-        slots[j] = s->slots[i];
-    }
-    PyMem_Free(s->slots);
-    s->slots = slots;
-    s->cap = cap;
-    s->last = NULL;
-    return 0;
-}
-
-static chunk *
-addrset_chunk(addrset *s, uintptr_t base)
-{
-    if (s->last != NULL && s->last->base == base) return s->last;
-    if (2 * (s->used + 1) > s->cap && addrset_grow(s) < 0) return NULL;
-    size_t j = chunk_slot(base, s->cap);
-    while (s->slots[j].bits != NULL && s->slots[j].base != base) {
-        j = (j + 1) & ((size_t)s->cap - 1);
-    }
-    if (s->slots[j].bits == NULL) {
-        uint64_t *bits = PyMem_Calloc(CHUNK_WORDS, sizeof(uint64_t));
-        if (bits == NULL) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-        s->slots[j].base = base;
-        s->slots[j].bits = bits;
-        s->used++;
-    }
-    s->last = &s->slots[j];
-    return s->last;
-}
-
-/* 1 if op was added, 0 if it was there, -1 on MemoryError. */
-static int
-addrset_add(addrset *s, PyObject *op)
-{
-    uintptr_t address = (uintptr_t)op;
-    chunk *c = addrset_chunk(s, address >> CHUNK_SHIFT);
-    if (c == NULL) return -1;
-    size_t bit = (address >> 4) & ((1 << (CHUNK_SHIFT - 4)) - 1);
-    uint64_t mask = (uint64_t)1 << (bit % 64);
-    if (c->bits[bit / 64] & mask) return 0;
-    c->bits[bit / 64] |= mask;
-    return 1;
-}
-
-static void
-addrset_free(addrset *s)
-{
-    for (Py_ssize_t i = 0; i < s->cap; i++) {
-        PyMem_Free(s->slots[i].bits);
-    }
-    PyMem_Free(s->slots);
-}
-
-
 /* ---- growable arrays -------------------------------------------------------- */
 
 /* Grow *items (of `size` bytes each) to hold at least need; -1 on MemoryError. */
@@ -518,7 +422,7 @@ typedef struct {
     uint32_t *edge_parent, *edge_next;
     Py_ssize_t edges, edge_cap, edge_next_cap;
     Py_ssize_t current;     /* the node being looked inside, or -1 */
-    addrset seen;           /* hash_only()'s visited mark */
+    BitSet seen;            /* hash_only()'s visited mark */
     Py_ssize_t objects, bytes;
 } walk_state;
 
@@ -645,7 +549,8 @@ visit(PyObject *op, void *arg)
     }
     if (k == K_STR && w->marking && PyUnicode_CHECK_INTERNED(op)) return 0;
     if (!w->marking) {
-        int added = addrset_add(&w->seen, op);
+        int added = bitset_add_object(&w->seen, op);
+        if (added < 0) PyErr_NoMemory();
         if (added <= 0) return added;
     }
     if (prepare(op, k, w->utf8) < 0) return -1;
@@ -882,7 +787,7 @@ free_state(walk_state *w)
     PyMem_Free(w->node_parents);
     PyMem_Free(w->edge_parent);
     PyMem_Free(w->edge_next);
-    addrset_free(&w->seen);
+    bitset_free(&w->seen);
 }
 
 /* Walk from the roots (the root's own node is looked inside even if it was
@@ -1072,6 +977,7 @@ hash_only(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     walk_state w = {0};
     w.utf8 = PyObject_IsTrue(args[1]);
     if (w.utf8 < 0) return NULL;
+    if (bitset_init(&w.seen, 64) < 0) return PyErr_NoMemory();
     return run(&w, args, 1, NULL);
 }
 
@@ -1118,14 +1024,10 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "forkserve.memory._immortal",
-    .m_doc = "The walker behind forkserve.share() and --share-heap; see "
-             "forkserve/memory/sharing.py.",
-    .m_size = -1,
-    .m_methods = methods,
-};
+static struct PyModuleDef module_def = MODULE_DEF(
+    "forkserve.memory._immortal",
+    "The walker behind forkserve.share() and --share-heap; see forkserve/memory/sharing.py.",
+    methods);
 
 static PyObject *
 sizeof_method(PyTypeObject *tp)
@@ -1143,6 +1045,13 @@ read_python_class_dealloc(void)
     destructor dealloc = ((PyTypeObject *)cls)->tp_dealloc;
     Py_DECREF(cls);
     return dealloc;
+}
+
+/* CHECKED: this build marks objects (walk, share_heap, mark exist). */
+static int
+add_checked(PyObject *module)
+{
+    return PyModule_AddIntConstant(module, "CHECKED", CHECKED);
 }
 
 PyMODINIT_FUNC
@@ -1165,12 +1074,5 @@ PyInit__immortal(void)
             return NULL;
         }
     }
-    PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL) return NULL;
-    /* CHECKED: this build marks objects (walk, share_heap, mark exist). */
-    if (PyModule_AddIntConstant(module, "CHECKED", CHECKED) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return module_create(&module_def, add_checked);
 }

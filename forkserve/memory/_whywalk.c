@@ -20,12 +20,10 @@
  *   progress callback, which runs Python code: around it every object on
  *   the stack is held by a strong reference, so nothing the stack names can
  *   be freed under us (the caller's `roots` list holds the roots).
- * - `seen` is a set of address / 16 (8 on 32-bit builds): every object is
- *   at least that long (a reference count and a type), so no two start in
- *   the same 16 bytes. It and the wanted pages are sets of numbers kept as
- *   bitmaps of 2**17 consecutive numbers each, found through a small hash
- *   table: a heap's objects sit in few such stretches and neighbours are
- *   often looked up in turn. The walk measured 3x faster so than with
+ * - `seen` holds the address of each object walked, and `wanted` the page
+ *   numbers: both are sets of numbers, _addrset.h's BitSet (bitmaps found
+ *   through a small hash table), whose invariants say why no two objects
+ *   share a number and why the walk measured 3x faster so than with
  *   open-addressing hash sets of addresses (benchmarks/results/why_walk.md).
  * - The counts are an open-addressing table keyed by (page + 1, root index,
  *   type), 0 marking an empty slot; it holds a reference to each type in it.
@@ -34,135 +32,12 @@
 #include <Python.h>
 #include <time.h>
 
+#include "_addrset.h"
+#include "_module.h"
+
 #ifdef Py_GIL_DISABLED
 #error "forkserve.memory._whywalk borrows references under the GIL; --why walks in Python here"
 #endif
-
-static inline size_t
-mix(uintptr_t word)
-{
-    uint64_t x = (uint64_t)word;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return (size_t)x;
-}
-
-/* -- a set of numbers: bitmaps of 2**CHUNK_BITS numbers, found by hash --------- */
-
-/* seen holds address >> ADDRESS_SHIFT: see the invariants above. */
-#define ADDRESS_SHIFT (sizeof(PyObject) >= 16 ? 4 : 3)
-#define CHUNK_BITS 17   /* 16 KiB of bits per chunk */
-#define CHUNK_WORDS (((size_t)1 << CHUNK_BITS) / 64)
-
-typedef struct {
-    uintptr_t key;   /* chunk number + 1; 0: empty slot */
-    uint64_t *bits;
-} Chunk;
-
-typedef struct {
-    Chunk *slots;
-    size_t mask;   /* capacity - 1, capacity a power of two */
-    size_t used;
-    uintptr_t last_key;   /* the chunk found last: the next number is often in it */
-    uint64_t *last_bits;
-} BitSet;
-
-static int
-bitset_init(BitSet *set, size_t capacity)
-{
-    *set = (BitSet){PyMem_RawCalloc(capacity, sizeof(Chunk)), capacity - 1, 0, 0, NULL};
-    return set->slots == NULL ? -1 : 0;
-}
-
-static void
-bitset_free(BitSet *set)
-{
-    for (size_t i = 0; set->slots != NULL && i <= set->mask; i++) {
-        PyMem_RawFree(set->slots[i].bits);
-    }
-    PyMem_RawFree(set->slots);
-}
-
-static inline size_t
-chunk_slot(const BitSet *set, uintptr_t key)
-{
-    size_t i = mix(key) & set->mask;
-    while (set->slots[i].key != 0 && set->slots[i].key != key) {
-        i = (i + 1) & set->mask;
-    }
-    return i;
-}
-
-/* The bits of the chunk holding number; NULL if absent (or, when create,
-   out of memory). */
-static uint64_t *
-bitset_chunk(BitSet *set, uintptr_t number, int create)
-{
-    uintptr_t key = (number >> CHUNK_BITS) + 1;
-    if (key == set->last_key) {
-        return set->last_bits;
-    }
-    Chunk *slot = &set->slots[chunk_slot(set, key)];
-    if (slot->key == 0) {
-        if (!create) {
-            return NULL;
-        }
-        uint64_t *bits = PyMem_RawCalloc(CHUNK_WORDS, sizeof(uint64_t));
-        if (bits == NULL) {
-            return NULL;
-        }
-        *slot = (Chunk){key, bits};
-        if (++set->used * 2 > set->mask + 1) {
-            BitSet bigger;
-            if (bitset_init(&bigger, (set->mask + 1) * 2) < 0) {
-                set->used--;  /* undo, so bitset_free() frees each chunk once */
-                *slot = (Chunk){0, NULL};
-                PyMem_RawFree(bits);
-                return NULL;
-            }
-            for (size_t i = 0; i <= set->mask; i++) {
-                if (set->slots[i].key != 0) {
-                    bigger.slots[chunk_slot(&bigger, set->slots[i].key)] = set->slots[i];
-                }
-            }
-            bigger.used = set->used;
-            PyMem_RawFree(set->slots);
-            *set = bigger;
-        }
-        set->last_key = key;
-        set->last_bits = bits;
-        return bits;
-    }
-    set->last_key = key;
-    set->last_bits = slot->bits;
-    return slot->bits;
-}
-
-/* Adds number; 1 if it was new, 0 if present, -1 out of memory. */
-static inline int
-bitset_add(BitSet *set, uintptr_t number)
-{
-    uint64_t *bits = bitset_chunk(set, number, 1);
-    if (bits == NULL) {
-        return -1;
-    }
-    size_t bit = number & (((size_t)1 << CHUNK_BITS) - 1);
-    uint64_t mask = (uint64_t)1 << (bit & 63);
-    if (bits[bit >> 6] & mask) {
-        return 0;
-    }
-    bits[bit >> 6] |= mask;
-    return 1;
-}
-
-static inline int
-bitset_has(BitSet *set, uintptr_t number)
-{
-    uint64_t *bits = bitset_chunk(set, number, 0);
-    size_t bit = number & (((size_t)1 << CHUNK_BITS) - 1);
-    return bits != NULL && (bits[bit >> 6] >> (bit & 63)) & 1;
-}
 
 /* -- counts by (page, root index, type) ---------------------------------------- */
 
@@ -373,7 +248,7 @@ walk(PyObject *module, PyObject *args)
         stack.items[stack.size++] = PyList_GET_ITEM(roots, index);
         while (stack.size > 0) {
             PyObject *obj = stack.items[--stack.size];
-            int added = bitset_add(&seen, (uintptr_t)obj >> ADDRESS_SHIFT);
+            int added = bitset_add_object(&seen, obj);
             if (added == 0) {
                 continue;
             }
@@ -429,16 +304,13 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "forkserve.memory._whywalk",
-    .m_doc = "The object walk of forkserve memory --why in C; see forkserve/memory/copied_objects.py.",
-    .m_size = -1,
-    .m_methods = methods,
-};
+static struct PyModuleDef module_def = MODULE_DEF(
+    "forkserve.memory._whywalk",
+    "The object walk of forkserve memory --why in C; see forkserve/memory/copied_objects.py.",
+    methods);
 
 PyMODINIT_FUNC
 PyInit__whywalk(void)
 {
-    return PyModule_Create(&module_def);
+    return module_create(&module_def, NULL);
 }
