@@ -296,7 +296,7 @@ def test_ttin_ttou_storm_under_load_loses_no_request_and_ends_at_the_target(run_
 
 
 def _last_target(log):
-    targets = re.findall(r"TT(?:IN|OU): (\d+) workers", log)
+    targets = re.findall(r"TT(?:IN|OU): (\d+) workers?\b", log)  # "1 worker", "2 workers"
     return targets and int(targets[-1])
 
 
