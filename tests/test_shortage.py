@@ -50,6 +50,13 @@ def test_recovery_is_said_once_within_the_interval_rule_with_what_was_not_yet_sa
 
 def test_the_oldest_waiting_heads_are_shed_first():
     waiting = [(5.0, "c"), (1.0, "a"), (3.0, "b"), (9.0, "d")]
-    assert oldest_heads(waiting, 2) == ["a", "b"]
-    assert oldest_heads(waiting, 10) == ["a", "b", "c", "d"]
-    assert oldest_heads(waiting, 0) == [] and oldest_heads([], 3) == []
+    assert oldest_heads(waiting, 2, now=20.0) == ["a", "b"]
+    assert oldest_heads(waiting, 10, now=20.0) == ["a", "b", "c", "d"]
+    assert oldest_heads(waiting, 0, now=20.0) == [] and oldest_heads([], 3, now=20.0) == []
+
+
+def test_a_head_begun_a_moment_ago_is_never_shed():
+    waiting = [(9.9, "just accepted"), (2.0, "slowloris")]
+    assert oldest_heads(waiting, 2, now=10.0) == ["slowloris"]
+    assert oldest_heads([(9.9, "just accepted")], 1, now=10.0) == []
+    assert oldest_heads([(9.5, "half a second ago")], 1, now=10.0) == ["half a second ago"]

@@ -14,11 +14,13 @@ close its connection, without waiting (--max-requests reached).
 """
 
 import errno
+import fcntl
 from email.utils import formatdate
 import logging
 import os
 import socket
 import sys
+import termios
 import time
 
 import gevent
@@ -191,8 +193,8 @@ class Server:
         """Close the oldest connections still sending their request head (up to
         SHED_BATCH) to free descriptors; how many were shed."""
         waiting = [(handler.head_started, handler) for handler in self._handlers
-                   if handler.head_started is not None]
-        shed = oldest_heads(waiting, SHED_BATCH)
+                   if handler.head_started is not None and not _unread(handler.socket)]
+        shed = oldest_heads(waiting, SHED_BATCH, time.monotonic())
         for handler in shed:
             handler.shed()
         return len(shed)
@@ -267,3 +269,15 @@ class Server:
         for handler in list(self._handlers):
             handler.abort()
         self.pool.kill(block=False)
+
+
+def _unread(sock):
+    """Whether bytes wait in sock that its connection has not read yet: a
+    request sent at once but not read by a busy worker, not a client holding
+    its connection open with half a head. Never shed those."""
+    try:
+        return fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0") != b"\0\0\0\0"
+    except OSError as exc:
+        if exc.errno in (errno.EBADF, errno.ENOTCONN, errno.EINVAL):
+            return False  # closed meanwhile: nothing to keep
+        raise

@@ -12,12 +12,16 @@ Two decisions, both pure (a clock is passed in; no sockets):
   client that sends its head at once is never among the oldest, so new
   clients no longer wait in the listen queue behind half-sent requests
   (slowloris) until the header timeout frees a descriptor. Connections whose
-  request is being served, and idle keep-alive ones, are never shed.
+  request is being served, and idle keep-alive ones, are never shed; nor is
+  one whose request waits in its socket unread (the server leaves those out
+  of `waiting`: on a busy worker a request sent at once may not be read yet),
+  nor one whose head began less than `MIN_WAIT` ago (its client may not have
+  sent yet; shedding it for another new client only trades one for another).
 """
 
 import errno
 
-__all__ = ["ShortageLog", "oldest_heads", "DESCRIPTOR_ERRNOS", "SHED_BATCH"]
+__all__ = ["ShortageLog", "oldest_heads", "DESCRIPTOR_ERRNOS", "MIN_WAIT", "SHED_BATCH"]
 
 #: accept() failures that shedding a connection's descriptor can cure
 DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
@@ -27,14 +31,22 @@ DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 #: no new client is waiting for
 SHED_BATCH = 1
 
+#: seconds a head must have been awaited before its connection may be shed.
+#: Short: new clients queued behind a listen backlog of half-sent heads get in
+#: after the backlog is churned through, a batch per MIN_WAIT; not zero: a
+#: connection accepted a moment ago, its client's request not yet arrived on a
+#: loaded machine, was seen shed for the next new client.
+MIN_WAIT = 0.25
 
-def oldest_heads(waiting, count):
-    """The `count` oldest of `waiting`: (started, connection) pairs of the
-    connections still waiting for their request head."""
+
+def oldest_heads(waiting, count, now, min_wait=MIN_WAIT):
+    """The `count` oldest of `waiting`, (started, connection) pairs of the
+    connections still waiting for their request head, that have waited at
+    least `min_wait` seconds by `now`."""
     if count <= 0:
         return []
-    return [connection for _, connection in
-            sorted(waiting, key=lambda pair: pair[0])[:count]]
+    old = [pair for pair in waiting if now - pair[0] >= min_wait]
+    return [connection for _, connection in sorted(old, key=lambda pair: pair[0])[:count]]
 
 
 class ShortageLog:
