@@ -133,6 +133,27 @@ def test_listening_sockets_are_read_from_proc_net_tables():
     assert procfs.parse_listening_unix(unix) == {9001: "unix:/run/app.sock"}
 
 
+def test_a_descriptor_closed_while_listed_does_not_hide_the_listeners(tmp_path, monkeypatch):
+    from forkserve.memory import procfs
+    (tmp_path / "7" / "fd").mkdir(parents=True)
+    (tmp_path / "7" / "net").mkdir()
+    (tmp_path / "7" / "fd" / "3").symlink_to("socket:[4242]")
+    (tmp_path / "7" / "fd" / "9").symlink_to("/gone")
+    (tmp_path / "7" / "net" / "tcp").write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+        "  timeout inode\n   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000"
+        " 00000000     0        0 4242 1 0000000000000000 100 0 0 10 0\n")
+    readlink = os.readlink
+
+    def closing(path):  # descriptor 9 closes between the listing and its readlink
+        if path.endswith("/fd/9"):
+            raise FileNotFoundError(path)
+        return readlink(path)
+
+    monkeypatch.setattr(os, "readlink", closing)
+    assert procfs.listening_addresses(7, proc=str(tmp_path)) == ["127.0.0.1:8080"]
+
+
 @pytest.mark.e2e
 def test_a_servers_listening_addresses_are_read_from_proc(run_server):
     from forkserve.memory import procfs

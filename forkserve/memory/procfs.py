@@ -369,7 +369,10 @@ def listening_addresses(pid, *, proc=PROC):
     try:
         inodes = set()
         for fd in os.listdir(f"{proc}/{pid}/fd"):
-            target = os.readlink(f"{proc}/{pid}/fd/{fd}")
+            try:
+                target = os.readlink(f"{proc}/{pid}/fd/{fd}")
+            except FileNotFoundError:  # that descriptor closed since the listing
+                continue
             if target.startswith("socket:["):
                 inodes.add(int(target[8:-1]))
         tables = {}
