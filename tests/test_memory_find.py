@@ -209,7 +209,9 @@ def test_the_masters_generation_is_the_same_in_json_and_prometheus(run_server):
 
 def test_the_why_listener_forks_one_auditor_at_a_time():
     # Issue 33 item 6: each request forked the master, with no cap.
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # a child that stays until killed (it waits on a pipe no one writes), no timer
+    sleeper = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                               stdin=subprocess.PIPE)
     forks = []
 
     def fork():  # the "auditor": a child of this process that stays until killed
@@ -240,4 +242,5 @@ def test_the_why_listener_forks_one_auditor_at_a_time():
     finally:
         sleeper.kill()
         sleeper.wait()
+        sleeper.stdin.close()
         listener.close()
