@@ -1,15 +1,17 @@
 """Build hook for the optional C accelerators: forkserve.share()'s walker,
-`forkserve memory --why`'s walk, and the hold on the allocators' free space
-across a worker's fork (forkserve.memory.free_space).
+`forkserve memory --why`'s walk, the hold on the allocators' free space
+across a worker's fork (forkserve.memory.free_space), and the usual HTTP
+request and response heads (forkserve.http.accel).
 
 Everything else lives in setup.cfg. The extensions are optional: where one
-cannot be compiled, its pure-Python walk is used instead.
+cannot be compiled, its pure-Python code is used instead.
 """
 from setuptools import Extension, setup
 
 # The headers the extensions share: an edit to one rebuilds each that includes it.
 ADDRSET = ["forkserve/memory/_addrset.h"]  # the address set of the walks
-MODULE = ["forkserve/memory/_module.h"]    # how each is built as a module
+MODULE = ["forkserve/_module.h"]           # how each is built as a module
+INCLUDE = ["forkserve"]                    # where _module.h is found
 
 setup(
     ext_modules=[
@@ -17,12 +19,14 @@ setup(
             "forkserve.memory._immortal",
             sources=["forkserve/memory/_immortal.c"],
             depends=ADDRSET + MODULE,
+            include_dirs=INCLUDE,
             optional=True,
         ),
         Extension(
             "forkserve.memory._free_space",
             sources=["forkserve/memory/_free_space.c"],
             depends=MODULE,
+            include_dirs=INCLUDE,
             libraries=["dl"],  # dlopen/dlsym: in libc itself from glibc 2.34
             optional=True,
         ),
@@ -30,6 +34,14 @@ setup(
             "forkserve.memory._whywalk",
             sources=["forkserve/memory/_whywalk.c"],
             depends=ADDRSET + MODULE,
+            include_dirs=INCLUDE,
+            optional=True,
+        ),
+        Extension(
+            "forkserve.http._h1",
+            sources=["forkserve/http/_h1.c"],
+            depends=MODULE,
+            include_dirs=INCLUDE,
             optional=True,
         ),
     ]

@@ -83,3 +83,20 @@ def no_sockets(monkeypatch):
     takes bytes or a fake select and gives events or decisions."""
     monkeypatch.setattr(socket, "socket", _forbidden("create a socket"))
     monkeypatch.setattr(socket, "create_connection", _forbidden("create a socket"))
+
+
+@pytest.fixture(params=["c", "python"])
+def head_path(request, monkeypatch):
+    """Run the test twice: with the C fast path of the HTTP heads
+    (forkserve/http/_h1.c) and with the Python code alone, which must give
+    the same answers. The C one fails where the extension did not build,
+    unless FORKSERVE_NO_C asks for Python only."""
+    from forkserve.http import protocol
+    if request.param == "python":
+        monkeypatch.setattr(protocol.Connection, "_fast_parse", None)
+        monkeypatch.setattr(protocol.Connection, "_fast_build", None)
+    elif protocol.Connection._fast_parse is None:
+        if os.environ.get("FORKSERVE_NO_C"):
+            pytest.skip("FORKSERVE_NO_C is set: the Python code only")
+        pytest.fail("forkserve.http._h1 is not built: pip install -e . with a C compiler")
+    return request.param

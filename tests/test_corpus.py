@@ -23,7 +23,7 @@ from echo_environ import app as echo_app  # noqa: E402
 
 
 # Any socket creation fails: these tests are bytes in, events out.
-pytestmark = pytest.mark.usefixtures("no_sockets")
+pytestmark = pytest.mark.usefixtures("no_sockets", "head_path")
 
 
 RFC_LIMITS = Limits(**{name.replace("-", "_"): value for name, value in CORPUS_LIMITS.items()})

@@ -36,18 +36,24 @@ Invariants, and why:
   hold more than one line over its limit.
 """
 
+from forkserve.cext import c_extension
 from forkserve.http.h1 import (BLANK_LINES, CHUNK_LINE_MAX, DISCARD_BYTES, REASONS, RequestError,
                                body_framing, chunk_size, escape, header_field, request_head,
                                request_line, request_target, trailer_allowed, valid_host)
-from forkserve.http.response import encode_head, plan_head
+from forkserve.http.response import build_head
 
-__all__ = ["Connection", "Request", "Data", "END", "NEED_DATA", "PEER_CLOSED",
+__all__ = ["Connection", "Request", "plain_response", "Data", "END", "NEED_DATA", "PEER_CLOSED",
            "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED", "SEND_BODY"]
 
 IDLE, HEAD, BODY, DONE, ERROR, CLOSED = "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED"
 SEND_BODY = "SEND_BODY"
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+#: The usual request head in and response head out, in C (forkserve/http/_h1.c),
+#: or None: then the Python code below does all of it, as it does for every
+#: head the C code declines.
+_H1 = c_extension("forkserve.http._h1")
 
 #: The request header names clients send most, as they spell them, each with
 #: the environ key _head_done would make of it (HTTP_ and the name upper-cased,
@@ -69,6 +75,14 @@ _FIELD_KEYS = {name: "HTTP_" + spelling.upper().replace("-", "_") for spelling i
 #: send, so the usual head skips splitting the list.
 _ONE_TOKEN = {value: ("keep-alive" == value.lower(), "close" != value.lower())
               for value in ("close", "Close", "keep-alive", "Keep-Alive", "keep-Alive")}
+
+
+def plain_response(status, body, content_type="text/plain", head_request=False):
+    """A whole response of the server's own (a refusal, the stats endpoint's
+    answers) that closes the connection: `status` and a `body` of bytes."""
+    head = build_head(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))],
+                      len(body), False, False, head_request, False, None)[1]
+    return head if head_request else head + body
 
 
 class _Sentinel:
@@ -147,6 +161,10 @@ class Connection:
     #: a response of unknown length on HTTP/1.1 is chunked (False: it ends
     #: with the close, as forkserve.http.uwsgi's responses do)
     chunk_responses = True
+
+    #: the C fast paths of _next_head and response_head (None: Python only)
+    _fast_parse = _H1.parse_head if _H1 is not None else None
+    _fast_build = _H1.build_head if _H1 is not None else None
 
     def __init__(self, limits):
         self.limits = limits
@@ -235,6 +253,15 @@ class Connection:
         if self._lines is None:
             # the usual case: the whole head is here, no line is near a limit,
             # and every line is in its usual form: one match for all of it
+            fast = self._fast_parse
+            if fast is not None:
+                head = fast(buf, pos, limits.fast_head_max, limits.fields_max)
+                if head is not None:
+                    self._pos, method, target, version, line, headers, path, query, keep = head
+                    length = headers.get("CONTENT_LENGTH")
+                    return self._framed(method, target, version, line, headers,
+                                        None if length is None else [length],
+                                        path, query, None, keep)
             end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
             if end >= 0:
                 head = request_head(buf[pos:end + 2].decode("latin-1"))
@@ -322,6 +349,14 @@ class Connection:
             else:
                 tokens = {t.strip(" \t").lower() for t in connection.split(",")}
                 keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
+        return self._framed(method, target, version, text, headers, lengths, path, query,
+                            authority, keep)
+
+    def _framed(self, method, target, version, text, headers, lengths, path, query, authority,
+                keep):
+        """The Request of a head whose fields and target were checked: its
+        body's framing decided and the connection's keep-alive (`keep`, what
+        the request asks) settled. `lengths`: the Content-Length values."""
         self.keep_alive = keep and self._keep_alive_allowed
         self._no_body = method == "HEAD"
         transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
@@ -439,15 +474,18 @@ class Connection:
         none). Decides keep-alive (see the module's invariants). Raises
         ApplicationError for a status or header the application may not send.
         """
-        request = self.request
-        code, lines, dated, self._declared, self._chunked, close = plan_head(
-            status, headers, total, request.version if self.chunk_responses else "HTTP/1.0",
-            self._no_body)
+        version = self.request.version
+        keep = self.their_state is DONE and self.keep_alive and not draining \
+            or self._reusable(draining)
+        chunk_ok = self.chunk_responses and version == "HTTP/1.1"
+        fast = self._fast_build
+        built = None if fast is None else fast(status, headers, total, chunk_ok,
+                                               version == "HTTP/1.0", self._no_body, keep, date)
+        if built is None:  # no C, or a head it leaves to the checks of the Python code
+            built = build_head(status, headers, total, chunk_ok, version == "HTTP/1.0",
+                               self._no_body, keep, date)
+        code, head, self._declared, self._chunked, self.keep_alive = built
         no_body = self._no_body = self._no_body or code in (204, 304)
-        if close or not (self.their_state is DONE and self.keep_alive and not draining
-                         or self._reusable(draining)):
-            self.keep_alive = False
-        head = encode_head(lines, not self.keep_alive, request.version, None if dated else date)
         self.our_state = SEND_BODY
         self.code = code
         if no_body or not body:
@@ -526,9 +564,7 @@ class Connection:
         """A complete plain-text error response that closes the connection."""
         self.keep_alive = False
         self.our_state = DONE
-        reason = REASONS[status]
-        return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n"
-                f"Content-Length: {len(reason)}\r\nConnection: close\r\n\r\n{reason}").encode()
+        return plain_response(f"{status} {REASONS[status]}", REASONS[status].encode())
 
     @property
     def unread_body(self):

@@ -23,8 +23,8 @@ from http import HTTPStatus
 
 from forkserve.http.h1 import TCHAR
 
-__all__ = ["ApplicationError", "FileWrapper", "check_start_response", "plan_head",
-           "encode_head"]
+__all__ = ["ApplicationError", "FileWrapper", "check_start_response", "build_head",
+           "plan_head", "encode_head"]
 
 _NAME = re.compile(f"[{TCHAR}]+")
 _VALUE = re.compile("[\t\x20-\x7e\x80-\xff]*")
@@ -142,6 +142,28 @@ def plan_head(status, headers, total, version, head_request):
     elif not no_body:
         close = True  # HTTP/1.0: the close ends the body
     return code, lines, dated, declared, chunked, close
+
+
+def build_head(status, headers, total, chunk_ok, http10, head_request, keep, date):
+    """Every response head the server sends, the application's and its own
+    refusals: plan_head's checks and framing, the keep-alive decision and
+    encode_head's bytes.
+
+    `chunk_ok`: a body of unknown length may be chunked (an HTTP/1.1 request
+    on a connection that chunks); `http10`: the request was HTTP/1.0 (which
+    is told `Connection: keep-alive` when kept); `keep`: the request and the
+    server let the connection stay, which the application's `Connection:
+    close` or a body that only the close can end takes away; `date`: the
+    Date value, unless the application gave one (None: no Date).
+    Returns (code, head, declared, chunked, keep), as plan_head names them.
+    forkserve/http/_h1.c's build_head is this function's fast path.
+    """
+    code, lines, dated, declared, chunked, close = plan_head(
+        status, headers, total, "HTTP/1.1" if chunk_ok else "HTTP/1.0", head_request)
+    keep = keep and not close
+    head = encode_head(lines, not keep, "HTTP/1.0" if http10 else "HTTP/1.1",
+                       None if dated else date)
+    return code, head, declared, chunked, keep
 
 
 def encode_head(lines, close, version, date):

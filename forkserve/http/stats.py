@@ -29,7 +29,7 @@ import urllib.parse
 
 from forkserve.http import dashboard
 from forkserve.http.h1 import Limits, RequestError
-from forkserve.http.protocol import NEED_DATA, PEER_CLOSED, Connection
+from forkserve.http.protocol import NEED_DATA, PEER_CLOSED, Connection, plain_response
 from forkserve.memory import render, report_json
 from forkserve.memory.history import History
 
@@ -106,9 +106,7 @@ def sample(history, make_report, clock=time.monotonic):
 def _http_response(method, path, make_report, ready, accept, history) -> bytes:
     status, content_type, body = respond(method, path, make_report, ready, accept=accept,
                                          history=history)
-    head = (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-    return head if method == "HEAD" else head + body
+    return plain_response(status, body, content_type, head_request=method == "HEAD")
 
 
 class _Client:

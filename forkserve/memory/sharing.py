@@ -57,13 +57,13 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import importlib
 import os
 import sys
 import sysconfig
 import time
 import warnings
 
+from forkserve import cext
 from forkserve.memory import probe
 from forkserve.memory.walker import walk as _walk_python
 
@@ -84,8 +84,8 @@ CHECKED_VERSIONS = ((3, 12), (3, 13), (3, 14), (3, 15))
 #: without it, 0.9 MB with it; the master grew by 1.9 MB.
 fill_utf8_cache = True
 
-#: Set to a non-empty value to ignore the C extension (tests, debugging).
-NO_C_ENV = "FORKSERVE_NO_C"
+#: Set to a non-empty value to ignore the C extensions (forkserve.cext).
+NO_C_ENV = cext.NO_C_ENV
 
 #: Types that own an OS resource and release it when they die, looked up in
 #: the modules already imported (nothing is imported for this). Most also
@@ -220,12 +220,7 @@ class Support:
 def c_extension(name):
     """The optional C extension forkserve.memory.<name>, or None where it did
     not build or FORKSERVE_NO_C is set (then the pure-Python code runs)."""
-    if os.environ.get(NO_C_ENV):
-        return None
-    try:
-        return importlib.import_module(f"forkserve.memory.{name}")
-    except ImportError:
-        return None
+    return cext.c_extension(f"forkserve.memory.{name}")
 
 
 def _accelerator():

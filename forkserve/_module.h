@@ -1,5 +1,6 @@
-/* forkserve/memory/_module.h: the one way forkserve's C extensions
- * (_immortal, _whywalk, _free_space) are built as modules.
+/* forkserve/_module.h: the one way forkserve's C extensions
+ * (memory/_immortal, memory/_whywalk, memory/_free_space, http/_h1) are
+ * built as modules.
  *
  * Invariants:
  * - Single-phase init and no per-module state (m_size -1): what a module

@@ -1,0 +1,652 @@
+/* forkserve/http/_h1.c: the usual request head in and the usual response
+ * head out, in C, for forkserve.http.protocol.Connection (forkserve.http.accel
+ * says when it is used).
+ *
+ * Two functions, each the fast path of Python code that stays the reference:
+ *
+ *   parse_head(buf, pos, window, fields_max)
+ *       the whole of Connection._next_head's first step and _head_done's
+ *       rules for a head in its usual form: a request line and field lines
+ *       as forkserve.http.h1._HEAD matches them, every field name once, an
+ *       origin-form target, a Host of letters, digits and the reg-name
+ *       marks with an optional port, a Connection of one token, no
+ *       Transfer-Encoding. Returns (end, method, target, version, line,
+ *       headers, path, query, keep): `end` the offset after the blank line,
+ *       `headers` keyed as the environ keys them, `keep` what the request
+ *       asks of the connection.
+ *   build_head(status, headers, total, chunk_ok, http10, head_request, keep, date)
+ *       forkserve.http.response.build_head for headers that are (str, str)
+ *       tuples of valid names and latin-1 values. Returns (code, head,
+ *       declared, chunked, keep).
+ *
+ * Invariants:
+ * - Either function returns None for anything outside what it handles
+ *   (a head not here whole, a repeated field, an absolute-form target, a
+ *   header value outside latin-1, a 1xx status...), and never raises for
+ *   the client's or the application's input: the Python code then runs on
+ *   the same input and gives the answer or the error, with its message. So
+ *   every refusal is decided in one place, in Python.
+ * - Where they return a result, it is the one the Python code returns for
+ *   the same input (tests/test_h1_accel.py compares them on generated
+ *   heads and headers).
+ * - Nothing is kept between calls: no cache, no state; the strings made at
+ *   import (environ keys, versions) are constants.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "_module.h"
+
+/* RFC 9110 tchar */
+static unsigned char TCHAR[256];
+/* a byte of a request target: visible ASCII */
+static unsigned char VCHAR[256];
+/* a byte of a field value: HTAB, SP, visible ASCII, obs-text */
+static unsigned char FIELD[256];
+/* a byte of a Host reg-name as forkserve.http.h1._HOST takes it: letters,
+ * digits, "_" and .~%!$&'()*+,;= and "-" */
+static unsigned char REGNAME[256];
+
+static void
+fill_tables(void)
+{
+    const char *marks = "!#$%&'*+-.^_`|~";
+    for (int c = 0; c < 256; c++) {
+        int alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+        TCHAR[c] = alnum || (c && strchr(marks, c) != NULL);
+        VCHAR[c] = c >= 0x21 && c <= 0x7e;
+        FIELD[c] = c == '\t' || (c >= 0x20 && c <= 0x7e) || c >= 0x80;
+        REGNAME[c] = alnum || (c && strchr("_.~%!$&'()*+,;=-", c) != NULL);
+    }
+}
+
+/* case-insensitive equality of `n` bytes with a lower-case ASCII word of
+ * `len` bytes */
+static inline int
+same_word(const unsigned char *s, Py_ssize_t n, const char *word, Py_ssize_t len)
+{
+    if (n != len) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        if ((c >= 'A' && c <= 'Z' ? c + 32 : c) != (unsigned char)word[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+#define is_word(s, n, word) same_word((s), (n), (word), (Py_ssize_t)sizeof(word) - 1)
+
+static PyObject *HTTP10, *HTTP11;          /* "HTTP/1.0", "HTTP/1.1" */
+static PyObject *KEY_HOST, *KEY_CONNECTION;
+
+/* The environ keys of the fields clients send most, made once: a key made
+ * per request would be a new string for the application to hash. */
+static const char *const COMMON_KEYS[] = {
+    "HTTP_HOST", "HTTP_USER_AGENT", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING",
+    "HTTP_ACCEPT_LANGUAGE", "HTTP_CONNECTION", "CONTENT_TYPE", "CONTENT_LENGTH",
+    "HTTP_COOKIE", "HTTP_AUTHORIZATION", "HTTP_REFERER", "HTTP_ORIGIN",
+    "HTTP_CACHE_CONTROL", "HTTP_PRAGMA", "HTTP_IF_NONE_MATCH", "HTTP_IF_MODIFIED_SINCE",
+    "HTTP_RANGE", "HTTP_EXPECT", "HTTP_TRANSFER_ENCODING", "HTTP_UPGRADE_INSECURE_REQUESTS",
+    "HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_FORWARDED_HOST",
+    "HTTP_X_REAL_IP", "HTTP_X_REQUEST_ID", "HTTP_SEC_FETCH_DEST", "HTTP_SEC_FETCH_MODE",
+    "HTTP_SEC_FETCH_SITE", "HTTP_SEC_FETCH_USER", "HTTP_DNT", "HTTP_PRIORITY",
+    "HTTP_KEEP_ALIVE", "HTTP_TE", "HTTP_UPGRADE",
+};
+#define N_COMMON (sizeof(COMMON_KEYS) / sizeof(COMMON_KEYS[0]))
+static PyObject *common_keys[N_COMMON];
+static Py_ssize_t common_lengths[N_COMMON];
+static PyObject *key_transfer_encoding;
+
+#define KEY_MAX 256  /* a longer field name gets a key made for it */
+
+/* The environ key of a field name (PEP 3333: HTTP_ and the name upper-cased
+ * with "-" as "_"; Content-Type and Content-Length without HTTP_); a new
+ * reference, or NULL with an exception set. */
+static PyObject *
+environ_key(const unsigned char *name, Py_ssize_t n)
+{
+    char key[KEY_MAX + 6];
+    Py_ssize_t k = 0;
+    if (n <= KEY_MAX) {
+        int content = is_word(name, n, "content-type") || is_word(name, n, "content-length");
+        if (!content) {
+            memcpy(key, "HTTP_", 5);
+            k = 5;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned char c = name[i];
+            key[k++] = c == '-' ? '_' : (c >= 'a' && c <= 'z') ? (char)(c - 32) : (char)c;
+        }
+        for (size_t i = 0; i < N_COMMON; i++) {
+            const char *common = COMMON_KEYS[i];
+            if (common_lengths[i] == k && memcmp(common, key, k) == 0) {
+                return Py_NewRef(common_keys[i]);
+            }
+        }
+        return PyUnicode_DecodeASCII(key, k, NULL);
+    }
+    PyObject *name_str = PyUnicode_DecodeASCII((const char *)name, n, NULL);
+    if (name_str == NULL) {
+        return NULL;
+    }
+    PyObject *upper = PyObject_CallMethod(name_str, "upper", NULL);
+    Py_DECREF(name_str);
+    if (upper == NULL) {
+        return NULL;
+    }
+    PyObject *under = PyObject_CallMethod(upper, "replace", "ss", "-", "_");
+    Py_DECREF(upper);
+    if (under == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyUnicode_FromFormat("HTTP_%U", under);
+    Py_DECREF(under);
+    return result;
+}
+
+static PyObject *
+latin1(const unsigned char *start, Py_ssize_t n)
+{
+    return PyUnicode_DecodeLatin1((const char *)start, n, NULL);
+}
+
+
+
+/* A Host value forkserve.http.h1._HOST accepts through its reg-name
+ * branch, with an optional port; 0 for anything else (an IP literal, a
+ * byte outside it), which the Python code then decides. */
+static int
+usual_host(const unsigned char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n && REGNAME[s[i]]) {
+        i++;
+    }
+    if (i < n && s[i] == ':') {
+        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+        }
+    }
+    return i == n;
+}
+
+static PyObject *
+parse_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "parse_head(buf: bytes, pos, window, fields_max)");
+        return NULL;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t window = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t fields_max = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (pos < 0 || pos > size || window < 0) {
+        PyErr_SetString(PyExc_ValueError, "parse_head: position out of range");
+        return NULL;
+    }
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    /* buf.find(b"\r\n\r\n", pos, pos + window), as Connection._next_head asks */
+    Py_ssize_t stop = size - pos < window ? size : pos + window;
+    const unsigned char *p = buf + pos, *end = NULL;
+    while (stop - (p - buf) >= 4) {
+        const unsigned char *cr = memchr(p, '\r', stop - (p - buf) - 3);
+        if (cr == NULL) {
+            break;
+        }
+        if (cr[1] == '\n' && cr[2] == '\r' && cr[3] == '\n') {
+            end = cr + 2;  /* the end of the last line's CRLF */
+            break;
+        }
+        p = cr + 1;
+    }
+    if (end == NULL) {
+        Py_RETURN_NONE;
+    }
+
+    /* the request line: tchar+ SP vchar+ SP "HTTP/1." DIGIT CRLF */
+    const unsigned char *s = buf + pos, *method = s;
+    while (s < end && TCHAR[*s]) {
+        s++;
+    }
+    Py_ssize_t method_n = s - method;
+    if (!method_n || s >= end || *s != ' ') {
+        Py_RETURN_NONE;
+    }
+    const unsigned char *target = ++s;
+    while (s < end && VCHAR[*s]) {
+        s++;
+    }
+    Py_ssize_t target_n = s - target;
+    if (!target_n || end - s < 11 || memcmp(s, " HTTP/1.", 8) != 0
+            || s[8] < '0' || s[8] > '9' || s[9] != '\r' || s[10] != '\n') {
+        Py_RETURN_NONE;
+    }
+    int http10 = s[8] == '0';
+    Py_ssize_t line_n = s + 9 - method;
+    s += 11;
+    /* what the Python code refuses or treats apart: a fragment, CONNECT,
+     * a target that is not a path (absolute form, *) */
+    if (target[0] != '/' || memchr(target, '#', target_n) != NULL
+            || (method_n == 7 && memcmp(method, "CONNECT", 7) == 0)) {
+        Py_RETURN_NONE;
+    }
+
+    PyObject *headers = PyDict_New();
+    if (headers == NULL) {
+        return NULL;
+    }
+    Py_ssize_t fields = 0;
+    int keep = !http10, have_host = 0;
+    while (s < end) {  /* field lines: tchar+ ":" field-value CRLF */
+        const unsigned char *name = s;
+        while (s < end && TCHAR[*s]) {
+            s++;
+        }
+        Py_ssize_t name_n = s - name;
+        if (!name_n || s >= end || *s != ':') {
+            goto decline;
+        }
+        const unsigned char *value = ++s;
+        while (s < end && FIELD[*s]) {
+            s++;
+        }
+        if (end - s < 2 || s[0] != '\r' || s[1] != '\n') {
+            goto decline;
+        }
+        const unsigned char *value_end = s;
+        s += 2;
+        if (++fields > fields_max) {
+            goto decline;
+        }
+        if (memchr(name, '_', name_n) != NULL) {
+            continue;  /* dropped, as the Python code drops it */
+        }
+        while (value < value_end && (*value == ' ' || *value == '\t')) {
+            value++;
+        }
+        while (value_end > value && (value_end[-1] == ' ' || value_end[-1] == '\t')) {
+            value_end--;
+        }
+        Py_ssize_t value_n = value_end - value;
+        PyObject *key = environ_key(name, name_n);
+        if (key == NULL) {
+            goto error;
+        }
+        int seen = PyDict_Contains(headers, key);
+        if (seen != 0) {
+            Py_DECREF(key);
+            if (seen < 0) {
+                goto error;
+            }
+            goto decline;  /* a repeated field: the Python code joins or refuses it */
+        }
+        if (key == key_transfer_encoding) {
+            Py_DECREF(key);
+            goto decline;  /* a chunked body: framed by the Python code */
+        }
+        if (key == KEY_HOST) {
+            if (!usual_host(value, value_n)) {
+                Py_DECREF(key);
+                goto decline;
+            }
+            have_host = 1;
+        }
+        else if (key == KEY_CONNECTION) {
+            if (is_word(value, value_n, "close")) {
+                keep = 0;
+            }
+            else if (is_word(value, value_n, "keep-alive")) {
+                keep = 1;
+            }
+            else {
+                Py_DECREF(key);
+                goto decline;  /* a list of tokens */
+            }
+        }
+        PyObject *text = latin1(value, value_n);
+        if (text == NULL) {
+            Py_DECREF(key);
+            goto error;
+        }
+        int failed = PyDict_SetItem(headers, key, text);
+        Py_DECREF(key);
+        Py_DECREF(text);
+        if (failed) {
+            goto error;
+        }
+    }
+    if (!have_host && !http10) {
+        goto decline;  /* HTTP/1.1 without Host: refused by the Python code */
+    }
+
+    PyObject *method_s = latin1(method, method_n);
+    PyObject *target_s = latin1(target, target_n);
+    PyObject *line_s = latin1(method, line_n);
+    const unsigned char *question = memchr(target, '?', target_n);
+    Py_ssize_t path_n = question == NULL ? target_n : question - target;
+    PyObject *path_s = question == NULL ? Py_XNewRef(target_s) : latin1(target, path_n);
+    PyObject *query_s = question == NULL ? PyUnicode_New(0, 0)
+                                         : latin1(question + 1, target_n - path_n - 1);
+    PyObject *end_o = PyLong_FromSsize_t(end + 2 - buf);
+    PyObject *result = NULL;
+    if (method_s && target_s && line_s && path_s && query_s && end_o) {
+        result = PyTuple_New(9);
+    }
+    if (result == NULL) {
+        Py_XDECREF(end_o);
+        Py_XDECREF(method_s);
+        Py_XDECREF(target_s);
+        Py_XDECREF(line_s);
+        Py_XDECREF(path_s);
+        Py_XDECREF(query_s);
+        Py_DECREF(headers);
+        return NULL;
+    }
+    /* the tuple takes each reference */
+    PyTuple_SET_ITEM(result, 0, end_o);
+    PyTuple_SET_ITEM(result, 1, method_s);
+    PyTuple_SET_ITEM(result, 2, target_s);
+    PyTuple_SET_ITEM(result, 3, Py_NewRef(http10 ? HTTP10 : HTTP11));
+    PyTuple_SET_ITEM(result, 4, line_s);
+    PyTuple_SET_ITEM(result, 5, headers);
+    PyTuple_SET_ITEM(result, 6, path_s);
+    PyTuple_SET_ITEM(result, 7, query_s);
+    PyTuple_SET_ITEM(result, 8, Py_NewRef(keep ? Py_True : Py_False));
+    return result;
+
+decline:
+    Py_DECREF(headers);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(headers);
+    return NULL;
+}
+
+/* --- the response head ------------------------------------------------- */
+
+typedef struct {
+    char *data;
+    Py_ssize_t size, cap;
+    char small[1024];
+} Out;
+
+static int
+out_put(Out *out, const void *bytes, Py_ssize_t n)
+{
+    if (out->size + n > out->cap) {
+        Py_ssize_t cap = (out->cap + n) * 2;
+        char *bigger = out->data == out->small ? PyMem_Malloc(cap) : PyMem_Realloc(out->data, cap);
+        if (bigger == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (out->data == out->small) {
+            memcpy(bigger, out->small, out->size);
+        }
+        out->data = bigger;
+        out->cap = cap;
+    }
+    memcpy(out->data + out->size, bytes, n);
+    out->size += n;
+    return 0;
+}
+
+static void
+out_free(Out *out)
+{
+    if (out->data != out->small) {
+        PyMem_Free(out->data);
+    }
+}
+
+/* a str of latin-1 characters as its bytes, or NULL (no exception) */
+static const unsigned char *
+latin1_bytes(PyObject *text, Py_ssize_t *n)
+{
+    if (!PyUnicode_CheckExact(text) || PyUnicode_KIND(text) != PyUnicode_1BYTE_KIND) {
+        return NULL;
+    }
+    *n = PyUnicode_GET_LENGTH(text);
+    return PyUnicode_1BYTE_DATA(text);
+}
+
+/* does the lower-cased `s` contain "close" (the Python code's
+ * `"close" in value.lower()`)? */
+static int
+mentions_close(const unsigned char *s, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i + 5 <= n; i++) {
+        if (strncasecmp((const char *)s + i, "close", 5) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+build_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "build_head(status, headers, total, chunk_ok, "
+                                         "http10, head_request, keep, date)");
+        return NULL;
+    }
+    PyObject *status = args[0], *headers = args[1], *total_o = args[2], *date = args[7];
+    int chunk_ok = PyObject_IsTrue(args[3]), http10 = PyObject_IsTrue(args[4]);
+    int head_request = PyObject_IsTrue(args[5]), keep = PyObject_IsTrue(args[6]);
+    if (chunk_ok < 0 || http10 < 0 || head_request < 0 || keep < 0) {
+        return NULL;
+    }
+    Py_ssize_t status_n, date_n = 0;
+    const unsigned char *status_s = latin1_bytes(status, &status_n);
+    const unsigned char *date_s = date == Py_None ? NULL : latin1_bytes(date, &date_n);
+    if (status_s == NULL || status_n < 4 || !PyList_CheckExact(headers)
+            || (date != Py_None && date_s == NULL)) {
+        Py_RETURN_NONE;
+    }
+    int code = 0;
+    for (int i = 0; i < 3; i++) {
+        if (status_s[i] < '0' || status_s[i] > '9') {
+            Py_RETURN_NONE;
+        }
+        code = code * 10 + (status_s[i] - '0');
+    }
+    if (code < 200 || status_s[3] != ' ') {
+        Py_RETURN_NONE;  /* 1xx, or a status the Python code checks itself */
+    }
+    for (Py_ssize_t i = 4; i < status_n; i++) {
+        if (status_s[i] < 0x20 || status_s[i] >= 0x7f) {
+            Py_RETURN_NONE;
+        }
+    }
+    Py_ssize_t total = -1;
+    if (total_o != Py_None) {
+        total = PyLong_AsSsize_t(total_o);
+        if (total < 0) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    }
+
+    Out out = {.data = NULL, .size = 0, .cap = sizeof(out.small)};
+    out.data = out.small;
+    long long length = -1;
+    int close = 0, dated = 0;
+    if (out_put(&out, "HTTP/1.1 ", 9) < 0 || out_put(&out, status_s, status_n) < 0
+            || out_put(&out, "\r\n", 2) < 0) {
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+        PyObject *pair = PyList_GET_ITEM(headers, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            goto decline;
+        }
+        Py_ssize_t name_n = 0, value_n = 0;
+        const unsigned char *name = latin1_bytes(PyTuple_GET_ITEM(pair, 0), &name_n);
+        const unsigned char *value = latin1_bytes(PyTuple_GET_ITEM(pair, 1), &value_n);
+        if (name == NULL || value == NULL || !name_n) {
+            goto decline;
+        }
+        for (Py_ssize_t j = 0; j < name_n; j++) {
+            if (!TCHAR[name[j]]) {
+                goto decline;
+            }
+        }
+        for (Py_ssize_t j = 0; j < value_n; j++) {
+            if (!FIELD[value[j]]) {
+                goto decline;
+            }
+        }
+        if (is_word(name, name_n, "content-length")) {
+            if (length >= 0 || value_n == 0 || value_n > 18) {
+                goto decline;
+            }
+            long long n = 0;
+            for (Py_ssize_t j = 0; j < value_n; j++) {
+                if (value[j] < '0' || value[j] > '9') {
+                    goto decline;
+                }
+                n = n * 10 + (value[j] - '0');
+            }
+            length = n;
+            if (code == 204) {
+                continue;
+            }
+        }
+        else if (is_word(name, name_n, "date")) {
+            dated = 1;
+        }
+        else if (is_word(name, name_n, "connection")) {
+            close = close || mentions_close(value, value_n);
+            continue;
+        }
+        else if (is_word(name, name_n, "transfer-encoding")) {
+            continue;
+        }
+        if (out_put(&out, name, name_n) < 0 || out_put(&out, ": ", 2) < 0
+                || out_put(&out, value, value_n) < 0 || out_put(&out, "\r\n", 2) < 0) {
+            goto error;
+        }
+    }
+    int bodiless = code == 204 || code == 304;
+    int no_body = head_request || bodiless;
+    long long declared = -1;
+    int chunked = 0;
+    if (bodiless) {
+        /* never a body, never framing of our own */
+    }
+    else if (length >= 0) {
+        declared = no_body ? -1 : length;
+    }
+    else if (total >= 0) {
+        char number[32];
+        int n = snprintf(number, sizeof(number), "Content-Length: %zd\r\n", total);
+        if (out_put(&out, number, n) < 0) {
+            goto error;
+        }
+    }
+    else if (chunk_ok) {
+        if (out_put(&out, "Transfer-Encoding: chunked\r\n", 28) < 0) {
+            goto error;
+        }
+        chunked = !no_body;
+    }
+    else if (!no_body) {
+        close = 1;
+    }
+    keep = keep && !close;
+    if (!keep) {
+        if (out_put(&out, "Connection: close\r\n", 19) < 0) {
+            goto error;
+        }
+    }
+    else if (http10 && out_put(&out, "Connection: keep-alive\r\n", 24) < 0) {
+        goto error;
+    }
+    if (!dated && date_s != NULL) {
+        if (out_put(&out, "Date: ", 6) < 0 || out_put(&out, date_s, date_n) < 0
+                || out_put(&out, "\r\n", 2) < 0) {
+            goto error;
+        }
+    }
+    if (out_put(&out, "\r\n", 2) < 0) {
+        goto error;
+    }
+    PyObject *head = PyBytes_FromStringAndSize(out.data, out.size);
+    out_free(&out);
+    if (head == NULL) {
+        return NULL;
+    }
+    PyObject *declared_o = declared < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(declared);
+    PyObject *code_o = PyLong_FromLong(code);
+    PyObject *result = declared_o && code_o ? PyTuple_New(5) : NULL;
+    if (result == NULL) {
+        Py_DECREF(head);
+        Py_XDECREF(declared_o);
+        Py_XDECREF(code_o);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(result, 0, code_o);
+    PyTuple_SET_ITEM(result, 1, head);
+    PyTuple_SET_ITEM(result, 2, declared_o);
+    PyTuple_SET_ITEM(result, 3, Py_NewRef(chunked ? Py_True : Py_False));
+    PyTuple_SET_ITEM(result, 4, Py_NewRef(keep ? Py_True : Py_False));
+    return result;
+
+decline:
+    out_free(&out);
+    Py_RETURN_NONE;
+error:
+    out_free(&out);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"parse_head", (PyCFunction)(void (*)(void))parse_head, METH_FASTCALL,
+     "parse_head(buf, pos, window, fields_max): the usual request head, or None"},
+    {"build_head", (PyCFunction)(void (*)(void))build_head, METH_FASTCALL,
+     "build_head(status, headers, total, chunk_ok, http10, head_request, keep, date): "
+     "the usual response head, or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = MODULE_DEF(
+    "forkserve.http._h1",
+    "The usual request head in and response head out, in C "
+    "(forkserve.http.accel says when they are used).",
+    methods);
+
+static int
+fill(PyObject *module)
+{
+    fill_tables();
+    HTTP10 = PyUnicode_InternFromString("HTTP/1.0");
+    HTTP11 = PyUnicode_InternFromString("HTTP/1.1");
+    if (HTTP10 == NULL || HTTP11 == NULL) {
+        return -1;
+    }
+    for (size_t i = 0; i < N_COMMON; i++) {
+        common_lengths[i] = (Py_ssize_t)strlen(COMMON_KEYS[i]);
+        common_keys[i] = PyUnicode_InternFromString(COMMON_KEYS[i]);
+        if (common_keys[i] == NULL) {
+            return -1;
+        }
+    }
+    KEY_HOST = common_keys[0];
+    KEY_CONNECTION = common_keys[5];
+    key_transfer_encoding = common_keys[18];
+    return 0;
+}
+
+PyMODINIT_FUNC
+PyInit__h1(void)
+{
+    return module_create(&module_def, fill);
+}

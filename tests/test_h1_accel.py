@@ -1,0 +1,182 @@
+"""forkserve/http/_h1.c against the Python code it speeds up: on any head and
+any response headers, the C function either declines (None, and the Python
+code decides) or gives exactly what the Python code gives. Bytes in, results
+out: no socket. The corpora (tests/test_corpus.py) run on both paths too,
+through conftest's head_path fixture.
+"""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from forkserve.http import protocol
+from forkserve.http.h1 import Limits, RequestError
+from forkserve.http.protocol import Connection, Request
+from forkserve.http.response import ApplicationError, build_head
+
+pytestmark = pytest.mark.usefixtures("no_sockets")
+
+H1 = protocol._H1
+
+
+@pytest.fixture(autouse=True)
+def built():
+    """The C extension must be here to be compared."""
+    if H1 is None:
+        if os.environ.get("FORKSERVE_NO_C"):
+            pytest.skip("FORKSERVE_NO_C is set: the Python code only")
+        pytest.fail("forkserve.http._h1 is not built: pip install -e . with a C compiler")
+
+
+def python_connection(limits):
+    connection = Connection(limits)
+    connection._fast_parse = None
+    connection._fast_build = None
+    return connection
+
+
+def outcome(connection, raw):
+    """What a connection makes of `raw` (the client then closes): the
+    request's every attribute and the keep-alive decision, or the refusal."""
+    connection.receive_data(raw)
+    connection.receive_data(b"")
+    try:
+        event = connection.next_event()
+    except RequestError as refusal:
+        return ("refused", refusal.status, refusal.reason)
+    if not isinstance(event, Request):
+        return ("event", repr(event))
+    return ("request", {name: getattr(event, name) for name in Request.__slots__},
+            connection.keep_alive, connection.their_state, connection.buffered)
+
+
+_PIECES = st.sampled_from([
+    "a", "Z", "0", "-", "_", "/", ":", ".", " ", "\t", "\r", "\n", "\xe9", "\x00", "\x7f",
+    "%", "?", "#", "*", "[", "]", "@", ",", ";",
+])
+_TEXT = st.lists(_PIECES, max_size=6).map("".join)
+
+
+@st.composite
+def heads(draw):
+    """Request heads, most in the usual form and some near every edge the C
+    code declines or the Python code refuses."""
+    def part(usual):
+        return draw(_TEXT if draw(st.integers(0, 9)) == 0 else st.sampled_from(usual))
+
+    method = part(["GET", "POST", "HEAD", "get", "M-1!", "CONNECT", "OPTIONS"])
+    target = part(["/", "/a?b=c", "/a%20b", "/x#f", "*", "http://h/x", "/?", "/a?b?c"])
+    version = part(["HTTP/1.1", "HTTP/1.0", "HTTP/1.9", "HTTP/2.0"])
+    lines = [f"{method} {target} {version}"]
+    if draw(st.integers(0, 4)):  # mostly a valid Host, as clients send
+        lines.append("Host: " + draw(st.sampled_from(["127.0.0.1:8000", "h", "a.b-c_d"])))
+    for _ in range(draw(st.integers(0, 4))):
+        name = part(["Host", "host", "HOST", "X-A", "x_b", "Connection", "Content-Type",
+                     "Content-Length", "Transfer-Encoding", "Expect", "Cookie", "Accept",
+                     "X-Forwarded-Proto", "content-length"])
+        value = part(["v", "127.0.0.1:8000", "[::1]:80", "h:x", "close", "Close",
+                      "keep-alive", "close, upgrade", "3", "0", "chunked", "100-continue",
+                      " \t a  b \t", "", "\xe9", "a=b; c=d"])
+        lines.append(f"{name}:{value}" if draw(st.booleans()) else f"{name}: {value}")
+    head = "".join(line + "\r\n" for line in lines) + "\r\n"
+    body = draw(st.sampled_from(["", "abc", "0\r\n\r\n", "GET / HTTP/1.1\r\n\r\n"]))
+    return (head + body).encode("latin-1")
+
+
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@given(heads(), st.sampled_from([Limits(), Limits(limit_request_fields=2),
+                                 Limits(limit_request_line=20), Limits(keep_alive=0)]))
+def test_a_head_gives_what_the_python_code_gives(raw, limits):
+    assert outcome(Connection(limits), raw) == outcome(python_connection(limits), raw)
+
+
+@pytest.mark.parametrize("version", ["HTTP/1.1", "HTTP/1.0"])
+@pytest.mark.parametrize("connection", [None, "close", "Close", "keep-alive", "Keep-Alive",
+                                        "KEEP-ALIVE", "upgrade", "close, te", ""])
+@pytest.mark.parametrize("framing", ["", "Content-Length: 3\r\n", "Content-Length: 0\r\n",
+                                     "Transfer-Encoding: chunked\r\n"])
+@pytest.mark.parametrize("limits", [Limits(), Limits(keep_alive=0)])
+def test_each_keep_alive_and_framing_decision_is_the_python_codes(version, connection, framing,
+                                                                  limits):
+    raw = (f"POST /a?b HTTP/{version[-3:]}\r\nHost: h\r\n{framing}"
+           + ("" if connection is None else f"Connection: {connection}\r\n")
+           + "\r\nabc").encode()
+    assert outcome(Connection(limits), raw) == outcome(python_connection(limits), raw)
+
+
+def test_the_usual_heads_are_taken_by_the_c_code():
+    """What clients send is parsed in C, not declined to Python (else the
+    comparison above would compare Python with itself)."""
+    usual = [
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n\r\n",  # wrk
+        b"GET /person/a%40b?x=1 HTTP/1.1\r\nHost: localhost\r\nUser-Agent: curl/8.5.0\r\n"
+        b"Accept: */*\r\n\r\n",
+        b"POST /api HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\nConnection: keep-alive\r\n\r\n{}",
+        b"GET / HTTP/1.0\r\nHost: example.com\r\nConnection: close\r\n\r\n",  # nginx proxy_pass
+    ]
+    for raw in usual:
+        parsed = H1.parse_head(raw, 0, 8192, 100)
+        assert parsed is not None, raw
+        assert raw[parsed[0] - 4:parsed[0]] == b"\r\n\r\n"
+    parsed = H1.parse_head(usual[2], 0, 8192, 100)
+    assert parsed[5] == {"HTTP_HOST": "h", "CONTENT_TYPE": "application/json",
+                         "CONTENT_LENGTH": "2", "HTTP_CONNECTION": "keep-alive"}
+    assert parsed[6:] == ("/api", "", True)
+
+
+def test_the_c_code_leaves_the_unusual_to_python():
+    for raw in [b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",          # repeated
+                b"GET http://h/ HTTP/1.1\r\nHost: h\r\n\r\n",               # absolute form
+                b"GET / HTTP/1.1\r\n\r\n",                                  # no Host
+                b"GET / HTTP/1.1\r\nHost: [::1]\r\n\r\n",                   # IP literal
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close, te\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost: h\r\n",                           # not here whole
+                b"\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n"]:                  # a blank line first
+        assert H1.parse_head(raw, 0, 8192, 100) is None, raw
+
+
+_NAMES = st.sampled_from(["Content-Type", "content-length", "Content-Length", "Date", "date",
+                          "Connection", "Transfer-Encoding", "Set-Cookie", "X-A", "Bad Name",
+                          "", "X\xe9", "X\u20ac", "Keep-Alive"])
+_VALUES = st.sampled_from(["text/plain", "5", "0", "05", "", " 5", "5a", "12345678901234567890",
+                           "close", "Keep-Alive, Close", "xclosex", "chunked", "a\r\nb",
+                           "\xe9", "\u20ac", "a\x7fb", "a\tb", "D2"])
+_HEADERS = st.lists(st.one_of(st.tuples(_NAMES, _VALUES),
+                              st.sampled_from([("X-A", b"bytes"), ["X-A", "list"], ("X",)])),
+                    max_size=5)
+_STATUSES = st.sampled_from(["200 OK", "204 No Content", "304 Not Modified", "404 Not Found",
+                             "299 Fine", "200 \xe9", "101 Switching Protocols", "200 O\x7fK",
+                             "500 Internal Server Error"])
+
+
+def _python_build(*args):
+    try:
+        return build_head(*args)
+    except ApplicationError as error:
+        return ("error", str(error))
+
+
+@settings(max_examples=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(_STATUSES, _HEADERS, st.sampled_from([None, 0, 13, 1 << 40]), st.booleans(),
+       st.booleans(), st.booleans(), st.booleans(), st.sampled_from([None, "Fri, D"]))
+def test_a_response_head_is_what_the_python_code_builds(status, headers, total, chunk_ok,
+                                                         http10, head_request, keep, date):
+    args = (status, headers, total, chunk_ok, http10, head_request, keep, date)
+    fast = H1.build_head(*args)
+    if fast is not None:
+        assert fast == _python_build(*args)
+
+
+def test_the_usual_response_heads_are_built_in_c():
+    date = "Fri, 27 Nov 2026 21:00:00 GMT"
+    for headers in ([("Content-Type", "text/plain"), ("Content-Length", "13")],
+                    [("Content-Type", "text/html; charset=UTF-8"), ("Set-Cookie", "a=b")],
+                    []):
+        for total in (None, 13):
+            args = ("200 OK", headers, total, True, False, False, True, date)
+            fast = H1.build_head(*args)
+            assert fast is not None and fast == build_head(*args)
