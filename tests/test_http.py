@@ -219,7 +219,9 @@ def body(data, length=None, chunked_=False, **limits):
 
 
 def respond(connection, draining=False):
-    connection.response_head("200 OK", [], b"ok", 2, "Thu, 01 Jan 1970 00:00:00 GMT", draining)
+    if draining:
+        connection.drain()
+    connection.response_head("200 OK", [], b"ok", 2, "Thu, 01 Jan 1970 00:00:00 GMT")
     connection.response_end()
 
 
@@ -290,6 +292,42 @@ def test_body_cut_short_raises_client_disconnected():
     b, _ = body(b"abc", length=10)
     with pytest.raises(ClientDisconnected):
         b.read()
+
+
+@pytest.mark.parametrize("failure", [RequestError(408, "request body not received in time"),
+                                     ClientDisconnected("gone")])
+def test_a_body_that_failed_closes_the_connection_whatever_the_application_answers(failure):
+    """The connection, not its driver, decides the close after a failed body
+    read: a timeout (raised by the driver's fill), a bad chunk, a client gone."""
+    connection = Connection(Limits())
+    connection.receive_data(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nabc")
+    assert isinstance(connection.next_event(), Request)
+
+    def fill():
+        raise failure
+    b = Body(connection, fill)
+    with pytest.raises(type(failure)):
+        b.read()
+    assert connection.body_error is failure and connection.unread_body
+    respond(connection)  # the application caught it and answered anyway
+    assert not connection.keep_alive and not connection.start_next_cycle()
+
+
+def test_draining_closes_after_the_response_unless_a_request_is_pipelined():
+    connection = Connection(Limits())
+    connection.receive_data(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    connection.next_event()
+    connection.drain()
+    assert connection.wants_peek()  # a pipelined request may be readable: look first
+    respond(connection)
+    assert not connection.start_next_cycle()
+    connection = Connection(Limits())
+    connection.receive_data(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n" * 2)
+    connection.next_event()
+    connection.drain()
+    assert not connection.wants_peek()
+    respond(connection)
+    assert connection.start_next_cycle() and isinstance(connection.next_event(), Request)
 
 
 def test_small_unread_body_all_received_is_skipped_and_the_connection_kept():

@@ -144,8 +144,8 @@ def test_the_fixed_tables_let_through_only_valid_names_and_statuses():
     """A name or status found in the tables skips the checks, so each entry
     must pass them: a token name with its own lower case, a status the checks
     accept with its own code."""
-    from forkserve.http.response import _COMMON_NAMES, _NAME, _STATUS_CODES
+    from forkserve.http.response import _COMMON_NAMES, _NAME, STATUS_CODES
     for name, lower in _COMMON_NAMES.items():
         assert _NAME.fullmatch(name) and lower == name.lower()
-    for status, code in _STATUS_CODES.items():
+    for status, code in STATUS_CODES.items():
         assert status.isprintable() and status[3] == " " and int(status[:3]) == code

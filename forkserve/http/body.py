@@ -121,6 +121,7 @@ class Body:
                     return event.data
         except (RequestError, ClientDisconnected) as ex:
             self.error = ex
+            connection.body_failed(ex)  # which closes the connection after the response
             raise
 
     @property

@@ -80,7 +80,7 @@ class ErrorStream:
         if not text:
             return
         connection = self._connection
-        if connection is not None and connection.body.error is not None \
+        if connection is not None and connection.http.body_error is not None \
                 and self.TRACEBACK in text:
             return
         self._logger.error("%s", text)
@@ -191,7 +191,7 @@ class Handler:
         responder = self.responder
         server.active_requests += 1
         try:
-            responder.respond(env, body, request.line)
+            responder.respond(env, request.line)
         finally:
             server.active_requests -= 1
             if spooled is not None:
@@ -206,14 +206,11 @@ class Handler:
             code = responder.code
             sink(env, request.line, code, responder.headers if responder.headers_sent else (),
                  http.sent if code else None, self._started)
-        if body.error is not None:
-            if isinstance(body.error, RequestError):
-                self._log_refusal(body.error)
-            self.transport.linger = True
-            return False
         if http.start_next_cycle():
             return True
-        self.transport.linger = http.unread_body
+        if isinstance(http.body_error, RequestError):  # answered with its status
+            self._log_refusal(http.body_error)
+        self.transport.linger = http.unread_body  # the client may still be sending
         return False
 
     def _receive_head(self, first):

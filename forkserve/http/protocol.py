@@ -25,13 +25,15 @@ Invariants, and why:
   first violation raises RequestError and puts the connection in ERROR,
   from which nothing is parsed again: what follows could be a smuggled
   request.
-- Keep-alive is decided once, in `response_head`, from the request (version,
-  Connection), the application (Connection: close), the framing of both
-  bodies, the server (keep_alive = 0, draining) and what was received: an
-  unread request body keeps the connection only if it arrived whole and is
-  small (DISCARD_BYTES), so skipping it cannot wait. The head says
-  `Connection: close` exactly when the connection will close; only a
-  response cut short (the application's fault) closes it later.
+- Every close is decided here. Keep-alive is decided once, in
+  `response_head`, from the request (version, Connection), the application
+  (Connection: close), the framing of both bodies, the server (keep_alive = 0,
+  `drain()`: a reload or stop) and what was received: an unread request body
+  keeps the connection only if it arrived whole and is small
+  (DISCARD_BYTES), so skipping it cannot wait. The head says `Connection:
+  close` exactly when the connection will close; only a response cut short
+  (the application's fault) or a body that failed (`body_failed`) closes it
+  later, and `start_next_cycle` says so.
 - Limits are checked as bytes arrive, so a client cannot make the buffer
   hold more than one line over its limit.
 """
@@ -189,6 +191,12 @@ class Connection:
         self._chunked = False     # the response body is chunked
         self.sent = 0             # response body bytes sent (the access log's %(B)s)
         self.code = None          # the response's status code, once its head is built
+        #: the server drains (reload, stop, --max-requests): the next response
+        #: closes, unless another request is already pipelined behind it
+        self.draining = False
+        #: why reading the request body failed (a RequestError to answer, or
+        #: ClientDisconnected), once it did: the connection then closes
+        self.body_error = None
 
     # --- bytes in ---------------------------------------------------------------
 
@@ -457,17 +465,33 @@ class Connection:
 
     # --- bytes out --------------------------------------------------------------
 
-    def wants_peek(self, draining):
+    def drain(self):
+        """The server is draining: the next response says `Connection: close`,
+        unless the client already sent another request (pipelined)."""
+        self.draining = True
+
+    def body_failed(self, error):
+        """Reading the request body failed with `error` (a RequestError, whose
+        status answers the request, or ClientDisconnected): the connection
+        closes after the response, as after any request not read whole."""
+        if self.body_error is None:
+            self.body_error = error
+        self.their_state = ERROR
+        self.keep_alive = False
+
+    def wants_peek(self):
         """True if the keep-alive decision depends on bytes that may be readable
         now: the rest of a small unread body, or (draining) a pipelined request.
         The driver then feeds what it can read without waiting."""
         state = self.their_state
+        if state is DONE:
+            return self.draining and not self.buffered
         if state is BODY:
             return (self._chunk_state is None and self._left <= DISCARD_BYTES
                     and not self._continue and self.buffered < self._left)
-        return draining and state is DONE and not self.buffered
+        return False
 
-    def response_head(self, status, headers, body, total, date, draining=False):
+    def response_head(self, status, headers, body, total, date):
         """The response head for the application's `status` and `headers`,
         joined with the first body bytes `body`; `total` is the body's whole
         length if known, `date` the Date value (used if the application gave
@@ -475,8 +499,8 @@ class Connection:
         ApplicationError for a status or header the application may not send.
         """
         version = self.request.version
-        keep = self.their_state is DONE and self.keep_alive and not draining \
-            or self._reusable(draining)
+        keep = self.their_state is DONE and self.keep_alive and not self.draining \
+            or self._reusable()
         chunk_ok = self.chunk_responses and version == "HTTP/1.1"
         fast = self._fast_build
         built = None if fast is None else fast(status, headers, total, chunk_ok,
@@ -501,7 +525,7 @@ class Connection:
         self.sent += size
         return head + body
 
-    def _reusable(self, draining):
+    def _reusable(self):
         if not self.keep_alive:
             return False
         if self.their_state is BODY:
@@ -511,7 +535,8 @@ class Connection:
                 return False
         elif self.their_state is not DONE:
             return False
-        return not (draining and self.buffered <= (self._left if self.their_state is BODY else 0))
+        return not (self.draining
+                    and self.buffered <= (self._left if self.their_state is BODY else 0))
 
     def response_data(self, data):
         """`data` framed as the response head said (chunked, or counted

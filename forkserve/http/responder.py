@@ -8,8 +8,11 @@ connection's `Transport` what the connection object
 when the application returns a list (one send per response), or with the
 first chunk of an iterator; files with os.sendfile() (unless the sendfile
 setting is off). Once reading the request body failed (timeout, bad chunk,
-too large), the response is the server's refusal (408, 400, 413), whatever
-the application answers after catching the error.
+too large: the connection's `body_error`), the response is the server's
+refusal (408, 400, 413), whatever the application answers after catching
+the error. What the connection needs to know before it decides keep-alive
+(`wants_peek`: a pipelined request while draining, the rest of a small
+body) is read for it without waiting, and fed to it, before the head.
 """
 
 import os
@@ -18,7 +21,8 @@ import stat
 from gevent import Timeout
 
 from forkserve.http.h1 import ClientDisconnected, RequestError, escape
-from forkserve.http.response import ApplicationError, FileWrapper, check_start_response
+from forkserve.http.response import (STATUS_CODES, ApplicationError, FileWrapper,
+                                     check_start_response)
 
 __all__ = ["Responder"]
 
@@ -39,9 +43,10 @@ class Responder:
         self.code = None
         self.headers = ()
         self.headers_sent = False
-        self._body = None
         self._fatal = None
-        self._line = ""
+        # bound once: the application gets the same callables on every request
+        self._start_response = self.start_response
+        self._write = self.write
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info:
@@ -54,10 +59,11 @@ class Responder:
             self._fatal = ApplicationError(
                 "start_response() called a second time without exc_info (PEP 3333)")
             raise self._fatal
-        check_start_response(status, headers)
+        if status not in STATUS_CODES or type(headers) is not list:  # else valid as it is
+            check_start_response(status, headers)
         self.status = status
         self.headers = headers
-        return self.write
+        return self._write
 
     def write(self, data):
         """The WSGI write() callable; also sends each item of an iterable result."""
@@ -69,19 +75,17 @@ class Responder:
                     f"response body items must be bytes, not {type(data).__name__}")
             self.transport.send(self.http.response_data(data))
 
-    def respond(self, env, body, line):
-        """Run the application on `env` (whose wsgi.input is `body`) and send
-        its response; `line` is the request line, for the log."""
+    def respond(self, env, line):
+        """Run the application on `env` and send its response; `line` is the
+        request line, for the log."""
         self.status = self.code = self._fatal = None
         self.headers = ()
         self.headers_sent = False
-        self._body = body
-        self._line = line
         http = self.http
         result = None
         try:
             try:
-                result = self.server.application(env, self.start_response)
+                result = self.server.application(env, self._start_response)
                 if self._fatal is not None:
                     raise self._fatal  # the application swallowed it
                 kind = type(result)
@@ -109,7 +113,7 @@ class Responder:
         except ClientDisconnected:
             http.response_cut()
         except (Exception, Timeout):  # a gevent.Timeout the application didn't catch
-            if body.error is not None:  # raised because reading the body failed:
+            if http.body_error is not None:  # raised because reading the body failed:
                 self._answer_body_error()   # the refusal is logged, not this traceback
                 return
             self.server.logger.exception("error handling %s from %s", escape(line), self.peer)
@@ -121,21 +125,20 @@ class Responder:
     def _send_head(self, data, total):
         """Send the response head, joined with the first body bytes `data`;
         `total` is the whole body's length if known."""
-        if self._body.error is not None:
-            raise self._body.error  # whatever the application answers, the refusal goes out
+        http = self.http
+        if http.body_error is not None:
+            raise http.body_error  # whatever the application answers, the refusal goes out
         status = self.status
         if status is None:
             raise ApplicationError("the application did not call start_response() "
                                    "before returning or writing")
         if type(data) is not bytes and not isinstance(data, (bytes, bytearray)):
             raise ApplicationError(f"response body items must be bytes, not {type(data).__name__}")
-        http, server = self.http, self.server
-        draining = server.keep_alive_ended
-        if http.wants_peek(draining):
+        if http.wants_peek():
             arrived = self.transport.read_now()
             if arrived is not None:  # b"" is the client's close; None, nothing yet
                 http.receive_data(arrived)
-        head = http.response_head(status, self.headers, data, total, server.http_date(), draining)
+        head = http.response_head(status, self.headers, data, total, self.server.http_date())
         self.code = http.code
         self.headers_sent = True
         self.transport.send(head)
@@ -169,7 +172,7 @@ class Responder:
     def _answer_body_error(self):
         """Reading the body failed: answer the refusal's status (a client that
         went away gets nothing) and close."""
-        error = self._body.error
+        error = self.http.body_error
         if isinstance(error, RequestError):
             self._answer(error.status)
         else:

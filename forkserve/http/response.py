@@ -23,7 +23,7 @@ from http import HTTPStatus
 
 from forkserve.http.h1 import TCHAR
 
-__all__ = ["ApplicationError", "FileWrapper", "check_start_response", "build_head",
+__all__ = ["STATUS_CODES", "ApplicationError", "FileWrapper", "check_start_response", "build_head",
            "plan_head", "encode_head"]
 
 _NAME = re.compile(f"[{TCHAR}]+")
@@ -33,7 +33,7 @@ _SPECIAL = frozenset({"content-length", "connection", "transfer-encoding", "date
 #: Every status line of the codes Python knows (http.HTTPStatus) with its
 #: standard reason phrase, and its code: such a status is valid without the
 #: checks and its code known without int(). A fixed table, not a cache.
-_STATUS_CODES = {f"{status.value} {status.phrase}": status.value for status in HTTPStatus}
+STATUS_CODES = {f"{status.value} {status.phrase}": status.value for status in HTTPStatus}
 
 #: The response header names applications send most, as they spell them,
 #: each with its lower-case form: a name found here is a token without a
@@ -76,7 +76,7 @@ class FileWrapper:
 def check_start_response(status, headers):
     """Raise ApplicationError unless `status` is a str like '200 OK' and
     `headers` a list (its items are checked when the head is built)."""
-    if type(status) is not str or status not in _STATUS_CODES and (
+    if type(status) is not str or status not in STATUS_CODES and (
             len(status) < 4 or status[3] != " " or not status[:3].isdigit()
             or not status.isprintable()):
         raise ApplicationError(f"invalid status {status!r}: must be a str like '200 OK'")
@@ -94,7 +94,7 @@ def plan_head(status, headers, total, version, head_request):
     body must match (None: not enforced), `chunked` whether the body must be
     chunked, `close` whether the connection must close after it.
     """
-    code = _STATUS_CODES.get(status) or int(status[:3])
+    code = STATUS_CODES.get(status) or int(status[:3])
     if code < 200:
         raise ApplicationError(f"status {status!r}: 1xx responses are the server's to send")
     lines = ["HTTP/1.1 ", status, "\r\n"]

@@ -212,6 +212,8 @@ class Server:
                 if ex.errno not in _SETSOCKOPT_GONE:
                     raise
         handler = self.handler_class(sock, address, self)
+        if self.keep_alive_ended:  # accepted as the server began to drain
+            handler.http.drain()
         self._handlers.add(handler)
         try:
             handler.handle()
@@ -231,6 +233,8 @@ class Server:
         worker sharing the listener takes the new connections; with none,
         they wait in the listen queue for the replacement."""
         self.keep_alive_ended = True
+        for handler in self._handlers:
+            handler.http.drain()
         self.stop_accepting()
 
     def stop_accepting(self):
@@ -267,6 +271,7 @@ class Server:
         self.draining = self.keep_alive_ended = True
         self.stop_accepting()
         for handler in list(self._handlers):
+            handler.http.drain()
             handler.abort()
         self.pool.kill(block=False)
 
