@@ -444,7 +444,7 @@ build_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (chunk_ok < 0 || http10 < 0 || head_request < 0 || keep < 0) {
         return NULL;
     }
-    Py_ssize_t status_n, date_n = 0;
+    Py_ssize_t status_n = 0, date_n = 0;
     const unsigned char *status_s = latin1_bytes(status, &status_n);
     const unsigned char *date_s = date == Py_None ? NULL : latin1_bytes(date, &date_n);
     if (status_s == NULL || status_n < 4 || !PyList_CheckExact(headers)

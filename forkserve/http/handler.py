@@ -105,7 +105,6 @@ class Handler:
         self.transport = Transport(sock, server.loop, limits.send_timeout)
         self.http = server.connection_class(limits)  # HTTP/1.1, or forkserve.http.uwsgi
         self.responder = Responder(self.http, self.transport, server, self.peer)
-        self.body = EMPTY_BODY
         self._head_timer = timer(server.loop, limits.header_timeout)
         # made when the connection first waits for a second request: with one
         # request per connection (Connection: close, a proxy's uwsgi_pass)
@@ -165,29 +164,31 @@ class Handler:
 
     def _next_request(self, first):
         """Read, run and answer one request; True if the connection stays open."""
-        server, http = self.server, self.http
         request = self._receive_head(first)
         if request is None:
             return False
+        server, http = self.server, self.http
         try:
             env = request_environ(self.base_env, request)
             server.proxy.adjust(env, self.client_address, self._proxy_info)
         except RequestError as ex:  # outside SCRIPT_NAME; contradicting scheme headers
             return self._refuse(ex)
         spooled = None
-        if request.length == 0:
-            self.body = body = EMPTY_BODY
-        else:
+        length = request.length
+        if length == 0:
+            env["wsgi.input"] = EMPTY_BODY
+        elif length is not None:
             self._body_deadline = None
-            self.body = body = Body(http, self._fill_body)
-        if request.chunked:  # read whole, so the environ says how long it is (body.buffered)
+            env["wsgi.input"] = Body(http, self._fill_body)
+        else:  # chunked: read whole, so the environ says how long it is (body.buffered)
+            self._body_deadline = None
             try:
-                spooled, size = buffered(body)
+                spooled, size = buffered(Body(http, self._fill_body))
             except RequestError as ex:  # a bad chunk, too large, too slow
                 return self._refuse(ex)
             env["CONTENT_LENGTH"] = str(size)
             del env["HTTP_TRANSFER_ENCODING"]  # the application's input is not chunked
-        env["wsgi.input"] = body if spooled is None else spooled
+            env["wsgi.input"] = spooled
         responder = self.responder
         server.active_requests += 1
         try:
@@ -196,9 +197,10 @@ class Handler:
             server.active_requests -= 1
             if spooled is not None:
                 spooled.close()
-        if server.on_request is not None:
+        on_request = server.on_request
+        if on_request is not None:
             try:
-                server.on_request()
+                on_request()
             except Exception:
                 server.logger.exception("on_request callback failed")
         sink = server.access_sink
@@ -243,11 +245,11 @@ class Handler:
                             idle_timer = self._idle_timer = timer(self.server.loop,
                                                                   self.server.limits.keep_alive)
                         if idle_timer is None:
-                            data = reader.recv(wait_first=True)
+                            data = reader.recv(True)
                         else:
                             idle_timer.again(throw, Expired)
                             try:
-                                data = reader.recv(wait_first=True)
+                                data = reader.recv(True)
                             except Expired:
                                 # The loop may run the timer before the read it has
                                 # pending: a request that came in time (while the
