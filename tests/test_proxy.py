@@ -122,6 +122,31 @@ def test_a_proxy_header_is_consumed_and_the_request_follows():
     assert info is None  # v2 only: a v1 line is left to the HTTP parser, which refuses it
 
 
+@pytest.mark.parametrize("pieces", [1, 3, 7])
+@pytest.mark.parametrize("header", [b"PROXY TCP4 192.0.2.1 192.0.2.2 5000 80\r\n", v2()])
+def test_a_proxy_header_read_from_the_connection_buffer_leaves_the_request_there(header, pieces):
+    """The handler reads the header through the connection object's own
+    buffer (one receive buffer): the request that came with it is the
+    connection's first event, however the reads split what follows the
+    header's first bytes (a proxy writes its header in one write; a v1 line
+    may still arrive in parts)."""
+    from forkserve.http.handler import Preamble
+    from forkserve.http.h1 import Limits
+    from forkserve.http.protocol import Connection, Request
+    data = header + b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n"
+    first = 16 if header.startswith(b"PROXY") else len(header)
+    size = -(-(len(data) - first) // pieces)
+    reads = [data[:first]] + [data[i:i + size] for i in range(first, len(data), size)] + [b""]
+    connection = Connection(Limits())
+    info = ProxyPolicy(proxy_protocol="auto").read_header(
+        Preamble(connection, lambda: reads.pop(0)), LOCAL)
+    assert info.client_port == 5000
+    while not connection.buffered or reads and b"\r\n\r\n" not in connection.trailing_data:
+        connection.receive_data(reads.pop(0))
+    event = connection.next_event()
+    assert isinstance(event, Request) and event.target == "/x"
+
+
 def test_a_proxy_header_from_a_peer_not_in_proxy_allow_ips_is_a_403():
     with pytest.raises(RequestError) as caught:
         read(ProxyPolicy(proxy_protocol="v1"), b"PROXY TCP4 192.0.2.1 192.0.2.2 5000 80\r\n",

@@ -93,6 +93,48 @@ class ErrorStream:
         pass
 
 
+class Preamble:
+    """What a connection brings before its first request (a PROXY protocol
+    header), read as forkserve.http.proxy reads a file (peek, read,
+    readline, as io.BufferedReader has them) from the connection object's
+    buffer, the one receive buffer: what follows the header stays there for
+    the first request."""
+
+    __slots__ = ("_http", "_recv")
+
+    def __init__(self, http, recv):
+        self._http = http
+        self._recv = recv
+
+    def _fill(self):
+        """One more read into the connection's buffer; False at EOF."""
+        data = self._recv()
+        self._http.receive_data(data)
+        return bool(data)
+
+    def peek(self, size=1):
+        """What is buffered: one read's bytes if nothing is (b"" at EOF)."""
+        if not self._http.buffered:
+            self._fill()
+        return self._http.trailing_data
+
+    def read(self, size):
+        """`size` bytes, fewer only at EOF."""
+        while self._http.buffered < size and self._fill():
+            pass
+        return self._http.take(size)
+
+    def readline(self, limit):
+        """Up to and including the next LF, at most `limit` bytes (fewer at EOF)."""
+        while True:
+            data = self._http.trailing_data
+            end = data.find(b"\n", 0, limit)
+            if end >= 0:
+                return self._http.take(end + 1)
+            if len(data) >= limit or not self._fill():
+                return self._http.take(limit)
+
+
 class Handler:
     """Serves one connection: a loop of read head -> run app -> respond."""
 
@@ -230,9 +272,12 @@ class Handler:
                         head_timer.again(throw, Expired)
                     head_armed = self._head_waiting = True
                     self.head_started = time.monotonic()
-                    # a PROXY protocol header comes before the first request
-                    self._proxy_info = self.server.proxy.read_header(reader, self.client_address)
-                    event = NEED_DATA  # the connection object has been given nothing yet
+                    proxy = self.server.proxy
+                    if proxy.protocol != "off":  # its header comes before the first request
+                        self._proxy_info = proxy.read_header(Preamble(http, reader.recv),
+                                                             self.client_address)
+                    # what came with the header, if anything, is the request's
+                    event = http.next_event() if http.buffered else NEED_DATA
                 elif http.buffered:  # pipelined: the request began when the last one ended
                     self._started = time.perf_counter()
                     event = http.next_event()

@@ -219,6 +219,16 @@ class Connection:
         """The bytes received and not consumed yet (as h11 names them)."""
         return self._buf[self._pos:]
 
+    def take(self, size):
+        """Up to `size` of the bytes received and not consumed, consumed: for
+        what precedes the first request on a connection (a PROXY protocol
+        header, forkserve.http.proxy), which is not HTTP."""
+        if self.their_state is not IDLE or self.request is not None:
+            raise RuntimeError("take() reads what comes before the first request")
+        pos = self._pos
+        self._pos = min(pos + size, len(self._buf))
+        return self._buf[pos:self._pos]
+
     @property
     def continue_pending(self):
         """True while the client waits for 100 Continue before sending the body."""

@@ -67,7 +67,7 @@ class Transport:
         it has closed, or None if nothing has arrived (or the read failed, which
         the next wait on the socket will meet again)."""
         try:
-            return self.reader.buffered(consume=True)
+            return self.reader.read_now()
         except OSError:
             return None
 
@@ -173,60 +173,23 @@ class Transport:
 
 
 class Reader:
-    """The connection's reads: recv() for the HTTP connection object, and
-    read(n), readline(limit) and peek(n) as io.BufferedReader has them for
-    the PROXY protocol header (forkserve.http.proxy), over os.read() on the
-    non-blocking socket. Unread bytes stay in `_data` from `_pos` on."""
+    """The connection's reads: what one os.read() of the non-blocking socket
+    brings, waiting for readability when nothing has come. It keeps no
+    bytes: what it reads goes to the connection object
+    (forkserve.http.protocol.Connection), whose buffer is the connection's
+    only one."""
 
-    __slots__ = ("_fd", "_data", "_pos", "_readable", "_wait")
+    __slots__ = ("_fd", "_readable", "_wait")
 
     def __init__(self, fd, loop):
         self._fd = fd
-        self._data = b""
-        self._pos = 0
         self._readable = loop.io(fd, 1)
         self._wait = get_hub().wait
 
-    def _fill(self, wait_first=False):
-        """Append one read's bytes to the buffer; False at EOF."""
-        if wait_first:
-            self._wait(self._readable)
-        while True:
-            try:
-                chunk = os.read(self._fd, READ_BUFFER)
-                break
-            except BlockingIOError:
-                self._wait(self._readable)
-        if not chunk:
-            return False
-        pos = self._pos
-        self._data = self._data[pos:] + chunk if pos < len(self._data) else chunk
-        self._pos = 0
-        return True
-
-    def buffered(self, consume=False):
-        """What is buffered, or what one read gets without waiting: b"" at
-        EOF, None if nothing has arrived; `consume` takes it out of the buffer."""
-        if self._pos == len(self._data):
-            try:
-                chunk = os.read(self._fd, READ_BUFFER)
-            except BlockingIOError:
-                return None
-            self._data, self._pos = chunk, 0
-        data = self._data[self._pos:]
-        if consume:
-            self._data, self._pos = b"", 0
-        return data
-
     def recv(self, wait_first=False):
-        """What is buffered, else one read's bytes, waiting for them (b"" at
-        EOF). `wait_first`: nothing is expected yet, so wait for readability
-        before trying (a keep-alive connection waiting for its next request)."""
-        data = self._data
-        if self._pos < len(data):
-            data = data[self._pos:]
-            self._data, self._pos = b"", 0
-            return data
+        """One read's bytes, waiting for them (b"" at EOF). `wait_first`:
+        nothing is expected yet, so wait for readability before trying (a
+        keep-alive connection waiting for its next request)."""
         if wait_first:
             self._wait(self._readable)
         while True:
@@ -235,51 +198,16 @@ class Reader:
             except BlockingIOError:
                 self._wait(self._readable)
 
-    def peek(self, size=1, wait_first=False):
-        """At least one byte (b"" at EOF), waiting for it if none is buffered."""
-        if self._pos == len(self._data) and not self._fill(wait_first):
-            return b""
-        return self._data[self._pos:]
-
-    def readline(self, limit=-1):
-        """Up to and including the next LF, at most `limit` bytes (fewer at EOF)."""
-        while True:
-            data, pos = self._data, self._pos
-            end = len(data) if limit is None or limit < 0 else min(len(data), pos + limit)
-            found = data.find(b"\n", pos, end)
-            if found >= 0:
-                end = found + 1
-            elif end == len(data) and (limit is None or limit < 0 or len(data) - pos < limit):
-                if self._fill():
-                    continue
-            self._pos = end
-            return data[pos:end]
-
-    def read(self, size=-1):
-        """`size` bytes, fewer only at EOF; size < 0 reads to EOF."""
-        data, pos = self._data, self._pos
-        if 0 <= size <= len(data) - pos:
-            self._pos = pos + size
-            return data[pos:pos + size]
-        parts = [data[pos:]]
-        have = len(data) - pos
-        self._data, self._pos = b"", 0
-        while size < 0 or have < size:
-            if not self._fill():
-                break
-            chunk = self._data
-            if size >= 0 and have + len(chunk) > size:
-                chunk = chunk[:size - have]
-                self._pos = len(chunk)
-            else:
-                self._data = b""
-            parts.append(chunk)
-            have += len(chunk)
-        return b"".join(parts)
+    def read_now(self):
+        """One read's bytes without waiting: b"" at EOF, None if nothing has
+        arrived."""
+        try:
+            return os.read(self._fd, READ_BUFFER)
+        except BlockingIOError:
+            return None
 
     def close(self):
         self._readable.close()
-        self._data, self._pos = b"", 0
 
 
 def timer(loop, seconds):
