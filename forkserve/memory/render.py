@@ -65,23 +65,57 @@ def format_table(report):
 
 
 def headline(report):
-    """What the server costs, and what it would cost without sharing:
-    "5 processes use 219.1 MiB; without sharing they would use 1.4 GiB (6.4x less)".
+    """What the server costs, first, then what it is made of:
+    "5 processes use 215.6 MiB: 191.7 MiB for one copy of the application, 6.0 MiB
+    more for each of 4 workers".
 
-    "Use" is the sum of PSS (each shared page split among its sharers: what
-    the machine pays). "Without sharing" is the sum of RSS: each process
-    holding its own copy of every page it has resident. The more the
-    processes share, the larger the factor; it is 1.0x when nothing is shared.
+    The first figure is the sum of PSS (each shared page split among its
+    sharers: what the machine pays), so two runs of one application rank by
+    their first figures, cheapest first. It is never followed by a factor
+    over the sum of RSS ("without sharing"): that factor grows with what the
+    master holds, and so was largest for the run that cost the middle amount
+    (issue #33). The two parts are the application once (the serving
+    master's memory, with every file page counted once, as the page cache
+    holds it) and what each worker adds to it (model's workers_cost, split
+    evenly), both in bytes, so a larger figure always means a dearer server.
     """
     count = report.process_count
     if not count:
         return "no processes: the server has exited"
-    used, alone = report.total_pss, report.total_rss
+    used = format_size(report.total_pss)
+    master = report.master
     if count == 1:
-        return f"1 process uses {format_size(used)} (a single process: nothing to share)"
-    factor = f"{alone / used:.1f}x less" if used else "nothing resident"
-    return (f"{count} processes use {format_size(used)}; without sharing they would use "
-            f"{format_size(alone)} ({factor})")
+        if master is not None and master.info.role == "master":
+            return f"1 process uses {used} (the master alone: no worker is running)"
+        return f"1 process uses {used} (a single process: nothing to share)"
+    if master is None:
+        return f"{count} processes use {used} (no serving master to tell what each adds)"
+    # What the other processes add, never below nothing: a sum of PSS can
+    # trail the master's own reading by the pages that changed between reads.
+    added = max(0, report.workers_cost)
+    once = format_size(report.total_pss - added)
+    start = f"{count} processes use {used}: {once} for one copy of the application"
+    others = [row for row in report.processes if row is not master]
+    workers = report.serving_workers
+    if len(workers) == len(others) == 1:
+        return f"{start}, {format_size(added)} more for its worker"
+    if len(workers) == len(others):
+        each = format_size(added // len(workers))
+        return f"{start}, {each} more for each of {len(workers)} workers"
+    adds = ("the other process adds" if len(others) == 1
+            else f"the {len(others)} other processes add")
+    return f"{start}; {adds} {format_size(added)} ({_roles(others)})"
+
+
+def _roles(rows):
+    """ "a supervisor, 4 workers, 2 draining workers": what rows are, counted."""
+    counts = {}
+    for row in rows:
+        name = row.info.role
+        if row.info.state in ("starting", "draining"):
+            name = f"{row.info.state} {name}"
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"a {name}" if n == 1 else f"{n} {name}s" for name, n in counts.items())
 
 
 def breakdown(report):
