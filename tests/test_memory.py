@@ -464,16 +464,27 @@ def test_headline_counts_a_mapped_files_pages_once_however_many_workers_read_the
 
 
 def test_headline_names_what_else_runs_beside_the_serving_workers():
-    memory = make_memory(rss=30 * MIB, pss=10 * MIB, anonymous=30 * MIB, pss_anon=10 * MIB)
-    infos = [ProcessInfo(1, "supervisor"),
-             ProcessInfo(20, "master", generation=2, state="serving"),
-             ProcessInfo(21, "worker", 1, generation=2, state="serving"),
-             ProcessInfo(10, "master", generation=1, state="draining"),
-             ProcessInfo(11, "worker", 1, generation=1, state="draining")]
-    report = Report(tuple(ProcessRow(info, memory, 1.0) for info in infos), 0.0)
+    # After a reload: a supervisor (12 MiB of its own), generation 2 serving
+    # (a master of 30 MiB shared with its worker, which allocated 2 MiB more)
+    # and generation 1 draining, alike; 5 MiB of file pages each.
+    def memory(anonymous, pss_anon):
+        return make_memory(rss=anonymous + 20 * MIB, pss=pss_anon + 5 * MIB, anonymous=anonymous,
+                           pss_anon=pss_anon, pss_file=5 * MIB)
+    master, worker = memory(30 * MIB, 15 * MIB), memory(32 * MIB, 17 * MIB)
+    rows = [(ProcessInfo(1, "supervisor"), memory(12 * MIB, 12 * MIB)),
+            (ProcessInfo(20, "master", generation=2, state="serving"), master),
+            (ProcessInfo(21, "worker", 1, generation=2, state="serving"), worker),
+            (ProcessInfo(10, "master", generation=1, state="draining"), master),
+            (ProcessInfo(11, "worker", 1, generation=1, state="draining"), worker)]
+    report = Report(tuple(ProcessRow(info, mem, 1.0) for info, mem in rows), 0.0)
     assert render.headline(report) == (
-        "5 processes use 50.0 MiB: 30.0 MiB for one copy of the application; the 4 other "
-        "processes add 20.0 MiB (a supervisor, a worker, a draining master, a draining worker)")
+        "5 processes use 101.0 MiB: 55.0 MiB for one copy of the application, 2.0 MiB more for "
+        "its worker; the 3 other processes (a supervisor, a draining master, a draining worker) "
+        "add 44.0 MiB")
+    settled = Report(report.processes[:3], 0.0)  # the old generation gone
+    assert render.headline(settled) == (
+        "3 processes use 59.0 MiB: 45.0 MiB for one copy of the application, 2.0 MiB more for "
+        "its worker; the supervisor adds 12.0 MiB")
 
 
 def test_headline_of_a_master_whose_workers_are_gone_and_of_workers_without_a_master():

@@ -6,6 +6,7 @@ process alone holds: copy-on-write copies and its own allocations, what
 through the page cache and reclaimable) apart; see model's definitions.
 """
 
+import collections
 import logging
 import math
 import operator
@@ -77,7 +78,8 @@ def headline(report):
     (issue #33). The two parts are the application once (the serving
     master's memory, with every file page counted once, as the page cache
     holds it) and what each worker adds to it (model's workers_cost, split
-    evenly), both in bytes, so a larger figure always means a dearer server.
+    evenly; a supervisor or another generation is named with what it adds),
+    all in bytes, so a larger figure always means a dearer server.
     """
     count = report.process_count
     if not count:
@@ -90,31 +92,38 @@ def headline(report):
         return f"1 process uses {used} (a single process: nothing to share)"
     if master is None:
         return f"{count} processes use {used} (no serving master to tell what each adds)"
-    # What the other processes add, never below nothing: a sum of PSS can
-    # trail the master's own reading by the pages that changed between reads.
-    added = max(0, report.workers_cost)
-    once = format_size(report.total_pss - added)
-    start = f"{count} processes use {used}: {once} for one copy of the application"
-    others = [row for row in report.processes if row is not master]
+    # What the serving master's workers add to it, never below nothing: a sum
+    # of PSS can trail the master's own reading by pages that changed between
+    # the reads. The other processes (a supervisor, a generation starting or
+    # draining) add their own PSS (Pss_Anon: their file pages are in "once").
     workers = report.serving_workers
-    if len(workers) == len(others) == 1:
-        return f"{start}, {format_size(added)} more for its worker"
-    if len(workers) == len(others):
-        each = format_size(added // len(workers))
-        return f"{start}, {each} more for each of {len(workers)} workers"
-    adds = ("the other process adds" if len(others) == 1
-            else f"the {len(others)} other processes add")
-    return f"{start}; {adds} {format_size(added)} ({_roles(others)})"
+    rest = [row for row in report.processes if row is not master and row not in workers]
+    base = (lambda row: row.memory.pss_anon) if report.ratio_basis == "anonymous" else (
+        lambda row: row.memory.pss)
+    added = max(0, sum(base(row) for row in [master, *workers]) - report.master_base)
+    rest_added = sum(base(row) for row in rest)
+    once = format_size(report.total_pss - added - rest_added)
+    text = f"{count} processes use {used}: {once} for one copy of the application"
+    if len(workers) == 1:
+        text += f", {format_size(added)} more for its worker"
+    elif workers:
+        text += f", {format_size(added // len(workers))} more for each of {len(workers)} workers"
+    if len(rest) == 1:
+        text += f"; the {_role(rest[0])} adds {format_size(rest_added)}"
+    elif rest:
+        text += f"; the {len(rest)} other processes ({_roles(rest)}) add {format_size(rest_added)}"
+    return text
+
+
+def _role(row):
+    """ "supervisor", "worker", "draining master"."""
+    state = row.info.state
+    return f"{state} {row.info.role}" if state in ("starting", "draining") else row.info.role
 
 
 def _roles(rows):
-    """ "a supervisor, 4 workers, 2 draining workers": what rows are, counted."""
-    counts = {}
-    for row in rows:
-        name = row.info.role
-        if row.info.state in ("starting", "draining"):
-            name = f"{row.info.state} {name}"
-        counts[name] = counts.get(name, 0) + 1
+    """ "a supervisor, 2 draining workers": what rows are, counted."""
+    counts = collections.Counter(_role(row) for row in rows)
     return ", ".join(f"a {name}" if n == 1 else f"{n} {name}s" for name, n in counts.items())
 
 
