@@ -9,6 +9,7 @@ import re
 import pytest
 
 from forkserve.http import dashboard, stats
+from forkserve.memory import render
 from forkserve.memory.history import History
 from forkserve.memory.model import ProcessInfo, ProcessRow, Report
 from forkserve.memory.procfs import ProcessMemory
@@ -43,6 +44,17 @@ def test_each_point_holds_each_processes_private_memory_and_the_rest_of_its_pss(
                                "worker 2": [2 * MIB, 10 * MIB]}
     assert history.to_json()["series"]["worker 2"] == {"role": "worker", "worker": 2,
                                                        "generation": 1}
+
+
+def test_the_history_says_what_the_newest_sample_costs_as_forkserve_memory_does():
+    history = History()
+    assert history.to_json()["headline"] is None
+    history.add(_report(1000.0, {1: 201}))
+    newest = _report(1001.0, {1: 201, 2: 202})
+    history.add(newest)
+    assert history.to_json(since=1001.0)["headline"] == render.headline(newest) == (
+        "3 processes use 54.0 MiB: 50.0 MiB for one copy of the application, "
+        "2.0 MiB more for each of 2 workers")
 
 
 def test_a_generations_processes_keep_their_series_from_starting_to_draining():

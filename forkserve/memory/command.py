@@ -187,8 +187,9 @@ Columns (one row per process; sizes from /proc/PID/smaps_rollup):
   UPTIME   how long the process has run
 
 The first line under the table is the headline: what the processes use (sum of
-PSS) and what they would use without sharing (sum of RSS: each process holding
-its own copy of every page). The next line says where the memory is. See
+PSS, what the machine pays: compare runs by this figure), then its two parts:
+one copy of the application (the master's memory, file pages counted once) and
+what each worker adds to it. The next line says where the memory is. See
 docs/memory.md.
 """
 

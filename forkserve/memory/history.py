@@ -25,6 +25,9 @@ Invariants, and why:
   and allocations, model's "private") and shared the rest of its PSS (its
   share of pages other processes map too), so stacking every process gives
   the server's total PSS, what the machine pays.
+- The page says in one sentence what the newest sample costs: the same
+  headline `forkserve memory` prints (render.headline), made here from the
+  sample's report so that the page and the command never disagree.
 - A recycle (a series whose pid changed) and a new generation are markers.
   The request rate is counted per pid, so a recycle (a counter starting
   again at 0) never reads as a negative rate.
@@ -143,6 +146,7 @@ class History:
         self.next_due = -math.inf
         self.last = None  # (time, {label: (pid, generation)} of workers, {pid: requests})
         self.generation = None  # the newest generation seen
+        self.headline = None  # render.headline() of the newest sample
 
     # -- when to sample --
 
@@ -179,6 +183,7 @@ class History:
         self._note_recycles(now, pids)
         point = Point(now, self._rate(now, requests), values)
         self.last = (now, pids, requests)
+        self.headline = render.headline(report)
         self.fine.append(point)
         self._expire(now)
 
@@ -243,7 +248,8 @@ class History:
         return {"schema": JSON_SCHEMA, "fine": [point.to_json() for point in self.fine],
                 "coarse": [point.to_json() for point in self.coarse], "bucket": bucket,
                 "events": list(self.events), "series": self.series,
-                "interval": self.interval, "generation": self.generation}
+                "interval": self.interval, "generation": self.generation,
+                "headline": self.headline}
 
     @classmethod
     def load(cls, data, **tunables):
@@ -264,6 +270,7 @@ class History:
             history.series = dict(data["series"])
             history.interval = float(data["interval"])
             history.generation = data["generation"]
+            history.headline = data.get("headline")  # absent from older masters' dumps
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a forkserve memory history: {exc!r}") from None
         return history
@@ -285,7 +292,8 @@ class History:
              "series": {label: {"role", "worker", "generation"}},
              "points": [{"t": epoch seconds, "rate": requests/s or null,
                          "values": {label: [private bytes, shared bytes]}}],
-             "events": [{"t", "kind": "recycle" | "generation", "text"}]}
+             "events": [{"t", "kind": "recycle" | "generation", "text"}],
+             "headline": what the newest sample costs, in one sentence, or null}
         """
         points = self.points()
         events = list(self.events)
@@ -294,4 +302,5 @@ class History:
             events = [event for event in events if event["t"] > since]
         return {"schema": JSON_SCHEMA, "interval": self.interval, "window": self.window,
                 "step": self.step, "series": self.series,
-                "points": [point.to_json() for point in points], "events": events}
+                "points": [point.to_json() for point in points], "events": events,
+                "headline": self.headline}

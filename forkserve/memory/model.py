@@ -137,13 +137,18 @@ class Report:
         return None
 
     @property
-    def copied(self):
-        """Private (anonymous) memory of the serving master's workers."""
+    def serving_workers(self):
+        """The rows of the serving master's workers (of its generation)."""
         master = self.master
         generation = master.info.generation if master else None
-        return sum(row.memory.private for row in self.processes
-                   if row.info.role == "worker" and row.info.state in (None, "serving")
-                   and (generation is None or row.info.generation in (None, generation)))
+        return [row for row in self.processes
+                if row.info.role == "worker" and row.info.state in (None, "serving")
+                and (generation is None or row.info.generation in (None, generation))]
+
+    @property
+    def copied(self):
+        """Private (anonymous) memory of the serving master's workers."""
+        return sum(row.memory.private for row in self.serving_workers)
 
     @property
     def gc_collections(self):
