@@ -176,7 +176,7 @@ SETTINGS = (
                     "master's frozen heap is never collected."),
     # --no-take-free-space: forkserve.memory.free_space holds what it takes and its checks.
     Setting("take_free_space", ("--no-take-free-space",), values.flag_on_by_default, True,
-            "Do not fill the allocators' free space in the master before forking.",
+            "Do not take the allocators' free space in the master before forking.",
             kind="off", section="memory",
             details="By default the master takes the free space between its objects before "
                     "each fork (at most 16 MiB at the first fork, 16 MiB more for respawns), "
