@@ -88,3 +88,23 @@ def test_anchors_follow_githubs_rule():
     text = "# Why\n## Seeing it: the memory reporter\n### `forkserve.share(data)` (3.12+)\n## Why\n"
     assert list(anchors(text)) == [
         "why", "seeing-it-the-memory-reporter", "forkservesharedata-312", "why-1"]
+
+
+#: a date or a clock time: a run log's, which belongs beside its result
+TIME_STAMP = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d(?:-\d\d:\d\d)? UTC\b")
+
+
+def test_guides_carry_no_run_logs():
+    """docs/ answers a user's questions; when and under what load a figure was
+    measured lives beside its result in benchmarks/results/ (docs/benchmarks.md,
+    the benchmarks' own page, excepted)."""
+    guides = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+              *sorted((ROOT / "examples").glob("**/README.md"))]
+    found = [f"{path.relative_to(ROOT)}:{number}: {stamp.group()}"
+             for path in guides if path.name != "benchmarks.md" or path.parent.name != "docs"
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             for stamp in TIME_STAMP.finditer(line)]
+    assert not found, ("time stamps in the guides: move the run log to a notes.md beside the "
+                       "result and link it:\n" + "\n".join(found))
+    memory = (ROOT / "docs" / "memory.md").read_text(encoding="utf-8")
+    assert len(memory.splitlines()) <= 400, "docs/memory.md is a guide of at most 400 lines"

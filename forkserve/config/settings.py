@@ -1,10 +1,11 @@
 """Every setting forkserve has, declared once.
 
 Each `Setting` names its command-line flags, its environment variable
-(FORKSERVE_<NAME>), its config-file key (the name), its type, its default
-and one line of help. The argument parser, the environment and config-file
-readers and docs/settings.md's tables are all derived from `SETTINGS`;
-nothing else in the package lists settings.
+(FORKSERVE_<NAME>), its config-file key (the name), its type, its default,
+one line of help for --help, and the details --help leaves out (reasons,
+edge cases, costs). The argument parser, the environment and config-file
+readers and docs/settings.md's tables (help and details) are all derived
+from `SETTINGS`; nothing else in the package lists settings.
 
 Precedence, lowest first: defaults, config file, environment, command line.
 
@@ -44,6 +45,9 @@ class Setting:
     # "optional" takes an argument or, alone, means "auto".
     kind: str = "value"
     section: str = "server"
+    #: what --help leaves out: why, the edge cases, the costs; docs/settings.md
+    #: gives it after the help line
+    details: str = ""
 
     @property
     def env(self) -> str:
@@ -69,9 +73,9 @@ class Setting:
 
 SETTINGS = (
     Setting("bind", ("-b", "--bind"), values.bind_list, lambda: ["127.0.0.1:8000"],
-            "Address to listen on: HOST:PORT, [IPv6]:PORT or unix:PATH. Repeat for several; "
-            "port 0 picks a free port (the real one is logged).",
-            metavar="ADDRESS", kind="append"),
+            "Listen on HOST:PORT, [IPv6]:PORT or unix:PATH; repeat for several.",
+            metavar="ADDRESS", kind="append",
+            details="Port 0 picks a free port (the real one is logged)."),
     Setting("workers", ("-w", "--workers"), values.whole(0), values.default_workers,
             "Number of forked worker processes. 0 serves from one process with no fork.",
             metavar="N"),
@@ -79,15 +83,18 @@ SETTINGS = (
             "Most simultaneous connections one worker serves (one greenlet each).",
             metavar="N"),
     Setting("no_balance", ("--no-balance",), values.flag, False,
-            "Let workers race for new connections instead of each pausing accept() while it "
-            "holds more than its share (plus an eighth) of the workers' open connections.",
-            kind="flag"),
+            "Let workers race for new connections instead of sharing them evenly.",
+            kind="flag",
+            details="By default each worker pauses accept() while it holds more than its "
+                    "share (plus an eighth) of the workers' open connections."),
     Setting("cpu_affinity", ("--cpu-affinity",), values.cpu_affinity, "auto",
-            "on: pin each worker to one CPU, the workers spread evenly over the CPUs the "
-            "server may use (a replacement keeps its predecessor's CPU). auto: only while "
-            "there are more workers than those CPUs, where pinning cut p99 and raised req/s. "
-            "off: workers run on any of them, and may leave a CPU that other work keeps busy.",
-            metavar="auto|on|off"),
+            "Pin each worker to one CPU: on, off, or auto (only while workers outnumber CPUs).",
+            metavar="auto|on|off",
+            details="on: the workers spread evenly over the CPUs the server may use (a "
+                    "replacement keeps its predecessor's CPU). auto: only while there are "
+                    "more workers than those CPUs, where pinning cut p99 and raised req/s. "
+                    "off: workers run on any of them, and may leave a CPU that other work "
+                    "keeps busy."),
     Setting("backlog", ("--backlog",), values.whole(1), 2048,
             "Listen queue length: connections the kernel holds while workers are busy.",
             metavar="N"),
@@ -120,78 +127,91 @@ SETTINGS = (
             "Server log level: debug, info, warning, error or critical.", metavar="LEVEL",
             section="logging"),
     Setting("config", ("-c", "--config"), values.text, None,
-            "Read settings from FILE: a Python file (like gunicorn.conf.py) or a TOML file "
-            "(its [tool.forkserve] table, or the whole file). ./forkserve.conf.py, else "
-            "./gunicorn.conf.py, is read when present and no -c is given.", metavar="FILE"),
+            "Read settings from a Python file (like gunicorn.conf.py) or a TOML file.",
+            metavar="FILE",
+            details="A TOML file's [tool.forkserve] table, or the whole file. "
+                    "./forkserve.conf.py, else ./gunicorn.conf.py, is read when present and "
+                    "no -c is given."),
     Setting("ini", ("--ini",), values.text, None,
-            "Read a uWSGI ini file's [uwsgi] section (FILE:SECTION for another): its options "
-            "become forkserve's settings, as docs/uwsgi.md lists (-c reads a .ini file so "
-            "too).", metavar="FILE"),
+            "Read a uWSGI ini file's [uwsgi] section (FILE:SECTION for another).",
+            metavar="FILE",
+            details="Its options become forkserve's settings, as docs/uwsgi.md lists (-c "
+                    "reads a .ini file so too)."),
     Setting("check_config", ("--check-config",), values.flag, False,
-            "Check the settings and load the application, then exit: 0 if the server would "
-            "start, 2 if a setting is refused or invalid. Every problem is named in one run; "
-            "settings with no effect are warnings.",
-            kind="flag"),
+            "Check the settings, load the application and exit: 0 if it would start, else 2.",
+            kind="flag",
+            details="Exit status 2 if a setting is refused or invalid. Every problem is "
+                    "named in one run; settings with no effect are warnings."),
     Setting("print_config", ("--print-config",), values.flag, False,
-            "Print every setting's effective value and where it came from (default, config "
-            "file, environment, command line), then exit 0.", kind="flag"),
+            "Print every setting's value and where it came from, then exit.", kind="flag",
+            details="The sources: default, config file, environment, command line. Exits 0 "
+                    "without loading the application."),
     Setting("no_monkey_patch", ("--no-monkey-patch",), values.flag, False,
             "Do not call gevent.monkey.patch_all() before loading the application.",
             kind="flag"),
     Setting("chdir", ("--chdir",), values.text, None,
             "Change to this directory before loading the application.", metavar="DIR"),
     Setting("stats", ("--stats",), values.text, None,
-            "Serve memory figures from the master at this address (HOST:PORT or unix:PATH): "
-            "a live dashboard at /, JSON at /json (and /history), Prometheus text at "
-            "/metrics; /health says whether the workers serve (200) or not (503).",
-            metavar="ADDRESS", section="memory"),
+            "Serve a memory dashboard, JSON, Prometheus text and /health at HOST:PORT.",
+            metavar="ADDRESS", section="memory",
+            details="Or unix:PATH. A live dashboard at /, JSON at /json (and /history), "
+                    "Prometheus text at /metrics; /health says whether the workers serve "
+                    "(200) or not (503), /livez whether the master runs."),
     Setting("memory_log_interval", ("--memory-log-interval",), values.seconds, 0.0,
             "Log every process's shared and private memory every this many seconds. 0 disables.",
             metavar="SECONDS", section="memory"),
     Setting("max_worker_memory", ("--max-worker-memory",), values.whole(0), 0,
-            "Recycle a worker gracefully when its private anonymous memory (copy-on-write "
-            "copies and its own allocations; not RSS, not mapped file pages) exceeds this many "
-            "MiB. 0 disables.", metavar="MB", section="memory"),
+            "Recycle a worker whose private memory (not RSS) passes this many MiB. 0 disables.",
+            metavar="MB", section="memory",
+            details="Private: its anonymous copy-on-write copies and its own allocations; "
+                    "mapped file pages (a store) never count. The replacement starts first, "
+                    "then the worker drains."),
     # --worker-gc: forkserve.memory.workergc holds the policies and their reasons.
     Setting("worker_gc", ("--worker-gc",), _worker_gc_policy, _WORKER_GC_DEFAULT,
-            "When workers (and a -w 0 process) collect their own cyclic garbage: normal "
-            "(Python's thresholds, full collections included), young (generations 0-1 only), "
-            "idle (young generations between requests) or off. The master's frozen heap is "
-            "never collected.",
-            metavar="POLICY", section="memory"),
+            "How workers collect their own cyclic garbage: normal, young, idle or off.",
+            metavar="POLICY", section="memory",
+            details="normal: Python's thresholds, full collections included; young: "
+                    "generations 0-1 only; idle: the young generations when no request came "
+                    "in the last second; off: never. A -w 0 process follows it too. The "
+                    "master's frozen heap is never collected."),
     # --no-take-free-space: forkserve.memory.free_space holds what it takes and its checks.
     Setting("take_free_space", ("--no-take-free-space",), values.flag_on_by_default, True,
-            "Before each fork the master takes the allocators' free space between its "
-            "objects (at most 16 MiB at the first fork, 16 MiB more for respawns), so that a "
-            "worker's allocations do not copy the master's pages. Skipped, with a log line, "
-            "unless pymalloc without debug hooks, no tracemalloc and glibc's malloc are in "
-            "use. --no-take-free-space (take_free_space = False) turns it off.",
-            kind="off", section="memory"),
+            "Do not take the allocators' free space in the master before forking.",
+            kind="off", section="memory",
+            details="By default the master takes the free space between its objects before "
+                    "each fork (at most 16 MiB at the first fork, 16 MiB more for respawns), "
+                    "so that a worker's allocations do not copy the master's pages. Skipped, "
+                    "with a log line, unless pymalloc without debug hooks, no tracemalloc and "
+                    "glibc's malloc are in use."),
     # --share-heap: forkserve.memory.heap holds what it marks, what stays mortal and why.
     Setting("share_heap", ("--share-heap", "--no-share-heap"), values.auto_flag, None,
-            "Once the application is loaded, make the master's heap immortal so that "
-            "workers' reads copy none of it; objects whose death runs code (finalisers, "
-            "weakref callbacks, open files) and what holds them stay mortal. On by default "
-            "where it was checked (CPython 3.12-3.15), off elsewhere with a log line; "
-            "--share-heap refuses to start where it cannot, --no-share-heap turns it off.",
-            kind="switch", section="memory"),
+            "Make the master's heap immortal so workers' reads copy none of it (default: auto).",
+            kind="switch", section="memory",
+            details="Done once the application is loaded; objects whose death runs code "
+                    "(finalisers, weakref callbacks, open files) and what holds them stay "
+                    "mortal. On by default where it was checked (CPython 3.12-3.15), off "
+                    "elsewhere with a log line; --share-heap refuses to start where it "
+                    "cannot, --no-share-heap turns it off."),
     Setting("warmup", ("--warmup",), values.url_path_list, lambda: [],
-            "Before forking, the master GETs this path (e.g. /, /products?page=2) in-process, "
-            "three times, so lazily built caches and specialised bytecode are built once and "
-            "shared. Repeat for several (space-separated in the environment).", metavar="PATH",
-            kind="append", section="memory"),
+            "GET this path in the master before forking, to build caches once; repeat for several.",
+            metavar="PATH", kind="append", section="memory",
+            details="In-process, three times (e.g. /, /products?page=2), so lazily built "
+                    "caches and specialised bytecode are built once and shared. "
+                    "Space-separated in the environment."),
     Setting("limit_request_line", ("--limit-request-line",), values.whole(0), 4094,
-            "Longest request line in bytes, CRLF not counted (as Gunicorn); longer gets 414. "
-            "At most 8190; 0 means no limit (a 1 MiB ceiling remains).",
-            metavar="BYTES", section="http"),
+            "Longest request line in bytes; longer gets 414.",
+            metavar="BYTES", section="http",
+            details="CRLF not counted (as Gunicorn). At most 8190; 0 means no limit (a 1 MiB "
+                    "ceiling remains)."),
     Setting("limit_request_fields", ("--limit-request-fields",), values.whole(0), 100,
             "Most header fields in a request; more gets 431. 0 means the maximum, 32768.",
             metavar="N", section="http"),
     Setting("limit_request_field_size", ("--limit-request-field_size", "--limit-request-field-size"),
             values.whole(0), 8190,
-            "Largest header line in bytes, its CRLF counted (as Gunicorn); larger gets 431. "
-            "0 means no limit (a 1 MiB ceiling remains).",
-            metavar="BYTES", section="http"),
+            "Largest header line in bytes; larger gets 431.",
+            metavar="BYTES", section="http",
+            details="Its CRLF counted (as Gunicorn). 0 means no limit (a 1 MiB ceiling "
+                    "remains)."),
     Setting("limit_request_body", ("--limit-request-body",), values.whole(0), 0,
             "Largest request body in bytes; larger gets 413. 0 means no limit.",
             metavar="BYTES", section="http"),
@@ -199,17 +219,18 @@ SETTINGS = (
             "Seconds a client has to send the request line and headers.",
             metavar="SECONDS", section="http"),
     Setting("body_timeout", ("--body-timeout",), values.seconds, 30.0,
-            "Seconds a client has to send the request body, counted from the application's "
-            "first read: bounds each wait and the whole body; 408 and close after. 0 disables.",
-            metavar="SECONDS", section="http"),
+            "Seconds a client has to send the request body; 408 after. 0 disables.",
+            metavar="SECONDS", section="http",
+            details="Counted from the application's first read: bounds each wait and the "
+                    "whole body; the connection is closed after the 408."),
     Setting("send_timeout", ("--send-timeout",), values.seconds, 30.0,
-            "Seconds one send of the response may wait for a client that does not read; "
-            "the connection is closed after. 0 disables.",
-            metavar="SECONDS", section="http"),
+            "Seconds one send may wait for a client that does not read. 0 disables.",
+            metavar="SECONDS", section="http",
+            details="The connection is closed after."),
     Setting("sendfile", ("--no-sendfile",), values.flag_on_by_default, True,
-            "Send wsgi.file_wrapper's regular files with os.sendfile() (zero copy); "
-            "--no-sendfile (sendfile = False) reads them in blocks and sends those.",
-            kind="off", section="http"),
+            "Send wsgi.file_wrapper's files in blocks, not with os.sendfile().",
+            kind="off", section="http",
+            details="By default regular files go out with os.sendfile() (zero copy)."),
     Setting("user", ("-u", "--user"), values.name_or_id, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",
             metavar="USER", section="security"),
@@ -220,19 +241,21 @@ SETTINGS = (
     # (forkserve.config.gunicorn lists what happens to every Gunicorn setting) ---
     Setting("access_log_format", ("--access-logformat",), values.log_format,
             '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"',
-            "Access log line, with Gunicorn's atoms (h l u t r m U q H s B b f a T D M L p, "
-            "{header}i, {header}o, {variable}e). The default is Gunicorn's.",
-            metavar="FORMAT", section="logging"),
+            "Access log line, with Gunicorn's atoms; the default is Gunicorn's.",
+            metavar="FORMAT", section="logging",
+            details="Atoms: h l u t r m U q H s B b f a T D M L p, {header}i, {header}o, "
+                    "{variable}e."),
     Setting("capture_output", ("--capture-output",), values.flag, False,
             "Send the application's stdout and stderr to the error log file.",
             kind="flag", section="logging"),
     Setting("logconfig", ("--log-config",), values.text, None,
-            "Configure logging with logging.config.fileConfig(FILE); its 'gunicorn.error' and "
-            "'gunicorn.access' loggers configure forkserve's.", metavar="FILE",
-            section="logging"),
+            "Configure logging with logging.config.fileConfig(FILE).", metavar="FILE",
+            section="logging",
+            details="Its 'gunicorn.error' and 'gunicorn.access' loggers configure "
+                    "forkserve's."),
     Setting("logconfig_dict", ("--log-config-dict",), values.json_mapping, None,
-            "Configure logging with logging.config.dictConfig over Gunicorn's default "
-            "dict (JSON on the command line).", metavar="JSON", section="logging"),
+            "Configure logging with logging.config.dictConfig (JSON).", metavar="JSON",
+            section="logging", details="Applied over Gunicorn's default dict."),
     Setting("logconfig_json", ("--log-config-json",), values.text, None,
             "Like --log-config-dict, read from a JSON file.", metavar="FILE",
             section="logging"),
@@ -246,43 +269,48 @@ SETTINGS = (
             metavar="MASK", section="security"),
     Setting("forwarded_allow_ips", ("--forwarded-allow-ips",), values.allowed_addresses,
             lambda: os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1").split(","),
-            "Peers trusted to set secure_scheme_headers: addresses, networks (CIDR) or '*'. "
-            "Unix-socket peers are always trusted.", metavar="ADDRESSES", section="http"),
+            "Peers trusted to set secure_scheme_headers: addresses, networks or '*'.",
+            metavar="ADDRESSES", section="http",
+            details="Networks in CIDR. Unix-socket peers are always trusted."),
     Setting("secure_scheme_headers", ("--secure-scheme-headers",), values.scheme_headers,
             lambda: {"X-FORWARDED-PROTOCOL": "ssl", "X-FORWARDED-PROTO": "https",
                      "X-FORWARDED-SSL": "on"},
-            "Headers (and values) by which a trusted proxy says the request came over "
-            "https: wsgi.url_scheme becomes https. Contradicting headers get 400.",
-            metavar="NAME=VALUE,...", section="http"),
+            "Headers by which a trusted proxy says the request came over https.",
+            metavar="NAME=VALUE,...", section="http",
+            details="With one of them, wsgi.url_scheme becomes https. Contradicting headers "
+                    "get 400."),
     Setting("proxy_protocol", ("--proxy-protocol",), values.proxy_protocol, "off",
-            "Accept a PROXY protocol header (v1, v2 or auto; bare flag: auto) before a "
-            "connection's first request, from proxy_allow_ips: it sets REMOTE_ADDR and "
-            "REMOTE_PORT.", metavar="MODE", kind="optional", section="http"),
+            "Accept a PROXY protocol header: v1, v2 or auto (the bare flag).",
+            metavar="MODE", kind="optional", section="http",
+            details="Before a connection's first request, from proxy_allow_ips: it sets "
+                    "REMOTE_ADDR and REMOTE_PORT."),
     Setting("load_progress_interval", ("--load-progress-interval",), values.seconds, 5.0,
-            "While the application loads, log the elapsed time and the master's RSS every "
-            "this many seconds. 0 logs only the start and the end.", metavar="SECONDS"),
+            "While the application loads, log its progress every this many seconds.",
+            metavar="SECONDS",
+            details="The elapsed time and the master's RSS. 0 logs only the start and the "
+                    "end."),
     Setting("reload", ("--reload",), values.flag, False,
-            "Development tool: reload the application (as HUP does) when one of its source "
-            "files changes. Polls every second.", kind="flag"),
+            "Development tool: reload (as HUP) when a source file changes.", kind="flag",
+            details="Polls every second."),
     Setting("reload_extra_files", ("--reload-extra-file",), values.path_list, lambda: [],
             "With --reload, also watch this file (templates, data). Repeat for several.",
             metavar="FILE", kind="append"),
     Setting("touch_reload", ("--touch-reload",), values.path_list, lambda: [],
-            "Reload gracefully (as HUP) when this file's modification time changes (uWSGI's "
-            "touch-reload). Repeat for several.", metavar="FILE", kind="append"),
+            "Reload gracefully (as HUP) when this file's mtime changes; repeat for several.",
+            metavar="FILE", kind="append", details="uWSGI's touch-reload."),
     Setting("reload_engine", ("--reload-engine",), values.reload_engine, "auto",
             "How --reload watches: auto or poll (forkserve always polls; inotify is refused).",
             metavar="ENGINE"),
     Setting("protocol", ("--protocol",), values.protocol, "http",
-            "What a bind address without a uwsgi: or http: prefix speaks: http, or uwsgi "
-            "(the binary protocol of nginx's uwsgi_pass; one request per connection). "
-            "-b uwsgi:127.0.0.1:3031 makes one listener speak uwsgi.",
-            metavar="http|uwsgi", section="http"),
+            "What a bind address without a uwsgi: or http: prefix speaks.",
+            metavar="http|uwsgi", section="http",
+            details="uwsgi is the binary protocol of nginx's uwsgi_pass (one request per "
+                    "connection). -b uwsgi:127.0.0.1:3031 makes one listener speak uwsgi."),
     Setting("uwsgi_allow_ips", ("--uwsgi-allow-from",), values.allowed_addresses,
             lambda: ["127.0.0.1", "::1"],
-            "Peers a uwsgi listener serves (others are closed, logged): addresses, networks "
-            "or '*'. Unix-socket peers are always served.", metavar="ADDRESSES",
-            section="http"),
+            "Peers a uwsgi listener serves: addresses, networks or '*'.", metavar="ADDRESSES",
+            section="http",
+            details="Others are closed and logged. Unix-socket peers are always served."),
     Setting("proxy_allow_ips", ("--proxy-allow-from",), values.allowed_addresses,
             lambda: ["127.0.0.1", "::1"],
             "Peers allowed to send a PROXY protocol header (others get 403): addresses, "
@@ -349,7 +377,8 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
               f"       {prog} store {{build,info,get,shard}} ... (see {prog} store --help)",
         description="Pre-fork gevent WSGI server whose workers share the master's preloaded data.",
         epilog="Every option can also be set in a config file (-c) by its name, or in the\n"
-               "environment as FORKSERVE_<NAME>, e.g. FORKSERVE_WORKERS=4.",
+               "environment as FORKSERVE_<NAME>, e.g. FORKSERVE_WORKERS=4. Each setting in\n"
+               "full (why, edge cases, costs): docs/settings.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,  # gunicorn.add_arguments wraps
     )
     parser.add_argument("app", nargs="?", metavar="MODULE:APP",
@@ -526,8 +555,9 @@ def settings_table() -> str:
         for setting in (s for s in SETTINGS if s.section == section):
             flag = " / ".join(f"`{flag}`" for flag in setting.flags
                               if not flag.endswith("_size"))
+            what = f"{setting.help} {setting.details}".strip()
             lines.append(f"| `{setting.name}` | {flag} | `{setting.env}` "
-                         f"| {setting.shown_default()} | {setting.help} |")
+                         f"| {setting.shown_default()} | {what} |")
     return "\n".join(line for line in lines if line is not None)
 
 
