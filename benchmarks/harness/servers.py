@@ -32,7 +32,7 @@ import sys
 
 __all__ = ["APP", "HELLO_APP", "ServerSpec", "bind_listener", "hello_servers",
            "keepalive_problem", "persondb_servers", "port_from_log", "python_version",
-           "uwsgi_fallback"]
+           "throughput_servers", "uwsgi_fallback"]
 
 #: benchmarks/, where the scenarios, apps and Lua scripts are
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +64,10 @@ class ServerSpec:
     min_python: tuple = (3, 11)
     #: Extra reason shown in the report (e.g. uWSGI's loop choice).
     note: str = ""
+    #: True for servers that bind port 0 themselves but do not log the port
+    #: they got (Granian): the harness reads it from /proc (the socket the
+    #: server's processes listen on).
+    port_from_proc: bool = False
 
     def skip_reason(self, python, version):
         """Why this server cannot run with ``python`` here, or None."""
@@ -165,6 +169,16 @@ def _uwsgi(app, protocol, extra=()):
     return command
 
 
+def _granian(app, workers_override=None):
+    def command(python, workers, fd):
+        # Granian binds the address itself (no fd hand-over) and logs the
+        # port it was given, so port 0 is read back from /proc.
+        w = workers if workers_override is None else workers_override
+        return [python, "-m", "granian", "--interface", "wsgi", "--workers", str(w),
+                "--host", "127.0.0.1", "--port", "0", "--no-access-log", app]
+    return command
+
+
 def _serve_fd(server, app):
     def command(python, workers, fd):
         return [python, SERVE_FD, server, "--fd", str(fd), app]
@@ -259,6 +273,51 @@ def hello_servers():
                    note="`pip install meinheld` fails here: meinheld 1.0.2 (2020, its last "
                         "release) pins greenlet<0.5, which does not build on Python 3.11+"),
     ]
+
+
+def throughput_servers():
+    """benchmarks/throughput.py's line-up: {scenario: [(spec, workers)]}, in the
+    order of its table; ratios are to the Granian row of the same worker count."""
+    granian = ("import granian",)
+    forkserve = ("import forkserve.cli",)
+    uwsgi_note = ("closes every connection: it runs --protocol http (pyuwsgi's gevent loop "
+                  "fails HTTP/1.1 keep-alive here), so wrk reconnects for every request and "
+                  "counts each close as a read error")
+    return {
+        "persondb": [
+            (ServerSpec("gunicorn", "Gunicorn --preload -k gevent", "dict", _gunicorn(),
+                        requires=("import gunicorn", "import gevent")), 4),
+            (ServerSpec("uwsgi", "uWSGI (pyuwsgi) --processes 4 --gevent 1000", "dict",
+                        _uwsgi(APP, "http", ("--buffer-size", "16384")),
+                        requires=("import pyuwsgi", "import gevent"), note=uwsgi_note), 4),
+            (ServerSpec("granian", "Granian --interface wsgi (each worker loads its own copy)",
+                        "dict", _granian(APP), requires=granian, needs_fd=False,
+                        port_from_proc=True), 4),
+            (ServerSpec("forkserve", "forkserve, plain dicts (heap shared on 3.12+)", "dict",
+                        _forkserve(stats=False), requires=forkserve, needs_fd=False), 4),
+            (ServerSpec("forkserve-store", "forkserve, PERSONDB_MODE=store", "store",
+                        _forkserve(stats=False),
+                        requires=forkserve + ("from forkserve.store import Store",),
+                        needs_fd=False), 4),
+            (ServerSpec("forkserve-w0", "forkserve -w 0 (one process), plain dicts", "dict",
+                        _forkserve(0, stats=False), requires=forkserve, single=True,
+                        needs_fd=False), 0),
+        ],
+        "hello": [
+            (ServerSpec("granian-w1", "Granian --interface wsgi --workers 1", "",
+                        _granian(HELLO_APP, 1), requires=granian, needs_fd=False,
+                        port_from_proc=True), 1),
+            (ServerSpec("granian-w4", "Granian --interface wsgi --workers 4", "",
+                        _granian(HELLO_APP, 4), requires=granian, needs_fd=False,
+                        port_from_proc=True), 4),
+            (ServerSpec("forkserve-w0", "forkserve -w 0 (one process)", "",
+                        _forkserve(0, HELLO_APP, stats=False), requires=forkserve, single=True,
+                        needs_fd=False), 0),
+            (ServerSpec("forkserve-w4", "forkserve -w 4", "",
+                        _forkserve(4, HELLO_APP, stats=False), requires=forkserve,
+                        needs_fd=False), 4),
+        ],
+    }
 
 
 def uwsgi_fallback(problem):
