@@ -5,7 +5,7 @@
     python benchmarks/hello.py --servers forkserve-w0,gevent-pywsgi --out /tmp/h
     python benchmarks/hello.py --servers forkserve-w0,forkserve-w4 --contend 2 --out /tmp/hc
 
-Every server serves benchmarks/hello_app.py (13 bytes, one start_response,
+Every server serves benchmarks/apps/hello_app.py (13 bytes, one start_response,
 no framework), pinned with taskset to --server-cpus (default CPU 0); wrk,
 pinned to --client-cpus (default CPU 1), keeps --connections (default 64)
 keep-alive connections busy with GET /. All servers are started first and

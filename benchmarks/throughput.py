@@ -2,15 +2,16 @@
 
     python benchmarks/throughput.py                    # 3 rounds x 10 s, 300,000 rows
     python benchmarks/throughput.py --quick            # 1 round x 3 s, 20,000 rows
-    python benchmarks/throughput.py --python ~/.pyenv/versions/3.12.1/bin/python
     python benchmarks/throughput.py --connections 256 --servers granian,forkserve
+    python3.12 -m venv .venv312 && .venv312/bin/pip install -e '.[bench]'
+    python benchmarks/throughput.py --python .venv312/bin/python   # heap sharing: 3.12+
 
 Two scenarios, every server of one started first and then measured in
 rounds, one server after the other within a round (a change in the
 machine's load then hits every server alike):
 
 - persondb: examples/persondb (Bottle; --rows people, default 300,000,
-  plain dicts unless said), wrk on random lookups (lookup.lua, 5%
+  plain dicts unless said), wrk on random lookups (apps/lookup.lua, 5%
   unknown people answered 404, every connection kept alive), 4 workers:
   gunicorn (`--preload -k gevent`), uwsgi (pyuwsgi `--processes 4 --gevent
   1000`; it closes every connection, see the notes), granian (`granian
@@ -18,7 +19,7 @@ machine's load then hits every server alike):
   copy), forkserve (`-w 4`, plain dicts: its heap sharing is on by default
   on Python 3.12+), forkserve-store (`-w 4`, PERSONDB_MODE=store) and
   forkserve-w0 (one process);
-- hello: benchmarks/hello_app.py (13 bytes), GET / on keep-alive
+- hello: benchmarks/apps/hello_app.py (13 bytes), GET / on keep-alive
   connections: granian-w1, granian-w4, forkserve-w0, forkserve-w4.
 
 Every server is pinned with taskset to --server-cpus (CPU 0), wrk (one
@@ -140,6 +141,15 @@ def selected(args):
     return chosen
 
 
+def heap_sharing_line(log):
+    """forkserve's "Heap sharing ..." line in a server log, without its prefix, or None:
+    whether the heap was shared is part of what a forkserve row measured."""
+    for line in log.decode("utf-8", "replace").splitlines():
+        if "[INFO] Heap sharing" in line or "[WARNING] Heap sharing" in line:
+            return line[line.index("Heap sharing"):]
+    return None
+
+
 def figures(rounds, pss):
     """One server's figures from its rounds: [(PhaseResult, CPU seconds)]."""
     responses = sum(r.responses for r, _ in rounds)
@@ -203,6 +213,9 @@ def run_scenario(scenario, specs, args, env, log_dir, workdir, py_version, email
             running[spec.name] = (spec, workers, server, [])
             if spec.note:
                 notes.append((f"{scenario}:{spec.name}", spec.note))
+            sharing = heap_sharing_line(server.log())
+            if sharing:
+                notes.append((f"{scenario}:{spec.name}", sharing))
             say(f"{scenario} {spec.name}: ready on port {server.port} "
                 f"({len(server.members())} processes)")
         for spec, _, server, _ in running.values():

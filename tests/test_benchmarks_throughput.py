@@ -65,3 +65,12 @@ def test_the_port_a_process_listens_on_is_read_from_proc():
         child.stdin.close()  # the child reads EOF and exits
         child.wait(timeout=10)
     assert listening_port([child.pid]) is None  # gone: no port, no error
+
+
+def test_whether_the_heap_was_shared_is_taken_from_forkserve_s_log():
+    log = (b"[2026-11-27 20:56:10 +0000] [24336] [INFO] loaded app in 8.8 s\n"
+           b"[2026-11-27 20:56:10 +0000] [24336] [INFO] Heap sharing off: the C extension "
+           b"forkserve.memory._immortal is not built\n")
+    assert throughput.heap_sharing_line(log) == (
+        "Heap sharing off: the C extension forkserve.memory._immortal is not built")
+    assert throughput.heap_sharing_line(b"[INFO] Listening at: http://127.0.0.1:1\n") is None

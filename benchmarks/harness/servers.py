@@ -1,9 +1,9 @@
 """The server registry: every server the scenarios compare, and how to start it.
 
 Two line-ups, one ServerSpec each: `persondb_servers()` runs
-examples.persondb.app:app (benchmarks/run.py, cow_cost.py), preloaded once
+examples.persondb.app:app (benchmarks/run.py), preloaded once
 in its master, with the same worker count, no access log, and its processes
-pinned to the same CPUs; `hello_servers()` runs benchmarks/hello_app.py on
+pinned to the same CPUs; `hello_servers()` runs benchmarks/apps/hello_app.py on
 every WSGI server that installs here (benchmarks/hello.py). Each ServerSpec
 says how to build its command line, whether it can run here (and if not,
 why), and how the harness learns its port:
@@ -34,11 +34,11 @@ __all__ = ["APP", "HELLO_APP", "ServerSpec", "bind_listener", "hello_servers",
            "keepalive_problem", "persondb_servers", "port_from_log", "python_version",
            "throughput_servers", "uwsgi_fallback"]
 
-#: benchmarks/, where the scenarios, apps and Lua scripts are
+#: benchmarks/, where the scenarios are (their apps and Lua scripts in apps/)
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(HERE)
 APP = "examples.persondb.app:app"
-HELLO_APP = "benchmarks.hello_app:app"
+HELLO_APP = "benchmarks.apps.hello_app:app"
 SERVE_FD = os.path.join(HERE, "harness", "serve_fd.py")
 
 _LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
@@ -194,7 +194,7 @@ def persondb_servers():
         ),
         ServerSpec(
             "gunicorn-gc", "Gunicorn --preload -k gevent + gc recipe in hooks", "dict",
-            _gunicorn(os.path.join(HERE, "gunicorn.conf.py")),
+            _gunicorn(os.path.join(HERE, "apps", "gunicorn.conf.py")),
             requires=("import gunicorn", "import gevent"),
         ),
         ServerSpec(
