@@ -36,7 +36,9 @@ Figures, per server:
 - p50, p99: the median over the rounds of wrk's percentiles;
 - CPU/req: user + system time of every process of the server's process
   group (/proc/PID/stat), read before and after each round, summed over
-  the rounds and divided by their responses;
+  the rounds and divided by their responses; CPU ×granian: over Granian's
+  (as ×granian). On a busy machine req/s is partly the neighbours', CPU
+  per request much less: compare that;
 - PSS: the total PSS of the server's process group (smaps_rollup) after
   its last round.
 
@@ -82,7 +84,8 @@ STEAL_WARNING = 0.01
 RESULT_COLUMNS = (
     ("scenario", "scenario"), ("server", "server"), ("rps", "req/s"),
     ("rps_vs_granian", "×granian", "×"), ("p50_ms", "p50"), ("p99_ms", "p99"),
-    ("cpu_us", "CPU/req"), ("pss", "PSS after", "MiB"), ("closed", "closed by server"),
+    ("cpu_us", "CPU/req"), ("cpu_vs_granian", "CPU ×granian", "×"),
+    ("pss", "PSS after", "MiB"), ("closed", "closed by server"),
 )
 
 
@@ -167,9 +170,11 @@ def figures(rounds, pss):
 
 
 def add_ratios(rows):
-    """Each row's req/s over Granian's: on PersonDB its 4 workers, on hello world
-    Granian with the same worker count (1 for a single process)."""
+    """Each row's req/s and CPU per request over Granian's: on PersonDB its 4
+    workers, on hello world Granian with the same worker count (1 for a single
+    process)."""
     rps = {(row["scenario"], row["server"]): row["rps"] for row in rows}
+    cpu = {(row["scenario"], row["server"]): row["cpu_us"] for row in rows}
     for row in rows:
         if row["scenario"] == "persondb":
             base = "granian"
@@ -177,6 +182,9 @@ def add_ratios(rows):
             base = "granian-w1" if row["workers"] <= 1 else "granian-w4"
         granian = rps.get((row["scenario"], base))
         row["rps_vs_granian"] = row["rps"] / granian if granian else None
+        granian_cpu = cpu.get((row["scenario"], base))
+        row["cpu_vs_granian"] = (row["cpu_us"] / granian_cpu
+                                 if granian_cpu and row["cpu_us"] is not None else None)
     return rows
 
 

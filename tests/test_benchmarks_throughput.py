@@ -9,8 +9,9 @@ from benchmarks.harness import servers
 from benchmarks.harness.start import listening_port
 
 
-def row(scenario, server, workers, rps):
-    return {"scenario": scenario, "server": server, "workers": workers, "rps": rps}
+def row(scenario, server, workers, rps, cpu_us=None):
+    return {"scenario": scenario, "server": server, "workers": workers, "rps": rps,
+            "cpu_us": cpu_us}
 
 
 def test_ratios_are_to_granian_of_the_same_scenario():
@@ -25,6 +26,12 @@ def test_ratios_are_to_granian_of_the_same_scenario():
     assert ratio["persondb", "forkserve-w0"] == 0.5  # PersonDB: always Granian's 4 workers
     assert ratio["hello", "forkserve-w0"] == 0.75  # hello: Granian with 1 worker
     assert ratio["hello", "forkserve-w4"] == 0.8
+
+
+def test_cpu_per_request_is_compared_with_granian_s_too():
+    rows = throughput.add_ratios([row("hello", "granian-w1", 1, 40_000.0, cpu_us=25.0),
+                                  row("hello", "forkserve-w0", 0, 30_000.0, cpu_us=30.0)])
+    assert rows[1]["cpu_vs_granian"] == 1.2
 
 
 def test_no_granian_row_means_no_ratio():
