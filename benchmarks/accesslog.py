@@ -1,7 +1,8 @@
 """What logging every request costs: forkserve with and without an access log.
 
-    python benchmarks/accesslog.py [--rounds 15] [--seconds 2] [--workers 1]
+    python benchmarks/accesslog.py --rounds 15 --seconds 2 --workers 1
     python benchmarks/accesslog.py --micro
+    python benchmarks/accesslog.py --quick            # 2 rounds x 1 s
 
 Serves a tiny WSGI app (benchmarks/accesslog.py:app) from two forkserve
 servers started side by side, both pinned to CPU 0: one without an access
@@ -35,12 +36,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness import wrk as load  # noqa: E402
-from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.machine import Conditions, add_common_options, parse_quick  # noqa: E402
 from benchmarks.harness.procs import group_cpu_seconds  # noqa: E402
 from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.start import start as start_server  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICK = {"rounds": 2, "seconds": 1}
 
 
 def app(environ, start_response):
@@ -51,7 +53,7 @@ def app(environ, start_response):
 
 
 def start(extra, log_path):
-    return start_server([sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0",
+    return start_server([ARGS.python, "-m", "forkserve", "-b", "127.0.0.1:0",
                          "-w", str(ARGS.workers), *extra, "benchmarks.accesslog:app"],
                         log_path=log_path, cwd=ROOT, cpus="0", processes=1 + ARGS.workers,
                         probe_path="/", timeout=30)
@@ -159,5 +161,6 @@ if __name__ == "__main__":
                         help="only time building and buffering lines, in this process")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "accesslog"),
                         help="where result.json goes (%(default)s)")
-    ARGS = parser.parse_args()
+    add_common_options(parser, QUICK)
+    ARGS = parse_quick(parser, None, QUICK)
     main()

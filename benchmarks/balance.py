@@ -2,12 +2,13 @@
 
     python benchmarks/balance.py                       # 4, 8, 16, 64 connections x 8 s
     python benchmarks/balance.py --quick               # 8, 64 connections x 3 s
+    git worktree add /tmp/main main                    # a tree to compare with
     python benchmarks/balance.py --also before=/tmp/main --rounds 3
-    python benchmarks/balance.py --also "reuseport=/tmp/rp --reuse-port" --also "race=. --no-balance"
+    python benchmarks/balance.py --also "race=. --no-balance"
     python benchmarks/balance.py --connections 64 --perf --also "race=. --no-balance" \
         --also "two=. -w 2" --also "two-race=. -w 2 --no-balance"
 
-Every server runs benchmarks/balance_app.py (a small JSON lookup) with 4
+Every server runs benchmarks/apps/balance_app.py (a small JSON lookup) with 4
 workers on all CPUs (forkserve pins each worker to one of them when the
 workers outnumber the CPUs, its --cpu-affinity auto; `--also "unpinned=.
 --cpu-affinity off"` measures it without). For each connection count, wrk (one thread,
@@ -54,7 +55,7 @@ before a change, or another mechanism, is measured in the same run; `-w N`
 in ARGS runs that variant with N workers instead of 4 (`--also "two=. -w 2"`:
 is a cost the balance's, or that of more busy workers than CPUs?). Every
 server runs with `python -P` (no current directory on sys.path) and
-PYTHONPATH=TREE:benchmarks/. The machine's load average and CPU steal
+PYTHONPATH=TREE:benchmarks/apps/. The machine's load average and CPU steal
 (from /proc/stat) over the run are printed with the table; result.json
 (benchmarks/harness/results.py) holds the summary rows.
 """
@@ -84,12 +85,12 @@ from benchmarks.harness.servers import HERE, REPO, ServerSpec  # noqa: E402
 from benchmarks.harness.start import start_spec  # noqa: E402
 
 __all__ = ["busiest_ratio", "parse_variant", "perf_count", "requests_from_title",
-           "schedstat_fields", "split_workers", "summarize", "switches_from_status"]
+           "split_workers", "summarize"]
 
-APP = "balance_app:app"  # benchmarks/ is on PYTHONPATH
+APP = "balance_app:app"  # APPS is on PYTHONPATH
+APPS = os.path.join(HERE, "apps")
 WORKERS = 4
 _TITLE_REQUESTS = re.compile(rb"worker \d+ .*?(\d+) req")
-_SWITCHES = re.compile(r"^(?:non)?voluntary_ctxt_switches:\s+(\d+)$", re.M)
 EPOLL_WAIT = "syscalls:sys_enter_epoll_wait"
 
 
@@ -156,18 +157,6 @@ def requests_from_title(cmdline):
     return int(found.group(1)) if found else None
 
 
-def switches_from_status(text):
-    """Voluntary + involuntary context switches in a /proc/PID/status text."""
-    return sum(int(n) for n in _SWITCHES.findall(text))
-
-
-def schedstat_fields(text):
-    """(ns on a CPU, ns runnable but waiting, turns on a CPU) from a
-    /proc/PID/schedstat text."""
-    on_cpu, waiting, turns = (int(field) for field in text.split()[:3])
-    return on_cpu, waiting, turns
-
-
 def perf_count(csv_text, event=EPOLL_WAIT):
     """The count of `event` in `perf stat -x,` output (None if not counted)."""
     for line in csv_text.splitlines():
@@ -183,43 +172,19 @@ def busiest_ratio(values):
     return max(values) / mean if mean else None
 
 
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ")
-    except (FileNotFoundError, ProcessLookupError):
-        return b""
-
-
 def workers(server):
     """The worker pids of a server: those titled as forkserve workers, or
     else every process of its group but the master (Gunicorn's)."""
     pids = [pid for pid in server.members() if pid != server.pid]
-    titled = [pid for pid in pids if requests_from_title(_cmdline(pid)) is not None]
+    titled = [pid for pid in pids if requests_from_title(procs.cmdline(pid)) is not None]
     return titled or pids
-
-
-def _switches(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return switches_from_status(f.read())
-    except (FileNotFoundError, ProcessLookupError):
-        return 0
-
-
-def _schedstat(pid):
-    try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return schedstat_fields(f.read())
-    except (FileNotFoundError, ProcessLookupError):
-        return 0, 0, 0
 
 
 def readings(pids):
     """{pid: (requests or None, CPU seconds, context switches, schedstat)} for
     each worker."""
-    return {pid: (requests_from_title(_cmdline(pid)), procs.cpu_seconds(pid) or 0.0,
-                  _switches(pid), _schedstat(pid)) for pid in pids}
+    return {pid: (requests_from_title(procs.cmdline(pid)), procs.cpu_seconds(pid) or 0.0,
+                  procs.context_switches(pid), procs.schedstat(pid)) for pid in pids}
 
 
 def settled_readings(pids, timeout=5.0):
@@ -426,7 +391,7 @@ def main(argv=None):
     with stop_on_signals():
         try:
             for spec, tree, count in servers(args.also) if args.levels else ():
-                env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE]),
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, APPS]),
                            PYTHONUNBUFFERED="1")
                 server = start_spec(spec, python=args.python, workers=count, env=env,
                                     log_path=os.path.join(args.out, "logs", f"{spec.name}.log"),

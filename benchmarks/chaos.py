@@ -4,9 +4,10 @@ the server serves again, what it leaves behind.
     python benchmarks/chaos.py                      # every attack, both servers
     python benchmarks/chaos.py --attacks hup,mutated --rows 20000
     python benchmarks/chaos.py --no-result          # print the table only
+    python benchmarks/chaos.py --quick --no-result  # hup and mutated, 20,000 records
 
 Each attack starts a fresh server, ``python -m forkserve -w 4`` or
-``gunicorn -k gevent --preload -w 4``, on benchmarks/chaos_app.py (a
+``gunicorn -k gevent --preload -w 4``, on benchmarks/apps/chaos_app.py (a
 200,000-record dataset built in the master; /alloc leaks on request), on
 127.0.0.1 port 0, in its own process group:
 
@@ -57,7 +58,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.machine import Conditions, add_common_options, parse_quick  # noqa: E402
 from benchmarks.harness.procs import group_members  # noqa: E402
 from benchmarks.harness.results import Result, command_line  # noqa: E402
 
@@ -74,11 +75,16 @@ RESULT_COLUMNS = (
 )
 
 
+#: the servers' interpreter (--python)
+PYTHON = sys.executable
+QUICK = {"attacks": "hup,mutated", "rows": 20_000}
+
+
 def command(server, extra):
     if server == "forkserve":
-        return [sys.executable, "-m", "forkserve", "-w", str(WORKERS), "-b", "127.0.0.1:0",
+        return [PYTHON, "-m", "forkserve", "-w", str(WORKERS), "-b", "127.0.0.1:0",
                 "--graceful-timeout", "10", *extra.get("forkserve", ()), "chaos_app:app"]
-    return [sys.executable, "-m", "gunicorn", "-k", "gevent", "--preload", "-w", str(WORKERS),
+    return [PYTHON, "-m", "gunicorn", "-k", "gevent", "--preload", "-w", str(WORKERS),
             "-b", "127.0.0.1:0", "--graceful-timeout", "10", *extra.get("gunicorn", ()),
             "chaos_app:app"]
 
@@ -92,9 +98,9 @@ class Server:
         self.log_file = open(self.log_path, "wb")
         # Run from the work directory, the app found through PYTHONPATH: both
         # servers read a gunicorn.conf.py in their working directory, and
-        # benchmarks/ has one (the gunicorn-gc hooks) that is not for here.
+        # benchmarks/apps/ has one (the gunicorn-gc hooks) that is not for here.
         env = dict(os.environ, CHAOS_ROWS=str(rows), PYTHONUNBUFFERED="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [HERE,
+                   PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(HERE, "apps"),
                                                             os.environ.get("PYTHONPATH")])))
         env.pop("FORKSERVE_WORKERS", None)
 
@@ -539,7 +545,10 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--no-result", action="store_true",
                         help="print the table only; write no result.json")
-    args = parser.parse_args(argv)
+    add_common_options(parser, QUICK)
+    args = parse_quick(parser, argv, QUICK)
+    global PYTHON
+    PYTHON = args.python
     unknown = set(args.attacks.split(",")) - set(ATTACKS)
     if unknown:
         parser.error(f"unknown attack(s) {', '.join(sorted(unknown))}; "

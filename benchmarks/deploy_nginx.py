@@ -3,11 +3,12 @@ what a rolling reload and a killed instance cost the clients.
 
     python benchmarks/deploy_nginx.py                 # ~2 minutes on 2 cores
     python benchmarks/deploy_nginx.py --rows 100000 --requests 40000
+    python benchmarks/deploy_nginx.py --quick         # 3,000 people and requests
 
 Everything runs on this machine, on loopback: three forkserve instances
 (`-w 2`, PERSONDB_MODE=store, PERSONDB_SHARD=i/3) and nginx with
 examples/deploy/nginx.conf (one nginx worker), all pinned to CPU 0; wrk
-(benchmarks/lookup.lua, no misses, no forced closes) pinned to CPU 1.
+(benchmarks/apps/lookup.lua, no misses, no forced closes) pinned to CPU 1.
 
 1. latency: the same lookups of shard 0's people, straight to shard 0 and
    through nginx, at 1 connection (the hop alone) and at 16; ratios.
@@ -35,7 +36,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.machine import Conditions, add_quick_option, parse_quick  # noqa: E402
 from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.wrk import LoadSpec, run_phase  # noqa: E402
 from deploy_cluster import (  # noqa: E402
@@ -166,6 +167,9 @@ def report(args, latency, reload, kill, steal):
     return "\n".join(lines)
 
 
+QUICK = {"rows": 3000, "requests": 3000}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=30_000)
@@ -173,7 +177,8 @@ def main(argv=None):
                         help="wrk responses per latency measurement and for the reload")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "deploy_nginx"))
     parser.add_argument("--only-kill", action="store_true", help="skip phases 1 and 2")
-    args = parser.parse_args(argv)
+    add_quick_option(parser, QUICK)
+    args = parse_quick(parser, argv, QUICK)
     from examples.persondb import generate
     with open("/proc/loadavg") as handle:
         args.loadavg = " ".join(handle.read().split()[:3])

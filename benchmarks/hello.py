@@ -5,7 +5,7 @@
     python benchmarks/hello.py --servers forkserve-w0,gevent-pywsgi --out /tmp/h
     python benchmarks/hello.py --servers forkserve-w0,forkserve-w4 --contend 2 --out /tmp/hc
 
-Every server serves benchmarks/hello_app.py (13 bytes, one start_response,
+Every server serves benchmarks/apps/hello_app.py (13 bytes, one start_response,
 no framework), pinned with taskset to --server-cpus (default CPU 0); wrk,
 pinned to --client-cpus (default CPU 1), keeps --connections (default 64)
 keep-alive connections busy with GET /. All servers are started first and
@@ -63,9 +63,11 @@ if __package__ in (None, ""):
 
 from benchmarks.harness import procs, wrk  # noqa: E402
 from benchmarks.harness.machine import (  # noqa: E402
-    Conditions, cpu_list, machine, say, stop_on_signals, versions,
+    Conditions, cpu_list, say, stop_on_signals, versions,
 )
-from benchmarks.harness.results import Result, command_line, render_meta, table  # noqa: E402
+from benchmarks.harness.results import (  # noqa: E402
+    Result, command_line, render_meta, run_meta, table,
+)
 from benchmarks.harness.servers import (  # noqa: E402
     HELLO_APP as APP, HERE, REPO, hello_servers, keepalive_problem, python_version,
     uwsgi_fallback,
@@ -360,21 +362,17 @@ def run_all(args, argv):
     conditions.end()
     found = versions(args.python, extra=("waitress", "cheroot", "bjoern"))
     command = command_line("hello.py", argv)
-    meta = {
-        "title": "hello world" + (" (--quick)" if args.quick else ""),
-        "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"`{command}`",
-        "machine": machine() + "; " + conditions.describe(),
-        "versions": ", ".join(f"{k} {val}" for k, val in found.items()),
-        "load": f"wrk 1 thread, {args.connections} keep-alive connections, GET / on "
-                f"{APP}; {args.rounds} round(s) x {args.duration} s per server after "
-                f"{args.warmup} s of warm-up",
-        "servers": f"pinned to CPU {args.server_cpus or 'any'}; wrk and the harness on CPU "
-                   f"{args.client_cpus or 'any'}; pre-fork servers run {args.workers} "
-                   "workers on that one CPU"
-                   + (f"; {args.contend} busy-looping process(es) on the server CPU "
-                      "through the rounds (--contend)" if args.contend else ""),
-    }
+    meta = run_meta(
+        "hello world" + (" (--quick)" if args.quick else ""), started_at, command, conditions,
+        found,
+        load=f"wrk 1 thread, {args.connections} keep-alive connections, GET / on "
+             f"{APP}; {args.rounds} round(s) x {args.duration} s per server after "
+             f"{args.warmup} s of warm-up",
+        servers=f"pinned to CPU {args.server_cpus or 'any'}; wrk and the harness on CPU "
+                f"{args.client_cpus or 'any'}; pre-fork servers run {args.workers} "
+                "workers on that one CPU"
+                + (f"; {args.contend} busy-looping process(es) on the server CPU "
+                   "through the rounds (--contend)" if args.contend else ""))
     meta["result"] = Result.measured("hello.py", command, [], conditions, title=meta["title"],
                                      date=meta["date"], versions=found)
     return results, skipped, notes, app_us, meta

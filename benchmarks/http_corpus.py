@@ -34,14 +34,15 @@ RESULT_COLUMNS = (
 )
 
 SERVERS = {
-    "forkserve": [sys.executable, "-m", "forkserve", "-w", "1", "-b", "127.0.0.1:0"],
-    "gunicorn": [sys.executable, "-m", "gunicorn", "-k", "gevent", "-w", "1", "-b", "127.0.0.1:0"],
+    "forkserve": ["-m", "forkserve", "-w", "1", "-b", "127.0.0.1:0"],
+    "gunicorn": ["-m", "gunicorn", "-k", "gevent", "-w", "1", "-b", "127.0.0.1:0"],
 }
 
 
-def start(name, log_path):
+def start(name, log_path, python=sys.executable):
     limits = [arg for key, value in CORPUS_LIMITS.items() for arg in (f"--{key}", str(value))]
-    return start_server(SERVERS[name] + limits + ["echo_environ:app"], log_path=log_path,
+    return start_server([python] + SERVERS[name] + limits + ["echo_environ:app"],
+                        log_path=log_path,
                         env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=TESTS / "apps",
                         processes=2, probe_path="/")
 
@@ -50,11 +51,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "http_corpus"),
                         help="where result.json goes (%(default)s)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the servers' interpreter, with forkserve and gunicorn installed "
+                             "(default: this one)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the same run: the corpus takes seconds")
     args = parser.parse_args(argv)
     conditions, rows = Conditions(), []
     outcomes = {}
     for name in SERVERS:
-        with start(name, f"/tmp/http-corpus-{name}.log") as server:
+        with start(name, f"/tmp/http-corpus-{name}.log", args.python) as server:
             outcomes[name] = [verdict(case, *exchange(server.port, case.raw), exact=False)
                               for case in CASES]
     valid = [isinstance(case.expect, Serve) for case in CASES]
@@ -76,7 +82,7 @@ def main(argv=None):
                   + "; ".join(f"{name} {happened}" for name, (_, happened) in zip(names, results)))
 
     write_result("http_corpus.py", argv, rows, conditions, args.out,
-                 title="the RFC request corpus, side by side", versions=versions(sys.executable),
+                 title="the RFC request corpus, side by side", versions=versions(args.python),
                  note=f"{differ} of {len(CASES)} cases differ between the servers; the "
                  "command lists them.")
 

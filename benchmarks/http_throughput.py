@@ -1,13 +1,18 @@
 """Requests per second of forkserve's HTTP path, two source trees side by side.
 
+    python benchmarks/http_throughput.py --tree this=. --quick    # 1 round x 2 s
+    git worktree add /tmp/fs-before HEAD~1     # a "before" tree: any commit
     python benchmarks/http_throughput.py --tree before=/tmp/fs-before --tree after=. \
         --rounds 3 --duration 5
     python benchmarks/http_throughput.py --tree before=/tmp/fs-before --tree after=. \
-        --together --apps hello --rounds 12 --duration 3 [--workers 4]
+        --together --apps hello --rounds 12 --duration 3 --workers 4
     python benchmarks/http_throughput.py --tree w0=. --tree w4=. --workers 0,4 --together \
         --apps persondb --mode share --rows 300000 --rounds 4 --duration 10
     python benchmarks/http_throughput.py --gunicorn --tree forkserve=. --workers 4 --together \
         --apps persondb --rows 300000 --rounds 4 --duration 10
+
+(benchmarks/throughput.py is the comparison with Granian, Gunicorn and
+uWSGI; this one compares forkserve source trees: before and after a change.)
 
 For each round and each tree it starts `python -m forkserve -w N` (default
 -w 0) from that tree, pinned to CPU 0, and runs wrk pinned to CPU 1 against
@@ -50,7 +55,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.harness import wrk  # noqa: E402
-from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.machine import Conditions, add_common_options, parse_quick  # noqa: E402
 from benchmarks.harness.procs import group_cpu_seconds  # noqa: E402
 from benchmarks.harness.start import start as start_server  # noqa: E402
 
@@ -75,7 +80,10 @@ LUA = textwrap.dedent('''
 ''')
 
 
-def start(tree, app, env, log_path, workers=0, probe_path="/"):
+QUICK = {"rounds": 1, "duration": 2}
+
+
+def start(tree, app, env, log_path, workers=0, probe_path="/", python=sys.executable):
     """forkserve from `tree`; with tree None, Gunicorn (--preload -k gevent)
     on this checkout's app, which logs "Listening at" as forkserve does."""
     server = (["forkserve"] if tree is not None
@@ -84,7 +92,7 @@ def start(tree, app, env, log_path, workers=0, probe_path="/"):
     tree = tree if tree is not None else ROOT
     environment = dict(os.environ, PYTHONPATH=f"{tree}:{env.pop('EXTRA_PATH')}",
                        PYTHONUNBUFFERED="1", **env)
-    return start_server([sys.executable, "-m", *server, "-w", str(workers), "-b", "127.0.0.1:0",
+    return start_server([python, "-m", *server, "-w", str(workers), "-b", "127.0.0.1:0",
                          app], log_path=log_path, env=environment, cwd=tree, cpus="0",
                         processes=1 + workers, probe_path=probe_path)
 
@@ -121,7 +129,7 @@ def measure(servers, app, path, args, work, emails):
     return measured
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gunicorn", action="store_true",
                         help="also run Gunicorn (--preload -k gevent) on the same app, named "
@@ -143,7 +151,8 @@ def main():
                         help="people in the persondb app's data (default 2,000)")
     parser.add_argument("--together", action="store_true",
                         help="load both trees' servers at once instead of in turn")
-    args = parser.parse_args()
+    add_common_options(parser, QUICK)
+    args = parse_quick(parser, argv, QUICK)
     trees = {"gunicorn": None} if args.gunicorn else {}
     trees.update(t.split("=", 1) for t in args.tree)
     workers = [int(w) for w in args.workers.split(",")]
@@ -176,7 +185,8 @@ def main():
                         tree = trees[name] and Path(trees[name]).resolve()
                         servers[name] = start(tree, spec,
                                               dict(env, EXTRA_PATH=f"{work}:{ROOT}"),
-                                              work / f"{name}.log", workers[name], path)
+                                              work / f"{name}.log", workers[name], path,
+                                              args.python)
                     measured = measure(servers, app, path, args, work, emails)
                 finally:
                     for server in servers.values():

@@ -8,7 +8,7 @@ The servers (harness/servers.py, persondb_servers), 4 workers each:
 
 - gunicorn: `gunicorn --preload -k gevent -w 4`, plain dicts; every ratio
   is to it;
-- gunicorn-gc: the same plus benchmarks/gunicorn.conf.py: gc.disable()
+- gunicorn-gc: the same plus benchmarks/apps/gunicorn.conf.py: gc.disable()
   while loading, gc.freeze() and gc.set_threshold(0) in pre_fork,
   atexit.register(os._exit, 0) in post_fork;
 - uwsgi: pyuwsgi `--master --processes 4 --gevent 1000`, the app loaded in
@@ -29,7 +29,7 @@ drive --phases phases of --requests random lookups with wrk, sampling
 every 2 s and after each phase; then stop it (SIGTERM, SIGKILL after 20 s)
 and time the stop. A server that cannot start here is listed with the
 reason; the others still run. The figures are defined in
-benchmarks/report.py's docstring.
+benchmarks/harness/report.py's docstring.
 
 Choices that keep it fair: the same app, data, worker count and load for
 every server, no access log, keep-alive where the server has it. wrk, not
@@ -37,7 +37,7 @@ Locust, drives the load: it costs microseconds per request, where Locust's
 Python would be what one core measures. Phases are counts of lookups, not
 durations, because copy-on-write copies grow with the rows touched, and
 comparing after the same time would penalise the faster server. About 2%
-of requests carry `Connection: close` (benchmarks/lookup.lua; 5% ask for
+of requests carry `Connection: close` (benchmarks/apps/lookup.lua; 5% ask for
 unknown people and get 404), so connections are re-accepted and spread
 over the workers as a real client population's would be. No port numbers
 are handed around: forkserve binds port 0 and logs its port; the others get
@@ -83,8 +83,7 @@ if __package__ in (None, ""):
     # importable, as `python -m benchmarks.run` from the root would.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import report  # noqa: E402
-from benchmarks.harness import wrk as load  # noqa: E402
+from benchmarks.harness import report, wrk as load  # noqa: E402
 from benchmarks.harness.datasets import build_store, prepare_dataset  # noqa: E402
 from benchmarks.harness.machine import (  # noqa: E402
     Conditions, cpu_list, machine, say, stop_on_signals, versions,

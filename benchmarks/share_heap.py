@@ -1,15 +1,21 @@
 """Heap sharing measured side by side: Gunicorn --preload, forkserve (sharing on by
 default), forkserve --no-share-heap.
 
-    python benchmarks/share_heap.py --python .venv312/bin/python            # PersonDB, 300,000 people
-    python benchmarks/share_heap.py --python .venv313/bin/python --apps persondb
-    python benchmarks/share_heap.py --apps flask,django --requests 20000   # the real apps
-    python benchmarks/share_heap.py --rows 20000 --requests 20000          # a quick look
+    python benchmarks/share_heap.py                        # PersonDB, 300,000 people
+    python benchmarks/share_heap.py --apps flask,django    # the real apps
+    python benchmarks/share_heap.py --quick                # 20,000 people, 20,000 lookups
+    python3.12 -m venv .venv312 && .venv312/bin/pip install -e '.[bench]'
+    python benchmarks/share_heap.py --python .venv312/bin/python   # the servers on 3.12
+
+Heap sharing needs Python 3.12+ (immortal objects); on an older Python the
+"forkserve" row measures what --no-share-heap does, and the run says so.
+--python runs the servers on another interpreter, one with forkserve and
+the benchmark extras installed (as the two lines above make one).
 
 For one Python, each app is served in turn, 4 workers, by:
 
 - gunicorn: Gunicorn --preload -k gevent (on a socket this harness bound),
-  monkey-patched before the app loads (benchmarks/gunicorn_patched.conf.py);
+  monkey-patched before the app loads (benchmarks/apps/gunicorn_patched.conf.py);
 - forkserve: forkserve, no flag (the heap is shared where the Python allows);
 - no-share-heap: forkserve --no-share-heap;
 - forkserve + warmup: the default with the app's warm-up (Flask, Django);
@@ -45,7 +51,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 
 from benchmarks.harness import wrk as load  # noqa: E402
 from benchmarks.harness.datasets import prepare_dataset  # noqa: E402
-from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.machine import Conditions, add_common_options, parse_quick  # noqa: E402
 from benchmarks.harness.procs import sample_group  # noqa: E402
 from benchmarks.harness.servers import HERE, REPO, bind_listener  # noqa: E402
 from benchmarks.harness.start import start  # noqa: E402
@@ -168,7 +174,7 @@ def commands(python, setup, extra=()):
 
 def gunicorn_argv(python, fd, app):
     return [python, "-m", "gunicorn", "--preload", "-k", "gevent", "-w", str(WORKERS),
-            "-b", f"fd://{fd}", "-c", os.path.join(HERE, "gunicorn_patched.conf.py"),
+            "-b", f"fd://{fd}", "-c", os.path.join(HERE, "apps", "gunicorn_patched.conf.py"),
             "--timeout", "300",
             "--worker-connections", "1000", app]
 
@@ -269,9 +275,11 @@ def why_summary(answer):
     return "\n".join(lines)
 
 
+QUICK = {"rows": 20_000, "requests": 20_000, "app_requests": 2000}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--python", default=sys.executable, help="the servers' interpreter")
     p.add_argument("--apps", default="persondb", help="comma-separated: persondb,flask,django")
     p.add_argument("--rows", type=int, default=300_000)
     p.add_argument("--requests", type=int, default=600_000, help="PersonDB lookups (600,000)")
@@ -283,7 +291,8 @@ def main(argv=None):
     p.add_argument("--forkserve-args", default="", help="more flags for every forkserve")
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"))
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "forkserve-share-heap"))
-    args = p.parse_args(argv)
+    add_common_options(p, QUICK)
+    args = parse_quick(p, argv, QUICK)
     if os.sep in args.python:
         args.python = os.path.abspath(args.python)  # the apps' servers run from tests/apps
     if "persondb" in args.apps and not shutil.which("wrk"):
@@ -294,6 +303,10 @@ def main(argv=None):
     run = Conditions()
     print(f"Python {version}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M:%S')}, "
           f"load average {run.load_before:.2f}", flush=True)
+    if tuple(int(part) for part in version.split(".")[:2]) < (3, 12):
+        print(f"Python {version} cannot share the heap (it needs 3.12+): the forkserve row "
+              "measures what --no-share-heap does. To measure sharing, pass --python a "
+              "Python 3.12+ interpreter with forkserve installed.", flush=True)
     results = {}
     for app in args.apps.split(","):
         setup = APPS[app](args)

@@ -2,6 +2,7 @@
 
     python benchmarks/shared_store.py                    # 100,000 people, 3 x 4 workers
     python benchmarks/shared_store.py --rows 20000 --requests 20000   # quicker
+    python benchmarks/shared_store.py --quick      # 5,000 people, 3 x 2 workers
 
 Builds one PersonDB store file, then measures three setups in turn, each
 made of independent `python -m forkserve -w 4` instances (separate masters
@@ -15,7 +16,7 @@ the PersonDB example in store mode, on 127.0.0.1 port 0:
   images or volumes per container cost), for contrast.
 
 Each instance then serves `--requests` random lookups (wrk with
-benchmarks/lookup.lua, 5% unknown people, connections re-opened now and
+benchmarks/apps/lookup.lua, 5% unknown people, connections re-opened now and
 then so every worker serves), and every process of every instance is read
 from /proc/PID/smaps_rollup. PSS splits each shared page among the
 processes that map it, so the sum over all processes counts every page once:
@@ -33,8 +34,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.instances import start_persondb  # noqa: E402
-from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.instances import start_persondb  # noqa: E402
+from benchmarks.harness.machine import Conditions, add_common_options, parse_quick  # noqa: E402
 from benchmarks.harness.procs import sample_group  # noqa: E402
 from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.wrk import LoadSpec, run_phase  # noqa: E402
@@ -59,7 +60,7 @@ def measure(setup, store_paths, work, args, spec):
         for number, store_path in enumerate(store_paths):
             instances.append(start_persondb(
                 ROOT, workers=args.workers, csv_path=work / "people.csv", store_path=store_path,
-                log_path=work / f"{setup}-{number}.log"))
+                log_path=work / f"{setup}-{number}.log", python=args.python))
         for number, instance in enumerate(instances):
             result = run_phase(instance.url, spec, args.requests, 600, str(work), phase_id=number)
             if result.errors:
@@ -77,6 +78,9 @@ def measure(setup, store_paths, work, args, spec):
             "uss": sum(s.uss for s in samples)}
 
 
+QUICK = {"rows": 5000, "requests": 5000, "workers": 2}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100_000, help="PersonDB rows")
@@ -86,7 +90,8 @@ def main(argv=None):
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "shared_store"),
                         help="where result.json goes (%(default)s)")
-    args = parser.parse_args(argv)
+    add_common_options(parser, QUICK)
+    args = parse_quick(parser, argv, QUICK)
     conditions = Conditions()
     args.requests = args.requests or args.rows
 

@@ -2,7 +2,9 @@
 
     python benchmarks/startup.py                  # 300,000 people, -w 16, dict/share/store
     python benchmarks/startup.py --quick          # 20,000 people, -w 4
-    python benchmarks/startup.py --modes store --rows 100000 --python .venv312/bin/python
+    python benchmarks/startup.py --modes store --rows 100000
+    python3.12 -m venv .venv312 && .venv312/bin/pip install -e '.[bench]'
+    python benchmarks/startup.py --python .venv312/bin/python   # share needs 3.12+
 
 For each mode (PERSONDB_MODE dict, share, store; share needs Python 3.12+)
 it starts ``python -m forkserve -w N examples.persondb.app:app`` pinned to
@@ -140,7 +142,8 @@ def measure(mode, args, csv_path, env, log_dir):
     row = {"mode": mode, "rows": args.rows, "workers": args.workers, "note": ""}
     log_path = os.path.join(log_dir, f"startup-{mode}.log")
     open(log_path, "wb").close()
-    argv = ["taskset", "-c", args.server_cpus, args.python, "-m", "forkserve",
+    argv = (["taskset", "-c", args.server_cpus] if args.server_cpus else []) + [
+            args.python, "-m", "forkserve",
             "-w", str(args.workers), "-b", "127.0.0.1:0", "--graceful-timeout", "10", APP]
     with open(log_path, "ab") as log:
         log.write(f"$ {shlex.join(argv)}\n".encode())
@@ -154,7 +157,7 @@ def measure(mode, args, csv_path, env, log_dir):
         try:
             wait_for(lambda: watcher.port is not None, deadline, "'Listening at'", group)
             row["listening_s"] = watcher.listening_at - started
-            master_rss = _rss(group.pid)
+            master_rss = procs.rss(group.pid)
             row["master_rss_mib"] = master_rss and round(master_rss / 2**20)
             wait_for(lambda: health_pid(watcher.port, 10) is not None, deadline,
                      "a first answer", group)
@@ -177,17 +180,6 @@ def measure(mode, args, csv_path, env, log_dir):
         finally:
             watcher.stop()
     return row
-
-
-def _rss(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        return None
-    return None
 
 
 def render(rows, meta):
@@ -221,7 +213,8 @@ def main(argv=None):
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: dict,share,store")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--python", default=sys.executable, help="the server's interpreter")
-    p.add_argument("--server-cpus", default="0", help="taskset CPUs for the server (0)")
+    p.add_argument("--server-cpus", default="0",
+                   help="taskset CPUs for the server (0; '' leaves it unpinned)")
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "forkserve-bench"))
     p.add_argument("--out", help="results directory (default benchmarks/results/startup, "
                                  "or a temp dir with --quick)")
@@ -261,7 +254,7 @@ def main(argv=None):
         "command": f"`{command}`",
         "machine": f"{machine()}; {conditions.describe()}",
         "python": ".".join(map(str, version)),
-        "server": f"pinned to CPU {args.server_cpus}",
+        "server": f"pinned to CPU {args.server_cpus}" if args.server_cpus else "not pinned",
     }
     Result.measured("startup.py", command, rows, conditions, title=meta["title"],
                     date=meta["date"], versions={"python": meta["python"]}).write(out)

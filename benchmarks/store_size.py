@@ -2,6 +2,7 @@
 
     python benchmarks/store_size.py                 # every shape, full size
     python benchmarks/store_size.py --scale 0.1     # a tenth of the rows
+    python benchmarks/store_size.py --quick         # a hundredth
     python benchmarks/store_size.py --shapes short,unicode --codec json
 
 For each row shape below it writes a deterministic CSV into a temporary
@@ -40,7 +41,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.machine import Conditions, add_quick_option, parse_quick  # noqa: E402
 from benchmarks.harness.results import table, write_result  # noqa: E402
 from examples.persondb import generate  # noqa: E402
 from forkserve.store import Store  # noqa: E402
@@ -151,6 +152,9 @@ def measure(name, directory, rows=None, codec=None):
             "ratio": store_bytes / csv_bytes, "build_s": seconds}
 
 
+QUICK = {"scale": 0.01}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=",".join(SHAPES),
@@ -160,7 +164,8 @@ def main(argv=None):
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
                                              / "store_size"),
                         help="where result.json goes (%(default)s)")
-    args = parser.parse_args(argv)
+    add_quick_option(parser, QUICK)
+    args = parse_quick(parser, argv, QUICK)
     shapes = [name.strip() for name in args.shapes.split(",") if name.strip()]
     unknown = [name for name in shapes if name not in SHAPES]
     if unknown:

@@ -4,7 +4,7 @@
     python benchmarks/uwsgi_nginx.py --quick         # 1 round x 2 s: a smoke run
     python benchmarks/uwsgi_nginx.py --workers 2 --connections 32 --out /tmp/un
 
-Three backends serve benchmarks/hello_app.py (13 bytes) with --workers
+Three backends serve benchmarks/apps/hello_app.py (13 bytes) with --workers
 processes each, on unix sockets: forkserve with a uwsgi listener
 (`-b uwsgi:unix:...`), forkserve with an HTTP listener, and uWSGI (pyuwsgi,
 `--master --processes N --socket ...`, sync workers as most deployments run
@@ -25,7 +25,6 @@ schema) to --out (benchmarks/results/uwsgi_nginx), and the servers' logs.
 """
 
 import argparse
-import importlib.util
 import os
 import pathlib
 import shlex
@@ -38,7 +37,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from benchmarks.harness.machine import Conditions, say  # noqa: E402
+from benchmarks.harness.machine import Conditions, add_common_options, parse_quick, say  # noqa: E402
 from benchmarks.harness.procs import Group  # noqa: E402
 from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.wrk import parse_result, run as wrk_run  # noqa: E402
@@ -54,18 +53,22 @@ RESULT_COLUMNS = (
 PATHS = ("fs-uwsgi", "fs-proxy", "uwsgi")
 
 
-def backends(directory, workers, extra=()):
+QUICK = {"rounds": 1, "seconds": 2}
+
+
+def backends(directory, workers, extra=(), python=sys.executable):
     """{path: (argv, socket path)} of the three backends (uWSGI only if installed);
     `extra`: more forkserve flags."""
-    app_dir = str(ROOT / "benchmarks")
-    forkserve = [sys.executable, "-m", "forkserve", "-w", str(workers), "--chdir", app_dir,
+    app_dir = str(ROOT / "benchmarks" / "apps")
+    forkserve = [python, "-m", "forkserve", "-w", str(workers), "--chdir", app_dir,
                  *extra]
     found = {
         "fs-uwsgi": forkserve + ["-b", f"uwsgi:unix:{directory}/fs-uwsgi.sock", "hello_app:app"],
         "fs-proxy": forkserve + ["-b", f"unix:{directory}/fs-proxy.sock", "hello_app:app"],
     }
-    if importlib.util.find_spec("pyuwsgi") is not None:
-        found["uwsgi"] = [os.path.join(os.path.dirname(sys.executable), "uwsgi"), "--master",
+    uwsgi = os.path.join(os.path.dirname(python), "uwsgi")  # pyuwsgi's script, beside python
+    if os.path.exists(uwsgi):
+        found["uwsgi"] = [uwsgi, "--master",
                           "--processes", str(workers), "--chdir", app_dir,
                           "--module", "hello_app:app", "--socket", f"{directory}/uwsgi.sock",
                           "--chmod-socket=666", "--disable-logging", "--die-on-term"]
@@ -128,13 +131,11 @@ def main(argv=None):
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--quick", action="store_true", help="1 round x 2 s: a smoke run")
     parser.add_argument("--forkserve-flags", default="",
                         help="more flags for both forkserve backends, e.g. '--no-balance'")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "uwsgi_nginx"))
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.rounds, args.seconds = 1, 2
+    add_common_options(parser, QUICK)
+    args = parse_quick(parser, argv, QUICK)
     if not nginx_binary() or not shutil.which("wrk"):
         parser.error("needs nginx and wrk: apt-get install nginx wrk")
     os.makedirs(args.out, exist_ok=True)
@@ -145,7 +146,7 @@ def main(argv=None):
     shutil.copy(uwsgi_params(), directory / "uwsgi_params")
     started, nginx = [], None
     try:
-        servers = backends(directory, args.workers, shlex.split(args.forkserve_flags))
+        servers = backends(directory, args.workers, shlex.split(args.forkserve_flags), args.python)
         for name, (command, sock) in servers.items():
             started.append(Group(command, log_path=os.path.join(args.out, f"{name}.log"),
                                  cwd=directory))

@@ -1,6 +1,6 @@
 """What --worker-gc costs and saves: memory growth and copied pages per policy.
 
-For each app in benchmarks/gcapps.py (probe, flask, django, and django-404:
+For each app in benchmarks/apps/gcapps.py (probe, flask, django, and django-404:
 the same Django app asked for a URL it does not have) and each policy,
 starts ``forkserve -w 2 --worker-gc POLICY``, sends REQUESTS requests over
 keep-alive connections, and reads from the stats endpoint:
@@ -12,7 +12,8 @@ keep-alive connections, and reads from the stats endpoint:
 - collections, pause: the workers' garbage collections and the time spent
   in them, from the scoreboard (forkserve.memory.workergc).
 
-    python -m benchmarks.worker_gc [--requests 20000] [--apps probe,flask,django]
+    python benchmarks/worker_gc.py --requests 20000 --apps probe,flask,django
+    python benchmarks/worker_gc.py --quick      # the probe app, 2,000 requests
 
 Writes result.json (the harness's schema) in --out. req/s is given, but on
 a shared machine it is the neighbours' figure as much as the policy's.
@@ -29,7 +30,7 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness.machine import Conditions  # noqa: E402
+from benchmarks.harness.machine import Conditions, add_common_options, parse_quick  # noqa: E402
 from benchmarks.harness.results import write_result  # noqa: E402
 from benchmarks.harness.start import start  # noqa: E402
 from forkserve.memory.workergc import POLICIES  # noqa: E402
@@ -78,12 +79,15 @@ def _drive(port, requests, path="/", status=200, connections=4):
     return time.monotonic() - started
 
 
-def measure(app, policy, requests, log_dir):
+QUICK = {"requests": 2000, "apps": "probe"}
+
+
+def measure(app, policy, requests, log_dir, python=sys.executable):
     log_path = os.path.join(log_dir, f"{app}-{policy}.log")
     kind, path, status = APPS[app]
     env = dict(os.environ, GCAPP=kind)
-    with start([sys.executable, "-m", "forkserve", "-b", "127.0.0.1:0", "-w", "2",
-                "--stats", "127.0.0.1:0", "--worker-gc", policy, "benchmarks.gcapps:app"],
+    with start([python, "-m", "forkserve", "-b", "127.0.0.1:0", "-w", "2",
+                "--stats", "127.0.0.1:0", "--worker-gc", policy, "benchmarks.apps.gcapps:app"],
                log_path=log_path, env=env, processes=3, probe_path="/", timeout=120) as server:
         port, stats = server.port, server.stats_port()
         _drive(port, 400, path, status)  # warm up: imports and caches of the first requests
@@ -110,14 +114,15 @@ def main(argv=None):
     parser.add_argument("--log-dir", default="/tmp")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "worker_gc"),
                         help="where result.json goes (%(default)s)")
-    args = parser.parse_args(argv)
+    add_common_options(parser, QUICK)
+    args = parse_quick(parser, argv, QUICK)
     conditions, rows = Conditions(), []
     print("| app | policy | private growth, 2 workers | private after | collections | "
           "pause total | pause per collection | req/s |")
     print("|---|---|---|---|---|---|---|---|")
     for app in args.apps.split(","):
         for policy in args.policies.split(","):
-            r = measure(app, policy, args.requests, args.log_dir)
+            r = measure(app, policy, args.requests, args.log_dir, args.python)
             rows.append(r)
             per = r["pause_ms"] / r["collections"] if r["collections"] else 0
             print(f"| {app} | {policy} | {r['growth_mib']:+.1f} MiB | {r['private_mib']:.1f} MiB "

@@ -5,6 +5,7 @@ import argparse
 import pytest
 
 from benchmarks import balance
+from benchmarks.harness import procs
 
 
 def test_the_request_count_comes_from_a_forkserve_worker_title_only():
@@ -51,7 +52,7 @@ def test_a_variant_may_name_its_own_worker_count():
 def test_context_switches_add_the_voluntary_and_involuntary_ones():
     status = ("Name:\tpython\nvoluntary_ctxt_switches:\t120\n"
               "nonvoluntary_ctxt_switches:\t35\n")
-    assert balance.switches_from_status(status) == 155
+    assert procs.switches_from_status(status) == 155
 
 
 def test_loop_wakes_are_read_from_perf_stat_csv():
@@ -71,7 +72,7 @@ def test_the_summary_gives_switches_and_responses_per_loop_wake():
 
 
 def test_schedstat_gives_time_on_a_cpu_time_waiting_and_turns():
-    assert balance.schedstat_fields("2400000 5100000 31\n") == (2400000, 5100000, 31)
+    assert procs.schedstat_fields("2400000 5100000 31\n") == (2400000, 5100000, 31)
 
 
 def test_the_summary_gives_the_workers_turn_on_a_cpu_and_their_runnable_wait():

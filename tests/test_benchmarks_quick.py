@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from benchmarks import report, run
+from benchmarks import run
+from benchmarks.harness import report
 from benchmarks.harness import servers
 from benchmarks.harness import wrk as load
 from benchmarks.harness.procs import parse_cpu_seconds
@@ -208,7 +209,7 @@ def test_servers_get_sockets_not_port_numbers():
 def test_gunicorn_conf_applies_the_gc_recipe():
     code = textwrap.dedent(f"""
         import gc, runpy, sys
-        conf = runpy.run_path({str(ROOT / "benchmarks" / "gunicorn.conf.py")!r})
+        conf = runpy.run_path({str(ROOT / "benchmarks" / "apps" / "gunicorn.conf.py")!r})
         assert not gc.isenabled(), "gc.disable() before the app loads"
         conf["pre_fork"](None, None)
         assert gc.get_threshold()[0] == 0 and gc.get_freeze_count() > 0

@@ -52,12 +52,13 @@ def test_benchmarks_readme_is_what_the_index_generates():
         "benchmarks/README.md (edit the scenarios' docstrings, not the README)")
 
 
-def test_docs_benchmark_table_is_generated_from_the_newest_run_result():
+def test_docs_benchmark_tables_are_generated_from_the_newest_results():
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    lines = index.docs_table()
-    assert results.replace_between(text, index.DOCS_BEGIN, index.DOCS_END, lines) == text, (
-        "docs/benchmarks.md's table differs from benchmarks/results/run/result.json; run "
-        "python -m benchmarks.harness.index --docs docs/benchmarks.md")
+    for script, begin, end in index.DOCS_TABLES:
+        assert begin in text and end in text, f"docs/benchmarks.md has no {script} table"
+    assert index.docs_page(text) == text, (
+        "docs/benchmarks.md's tables differ from the newest benchmarks/results/ of run.py "
+        "and throughput.py; run python -m benchmarks.harness.index --docs docs/benchmarks.md")
 
 
 def test_each_scenario_section_is_its_docstring_then_its_results_newest_first(tree):
@@ -127,7 +128,19 @@ def test_the_docs_table_has_a_row_per_server_that_ran(tmp_path):
                          columns=(("server", "server"), ("rps", "req/s"),
                                   ("master_rss", "master RSS", "MiB")))
     lines = index.docs_table([run], index.results_by_scenario(str(tmp_path)))
-    assert lines[0] == "| server | req/s | master RSS |"
-    assert lines[2:] == ["| forkserve | 2,000 | — |"]
+    assert lines[0].startswith("Run of 2026-11-23 18:21 UTC ([result](../benchmarks/")
+    assert "/run/result.json)" in lines[0] and "CPU steal 1.0%" in lines[0]
+    assert lines[2] == "| server | req/s | master RSS |"
+    assert lines[4:] == ["| forkserve | 2,000 | — |"]
     with pytest.raises(ValueError, match="no result.json of run.py"):
         index.docs_table([run], {})
+
+
+def test_a_docs_table_of_a_run_on_a_busy_machine_says_so(tmp_path):
+    a_result(tmp_path / "run", "2026-11-27 21:03 UTC", 2000.0, scenario="run.py")
+    run = index.Scenario("run.py", "PersonDB", "python benchmarks/run.py",
+                         columns=(("server", "server"), ("rps", "req/s")))
+    found = index.results_by_scenario(str(tmp_path))
+    assert "busy" not in index.docs_table([run], found)[0]  # load 2.0 on 2 CPUs
+    found["run.py"][0][0].conditions["load_after"] = 24.57
+    assert "busy (load average up to 25 on 2 CPUs)" in index.docs_table([run], found)[0]

@@ -2,7 +2,7 @@
 
     python -m benchmarks.harness.index                                # print it
     python -m benchmarks.harness.index --write benchmarks/README.md   # write it there
-    python -m benchmarks.harness.index --docs docs/benchmarks.md      # the table in the docs
+    python -m benchmarks.harness.index --docs docs/benchmarks.md      # the tables in the docs
 
 The page is INTRO (below), a table of the scenarios, and one section per
 scenario. A scenario is a script in benchmarks/ that runs (`if __name__ ==
@@ -38,7 +38,7 @@ import os
 from benchmarks.harness.results import FILENAME, UNITS, Result, replace_between, table
 from benchmarks.harness.servers import HERE
 
-__all__ = ["Scenario", "docs_table", "readme", "render", "results_by_scenario", "scenarios"]
+__all__ = ["Scenario", "docs_page", "docs_table", "readme", "render", "results_by_scenario", "scenarios"]
 
 RESULTS = os.path.join(HERE, "results")
 COMMAND = "python -m benchmarks.harness.index --write benchmarks/README.md"
@@ -64,10 +64,23 @@ both servers loaded at the same instants (`http_throughput.py --together`,
 `accesslog.py`) are the steadier comparison.
 
 ```sh
-pip install -e '.[bench]'      # bottle, locust, matplotlib, gunicorn, pyuwsgi
-apt-get install wrk util-linux # wrk and taskset; some scenarios also want perf, py-spy, nginx
-python benchmarks/run.py --quick
+python3 -m venv .venv && .venv/bin/pip install -e '.[bench]'   # gunicorn, pyuwsgi, granian...
+apt-get install wrk util-linux  # wrk and taskset; some scenarios also want nginx
+.venv/bin/python benchmarks/run.py --quick
 ```
+
+Every scenario takes `--quick` (a smoke run on small settings; tests/
+test_benchmarks_scripts.py runs each one so) and `--python` (the servers'
+interpreter, default the one running the script; heap sharing needs
+Python 3.12+), except where its section says otherwise. The apps, wrk
+scripts and server configs they use are in [apps/](apps/).
+
+One-off investigations were removed after commit 73eaad6 (code_writes,
+cow_cost, dashboard_sampling, hotpath, memory_check, parser_micro,
+report_time, request_calls, share_heap_gc, store_cold, store_raw,
+why_walk): `git show 73eaad6:benchmarks/NAME.py` has each; their findings
+are in the docs that cite them, and their result files stay below, under
+"Other result files".
 
 A run made before its script wrote result.json is here only as a link to
 the page it was written to (results/*.md, each with its command and
@@ -256,32 +269,65 @@ def readme(found=None, results=None, files=None):
 
 DOCS_BEGIN = "<!-- benchmark table: python -m benchmarks.harness.index --docs docs/benchmarks.md -->"
 DOCS_END = "<!-- end of benchmark table -->"
+THROUGHPUT_BEGIN = ("<!-- throughput table: python -m benchmarks.harness.index --docs "
+                    "docs/benchmarks.md -->")
+THROUGHPUT_END = "<!-- end of throughput table -->"
+#: the tables docs/benchmarks.md shows: script, and the markers around its table
+DOCS_TABLES = (("run.py", DOCS_BEGIN, DOCS_END),
+               ("throughput.py", THROUGHPUT_BEGIN, THROUGHPUT_END))
 
 
-def docs_table(found=None, results=None, script="run.py"):
-    """docs/benchmarks.md's table: the newest result of `script` with its columns."""
+def docs_table(found=None, results=None, script="run.py", link="../benchmarks/"):
+    """A table of docs/benchmarks.md: the newest result of `script` with its
+    columns, after a line saying when, how and under which load it ran
+    (its result.json linked, `link` the way from the page to benchmarks/)."""
     found = scenarios() if found is None else found
     results = results_by_scenario() if results is None else results
     scenario = next(s for s in found if s.name == script)
     if script not in results:
         raise ValueError(f"no result.json of {script} in benchmarks/results/: run "
                          f"{scenario.command} first")
-    result, _ = results[script][0]
+    result, path = results[script][0]
     rows = [row for row in result.rows if row.get("status", "ok") == "ok"]
-    return table(rows, scenario.columns)
+    versions = ", ".join(f"{k} {v}" for k, v in result.versions.items()
+                         if k in ("python", "gevent", "gunicorn", "pyuwsgi", "granian"))
+    caption = (f"Run of {result.date} ([result]({link}{path}), [every run]({link}README.md"
+               f"{scenario.anchor})): `{result.command}`; {conditions_text(result)}"
+               + (f"; {versions}" if versions else "") + "." + busy_warning(result))
+    return [caption, ""] + table(rows, scenario.columns)
+
+
+def busy_warning(result):
+    """A sentence when the run's load average passed its machine's CPUs ("2 × ...")."""
+    loads = [v for k, v in result.conditions.items() if k.startswith("load") and v is not None]
+    cpus = result.machine.split(" ", 1)[0]
+    if not loads or not cpus.isdigit() or max(loads) <= int(cpus):
+        return ""
+    return (f" The machine was busy (load average up to {max(loads):.0f} on {cpus} CPUs): "
+            "req/s and latencies are partly the neighbours'; CPU per request and memory "
+            "move much less.")
+
+
+def docs_page(text, found=None, results=None):
+    """`text` (docs/benchmarks.md) with each of DOCS_TABLES it has markers for rendered."""
+    for script, begin, end in DOCS_TABLES:
+        if begin in text and end in text:
+            text = replace_between(text, begin, end,
+                                   docs_table(found, results, script=script))
+    return text
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", metavar="README", help="write the page to this file")
-    parser.add_argument("--docs", metavar="PAGE", help="replace the run.py table in this "
-                        "page (docs/benchmarks.md) instead")
+    parser.add_argument("--docs", metavar="PAGE", help="render the run.py and throughput.py "
+                        "tables in this page (docs/benchmarks.md) instead")
     args = parser.parse_args(argv)
     if args.docs:
         with open(args.docs, encoding="utf-8") as f:
             text = f.read()
         with open(args.docs, "w", encoding="utf-8") as f:
-            f.write(replace_between(text, DOCS_BEGIN, DOCS_END, docs_table()))
+            f.write(docs_page(text))
     elif args.write:
         with open(args.write, "w", encoding="utf-8") as f:
             f.write(readme())

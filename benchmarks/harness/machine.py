@@ -16,9 +16,10 @@ import subprocess
 import sys
 
 from benchmarks.harness.servers import REPO
+from benchmarks.harness.wrk import version as wrk_version
 
-__all__ = ["Conditions", "cpu_list", "cpu_times", "machine", "say", "stop_on_signals",
-           "versions"]
+__all__ = ["Conditions", "add_common_options", "add_quick_option", "cpu_list", "cpu_times",
+           "machine", "parse_quick", "say", "stop_on_signals", "versions"]
 
 
 def cpu_times(stat="/proc/stat"):
@@ -81,11 +82,7 @@ def versions(python, extra=()):
     proc = subprocess.run([python, "-c", code, *extra], cwd=REPO, capture_output=True,
                           text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
     found = json.loads(proc.stdout) if proc.returncode == 0 else {"forkserve": "not importable"}
-    try:
-        wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout
-        found["wrk"] = wrk.split()[1] if wrk.split() else "?"
-    except FileNotFoundError:
-        found["wrk"] = "not installed"
+    found["wrk"] = wrk_version()
     return found
 
 
@@ -104,6 +101,32 @@ def stop_on_signals():
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def add_common_options(parser, quick):
+    """--python (the servers' interpreter) and --quick, which sets ``quick``'s
+    options ({dest: value}) where the command line did not; parse with
+    parse_quick."""
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter the servers run on, with forkserve installed "
+                             "(default: this one); heap sharing needs Python 3.12+")
+    add_quick_option(parser, quick)
+
+
+def add_quick_option(parser, quick):
+    parser.add_argument("--quick", action="store_true", help="a smoke run: " + ", ".join(
+        f"--{key.replace('_', '-')} {value}" for key, value in quick.items()))
+
+
+def parse_quick(parser, argv, quick):
+    """parser.parse_args(argv), with --quick's settings for the options left at
+    their defaults (an option given on the command line wins)."""
+    args = parser.parse_args(argv)
+    if args.quick:
+        for key, value in quick.items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+    return args
 
 
 def cpu_list(text):

@@ -1,5 +1,6 @@
 """Process groups and /proc readings: start a server in its own group, find
-its processes, read their CPU time and memory, stop them.
+its processes, read their CPU time, memory, context switches and scheduler
+times, stop them. Every /proc/PID read of the scenarios is here.
 
 Every process the harness starts (servers, wrk) gets a new session, so its
 process group id is its pid and every process it forks inherits that group.
@@ -20,14 +21,16 @@ including those that have no stats endpoint.
 import dataclasses
 import errno
 import os
+import re
 import signal
 import subprocess
 import time
 
 from forkserve.memory.procfs import read_process
 
-__all__ = ["Group", "Sample", "alive", "cpu_seconds", "group_cpu_seconds", "group_members",
-           "parse_cpu_seconds", "sample_group"]
+__all__ = ["Group", "Sample", "alive", "cmdline", "context_switches", "cpu_seconds",
+           "group_cpu_seconds", "group_members", "parse_cpu_seconds", "rss", "sample_group",
+           "schedstat", "schedstat_fields", "switches_from_status"]
 
 #: Errors meaning "no such process (any more)".
 _GONE_ERRNOS = frozenset({errno.ESRCH, errno.ENOENT})
@@ -56,6 +59,57 @@ def cpu_seconds(pid, proc="/proc"):
         if exc.errno in _GONE_ERRNOS:
             return None
         raise
+
+
+def _read(path):
+    """The text of a /proc file, or None if its process has exited."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError as exc:
+        if exc.errno in _GONE_ERRNOS:
+            return None
+        raise
+
+
+def cmdline(pid, proc="/proc"):
+    """The process's command line (its title), NULs as spaces; b"" once it has exited."""
+    text = _read(f"{proc}/{pid}/cmdline")
+    return text.replace("\0", " ").encode() if text else b""
+
+
+_SWITCHES = re.compile(r"^(?:non)?voluntary_ctxt_switches:\s+(\d+)$", re.M)
+
+
+def switches_from_status(text):
+    """Voluntary + involuntary context switches in a /proc/PID/status text."""
+    return sum(int(n) for n in _SWITCHES.findall(text))
+
+
+def context_switches(pid, proc="/proc"):
+    """The process's context switches so far (0 once it has exited)."""
+    text = _read(f"{proc}/{pid}/status")
+    return switches_from_status(text) if text else 0
+
+
+def rss(pid, proc="/proc"):
+    """VmRSS in bytes, from /proc/PID/status; None once the process has exited."""
+    text = _read(f"{proc}/{pid}/status") or ""
+    found = re.search(r"^VmRSS:\s+(\d+) kB", text, re.M)
+    return int(found.group(1)) * 1024 if found else None
+
+
+def schedstat_fields(text):
+    """(ns on a CPU, ns runnable but waiting, turns on a CPU) from a
+    /proc/PID/schedstat text."""
+    on_cpu, waiting, turns = (int(field) for field in text.split()[:3])
+    return on_cpu, waiting, turns
+
+
+def schedstat(pid, proc="/proc"):
+    """The main thread's schedstat_fields; (0, 0, 0) once the process has exited."""
+    text = _read(f"{proc}/{pid}/schedstat")
+    return schedstat_fields(text) if text else (0, 0, 0)
 
 
 def group_cpu_seconds(pgid, proc="/proc"):

@@ -24,8 +24,8 @@ import sys
 
 from benchmarks.harness.machine import Conditions, machine
 
-__all__ = ["Result", "command_line", "render_meta", "replace_between", "show_or_write",
-           "table", "write_result"]
+__all__ = ["Result", "command_line", "render_meta", "replace_between", "run_meta",
+           "show_or_write", "table", "write_result"]
 
 FILENAME = "result.json"
 
@@ -103,6 +103,14 @@ def show_or_write(lines, path, begin, end):
         text = f.read()
     with open(path, "w", encoding="utf-8") as f:
         f.write(replace_between(text, begin, end, lines))
+
+
+def run_meta(title, started_at, command, conditions, found_versions, **more):
+    """A run's context, as render_meta shows it: title, date, command, machine
+    with the load average and steal, versions, then ``more`` (load, servers...)."""
+    return {"title": title, "date": started_at.strftime("%Y-%m-%d %H:%M UTC"),
+            "command": f"`{command}`", "machine": machine() + "; " + conditions.describe(),
+            "versions": ", ".join(f"{k} {v}" for k, v in found_versions.items()), **more}
 
 
 def render_meta(meta, default_title):

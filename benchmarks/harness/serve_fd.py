@@ -1,7 +1,7 @@
 """Serve a WSGI app from one process on an inherited listening socket.
 
     python benchmarks/harness/serve_fd.py gevent --fd 3 examples.persondb.app:app
-    python benchmarks/harness/serve_fd.py waitress --fd 3 benchmarks.hello_app:app
+    python benchmarks/harness/serve_fd.py waitress --fd 3 benchmarks.apps.hello_app:app
 
 The servers that cannot bind port 0 and report it are handed a socket the
 harness bound to 127.0.0.1 port 0 (servers.bind_listener), as file

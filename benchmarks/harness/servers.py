@@ -1,9 +1,9 @@
 """The server registry: every server the scenarios compare, and how to start it.
 
 Two line-ups, one ServerSpec each: `persondb_servers()` runs
-examples.persondb.app:app (benchmarks/run.py, cow_cost.py), preloaded once
+examples.persondb.app:app (benchmarks/run.py), preloaded once
 in its master, with the same worker count, no access log, and its processes
-pinned to the same CPUs; `hello_servers()` runs benchmarks/hello_app.py on
+pinned to the same CPUs; `hello_servers()` runs benchmarks/apps/hello_app.py on
 every WSGI server that installs here (benchmarks/hello.py). Each ServerSpec
 says how to build its command line, whether it can run here (and if not,
 why), and how the harness learns its port:
@@ -32,13 +32,13 @@ import sys
 
 __all__ = ["APP", "HELLO_APP", "ServerSpec", "bind_listener", "hello_servers",
            "keepalive_problem", "persondb_servers", "port_from_log", "python_version",
-           "uwsgi_fallback"]
+           "throughput_servers", "uwsgi_fallback"]
 
-#: benchmarks/, where the scenarios, apps and Lua scripts are
+#: benchmarks/, where the scenarios are (their apps and Lua scripts in apps/)
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(HERE)
 APP = "examples.persondb.app:app"
-HELLO_APP = "benchmarks.hello_app:app"
+HELLO_APP = "benchmarks.apps.hello_app:app"
 SERVE_FD = os.path.join(HERE, "harness", "serve_fd.py")
 
 _LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
@@ -64,6 +64,10 @@ class ServerSpec:
     min_python: tuple = (3, 11)
     #: Extra reason shown in the report (e.g. uWSGI's loop choice).
     note: str = ""
+    #: True for servers that bind port 0 themselves but do not log the port
+    #: they got (Granian): the harness reads it from /proc (the socket the
+    #: server's processes listen on).
+    port_from_proc: bool = False
 
     def skip_reason(self, python, version):
         """Why this server cannot run with ``python`` here, or None."""
@@ -165,6 +169,16 @@ def _uwsgi(app, protocol, extra=()):
     return command
 
 
+def _granian(app, workers_override=None):
+    def command(python, workers, fd):
+        # Granian binds the address itself (no fd hand-over) and logs the
+        # port it was given, so port 0 is read back from /proc.
+        w = workers if workers_override is None else workers_override
+        return [python, "-m", "granian", "--interface", "wsgi", "--workers", str(w),
+                "--host", "127.0.0.1", "--port", "0", "--no-access-log", app]
+    return command
+
+
 def _serve_fd(server, app):
     def command(python, workers, fd):
         return [python, SERVE_FD, server, "--fd", str(fd), app]
@@ -180,7 +194,7 @@ def persondb_servers():
         ),
         ServerSpec(
             "gunicorn-gc", "Gunicorn --preload -k gevent + gc recipe in hooks", "dict",
-            _gunicorn(os.path.join(HERE, "gunicorn.conf.py")),
+            _gunicorn(os.path.join(HERE, "apps", "gunicorn.conf.py")),
             requires=("import gunicorn", "import gevent"),
         ),
         ServerSpec(
@@ -259,6 +273,51 @@ def hello_servers():
                    note="`pip install meinheld` fails here: meinheld 1.0.2 (2020, its last "
                         "release) pins greenlet<0.5, which does not build on Python 3.11+"),
     ]
+
+
+def throughput_servers():
+    """benchmarks/throughput.py's line-up: {scenario: [(spec, workers)]}, in the
+    order of its table; ratios are to the Granian row of the same worker count."""
+    granian = ("import granian",)
+    forkserve = ("import forkserve.cli",)
+    uwsgi_note = ("closes every connection: it runs --protocol http (pyuwsgi's gevent loop "
+                  "fails HTTP/1.1 keep-alive here), so wrk reconnects for every request and "
+                  "counts each close as a read error")
+    return {
+        "persondb": [
+            (ServerSpec("gunicorn", "Gunicorn --preload -k gevent", "dict", _gunicorn(),
+                        requires=("import gunicorn", "import gevent")), 4),
+            (ServerSpec("uwsgi", "uWSGI (pyuwsgi) --processes 4 --gevent 1000", "dict",
+                        _uwsgi(APP, "http", ("--buffer-size", "16384")),
+                        requires=("import pyuwsgi", "import gevent"), note=uwsgi_note), 4),
+            (ServerSpec("granian", "Granian --interface wsgi (each worker loads its own copy)",
+                        "dict", _granian(APP), requires=granian, needs_fd=False,
+                        port_from_proc=True), 4),
+            (ServerSpec("forkserve", "forkserve, plain dicts (heap shared on 3.12+)", "dict",
+                        _forkserve(stats=False), requires=forkserve, needs_fd=False), 4),
+            (ServerSpec("forkserve-store", "forkserve, PERSONDB_MODE=store", "store",
+                        _forkserve(stats=False),
+                        requires=forkserve + ("from forkserve.store import Store",),
+                        needs_fd=False), 4),
+            (ServerSpec("forkserve-w0", "forkserve -w 0 (one process), plain dicts", "dict",
+                        _forkserve(0, stats=False), requires=forkserve, single=True,
+                        needs_fd=False), 0),
+        ],
+        "hello": [
+            (ServerSpec("granian-w1", "Granian --interface wsgi --workers 1", "",
+                        _granian(HELLO_APP, 1), requires=granian, needs_fd=False,
+                        port_from_proc=True), 1),
+            (ServerSpec("granian-w4", "Granian --interface wsgi --workers 4", "",
+                        _granian(HELLO_APP, 4), requires=granian, needs_fd=False,
+                        port_from_proc=True), 4),
+            (ServerSpec("forkserve-w0", "forkserve -w 0 (one process)", "",
+                        _forkserve(0, HELLO_APP, stats=False), requires=forkserve, single=True,
+                        needs_fd=False), 0),
+            (ServerSpec("forkserve-w4", "forkserve -w 4", "",
+                        _forkserve(4, HELLO_APP, stats=False), requires=forkserve,
+                        needs_fd=False), 4),
+        ],
+    }
 
 
 def uwsgi_fallback(problem):

@@ -21,6 +21,7 @@ import shlex
 import time
 
 from benchmarks.harness.procs import Group
+from forkserve.memory.procfs import listening_addresses
 from benchmarks.harness.servers import REPO, bind_listener, port_from_log
 
 __all__ = ["Server", "ServerFailed", "all_cpus", "http_status", "log_tail", "start", "start_spec"]
@@ -94,10 +95,12 @@ def log_tail(path, lines=12):
 
 
 def start(argv, *, log_path, env=None, cwd=REPO, cpus=None, listener=None, processes=1,
-          probe_path="/health", timeout=60.0):
+          probe_path="/health", timeout=60.0, port_from_proc=False):
     """Start ``argv`` (pinned to ``cpus`` with taskset, if given) and wait until
     it serves; a Server. ``listener``, a socket the harness bound, is passed
     down (the command names its fd) and closed here once the server has it.
+    With ``port_from_proc``, the port is the one the server's processes
+    listen on (for a server told port 0 that does not log the port it got).
     """
     argv = (["taskset", "-c", cpus] if cpus else []) + list(argv)
     with open(log_path, "wb") as log:  # fresh: a port from an earlier run must not be read
@@ -111,7 +114,7 @@ def start(argv, *, log_path, env=None, cwd=REPO, cpus=None, listener=None, proce
             listener.close()  # the server holds its own copy now
     server = Server(group, port if listener else None, log_path)
     try:
-        _wait_until_ready(server, processes, probe_path, timeout)
+        _wait_until_ready(server, processes, probe_path, timeout, port_from_proc)
     except BaseException:
         server.stop(grace=5)
         raise
@@ -131,10 +134,20 @@ def start_spec(spec, *, python, workers, log_path, env=None, cwd=REPO, cpus=None
         raise
     return start(argv, log_path=log_path, env=env, cwd=cwd, cpus=cpus, listener=listener,
                  processes=1 if spec.single else 1 + workers, probe_path=probe_path,
-                 timeout=timeout)
+                 timeout=timeout, port_from_proc=spec.port_from_proc)
 
 
-def _wait_until_ready(server, processes, probe_path, timeout):
+def listening_port(pids):
+    """The one TCP port on 127.0.0.1 that any of ``pids`` listens on, or None."""
+    for pid in pids:
+        for address in listening_addresses(pid):
+            host, _, port = str(address).rpartition(":")
+            if host == "127.0.0.1" and port.isdigit() and int(port):
+                return int(port)
+    return None
+
+
+def _wait_until_ready(server, processes, probe_path, timeout, port_from_proc=False):
     deadline = time.monotonic() + timeout
     status = None
     while time.monotonic() < deadline:
@@ -142,7 +155,8 @@ def _wait_until_ready(server, processes, probe_path, timeout):
             raise ServerFailed(f"exited with status {server.group.popen.returncode} while "
                                "starting:\n" + log_tail(server.log_path))
         if server.port is None:
-            server.port = port_from_log(server.log())
+            server.port = (listening_port(server.members()) if port_from_proc
+                           else port_from_log(server.log()))
         if server.port is not None and len(server.members()) >= processes:
             status = http_status(server.port, probe_path)
             if status == 200:

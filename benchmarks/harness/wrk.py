@@ -12,7 +12,7 @@ for watching memory while a test runs; see docs/locust.md.)
 A phase is a fixed number of responses, not a fixed time: memory copied by
 copy-on-write grows with the number of distinct rows touched, so comparing
 servers after equal work is fair, and comparing after equal time would
-penalise the faster server. wrk only knows durations, so benchmarks/lookup.lua
+penalise the faster server. wrk only knows durations, so benchmarks/apps/lookup.lua
 counts responses, stops its thread at the quota and drops a marker file; we
 then interrupt wrk (its main thread otherwise sleeps for the whole -d), and
 it prints its summary. -d is kept as a time cap.
@@ -34,13 +34,13 @@ import time
 from benchmarks.harness.procs import Group
 
 __all__ = ["LatencyProbe", "LoadSpec", "PhaseResult", "Summary", "Wrk", "parse_result",
-           "parse_summary", "probe_paths", "run", "run_phase", "together"]
+           "parse_summary", "probe_paths", "run", "run_phase", "together", "version"]
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: counts PersonDB lookups to a quota (run_phase)
-LUA_SCRIPT = os.path.join(HERE, "lookup.lua")
+LUA_SCRIPT = os.path.join(HERE, "apps", "lookup.lua")
 #: prints the BENCH_RESULT line of a timed run on any URL
-HELLO_LUA = os.path.join(HERE, "hello.lua")
+HELLO_LUA = os.path.join(HERE, "apps", "hello.lua")
 
 _RESULT_PREFIX = "BENCH_RESULT "
 
@@ -185,6 +185,15 @@ class Wrk:
             self.group.stop(grace=5)
         self._out.seek(0)
         return self._out.read().decode("utf-8", "replace")
+
+
+def version():
+    """wrk's version, or "not installed"."""
+    try:
+        out = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        return "not installed"
+    return out.split()[1] if out.split() else "?"
 
 
 def run(url, seconds, connections, cpus, workdir, script=HELLO_LUA, env=None):

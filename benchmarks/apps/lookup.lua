@@ -1,7 +1,7 @@
 -- wrk script: random PersonDB lookups, a fixed number per thread.
 --
 --   BENCH_EMAILS=emails.txt BENCH_QUOTA=100000 wrk -t1 -c32 -d120s \
---       -s benchmarks/lookup.lua http://127.0.0.1:PORT
+--       -s benchmarks/apps/lookup.lua http://127.0.0.1:PORT
 --
 -- Environment:
 --   BENCH_EMAILS      file of known emails, one per line (required)

@@ -1,6 +1,6 @@
 """Gunicorn hooks applying the copy-on-write gc recipe (the "gunicorn-gc" server).
 
-    gunicorn --preload -k gevent -w 4 -c benchmarks/gunicorn.conf.py examples.persondb.app:app
+    gunicorn --preload -k gevent -w 4 -c benchmarks/apps/gunicorn.conf.py examples.persondb.app:app
 
 The same discipline forkserve applies, done by hand with Gunicorn's hooks,
 to show what the recipe alone buys on a stock pre-fork server:

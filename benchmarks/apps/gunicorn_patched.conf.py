@@ -1,6 +1,6 @@
 """Gunicorn config for --preload -k gevent apps: monkey-patch before the app loads.
 
-    gunicorn --preload -k gevent -c benchmarks/gunicorn_patched.conf.py APP
+    gunicorn --preload -k gevent -c benchmarks/apps/gunicorn_patched.conf.py APP
 
 With --preload, Gunicorn imports the application in the master, before its
 gevent worker monkey-patches (after fork). Thread-locals created during the

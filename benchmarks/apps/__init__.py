@@ -1,0 +1,1 @@
+"""The apps, wrk scripts and server configs the scenarios in benchmarks/ run."""

@@ -1,0 +1,83 @@
+"""benchmarks/throughput.py: its ratios to Granian, its line-up, and the
+harness reading a server's port from /proc (Granian does not log it)."""
+
+import subprocess
+import sys
+
+from benchmarks import throughput
+from benchmarks.harness import servers
+from benchmarks.harness.start import listening_port
+
+
+def row(scenario, server, workers, rps, cpu_us=None):
+    return {"scenario": scenario, "server": server, "workers": workers, "rps": rps,
+            "cpu_us": cpu_us}
+
+
+def test_ratios_are_to_granian_of_the_same_scenario():
+    rows = throughput.add_ratios([
+        row("persondb", "granian", 4, 20_000.0), row("persondb", "forkserve", 4, 15_000.0),
+        row("persondb", "forkserve-w0", 0, 10_000.0),
+        row("hello", "granian-w1", 1, 40_000.0), row("hello", "granian-w4", 4, 60_000.0),
+        row("hello", "forkserve-w0", 0, 30_000.0), row("hello", "forkserve-w4", 4, 48_000.0),
+    ])
+    ratio = {(r["scenario"], r["server"]): r["rps_vs_granian"] for r in rows}
+    assert ratio["persondb", "forkserve"] == 0.75
+    assert ratio["persondb", "forkserve-w0"] == 0.5  # PersonDB: always Granian's 4 workers
+    assert ratio["hello", "forkserve-w0"] == 0.75  # hello: Granian with 1 worker
+    assert ratio["hello", "forkserve-w4"] == 0.8
+
+
+def test_cpu_per_request_is_compared_with_granian_s_too():
+    rows = throughput.add_ratios([row("hello", "granian-w1", 1, 40_000.0, cpu_us=25.0),
+                                  row("hello", "forkserve-w0", 0, 30_000.0, cpu_us=30.0)])
+    assert rows[1]["cpu_vs_granian"] == 1.2
+
+
+def test_no_granian_row_means_no_ratio():
+    rows = throughput.add_ratios([row("persondb", "forkserve", 4, 15_000.0)])
+    assert rows[0]["rps_vs_granian"] is None
+
+
+def test_servers_are_picked_by_name_or_scenario_and_name():
+    args = throughput.parse_args(["--servers", "granian,hello:forkserve-w0"])
+    chosen = throughput.selected(args)
+    assert [s.name for s, _ in chosen["persondb"]] == ["granian"]
+    assert [s.name for s, _ in chosen["hello"]] == ["forkserve-w0"]
+
+
+def test_the_line_up_of_the_issue():
+    lineup = servers.throughput_servers()
+    persondb = {spec.name: (spec, workers) for spec, workers in lineup["persondb"]}
+    assert list(persondb) == ["gunicorn", "uwsgi", "granian", "forkserve", "forkserve-store",
+                              "forkserve-w0"]
+    granian = persondb["granian"][0].command("python", 4, None)
+    assert granian[:3] == ["python", "-m", "granian"]
+    assert "--workers" in granian and granian[granian.index("--workers") + 1] == "4"
+    assert "--port" in granian and granian[granian.index("--port") + 1] == "0"
+    assert "closes every connection" in persondb["uwsgi"][0].note
+    assert persondb["forkserve-store"][0].mode == "store"
+    assert [(s.name, w) for s, w in lineup["hello"]] == [
+        ("granian-w1", 1), ("granian-w4", 4), ("forkserve-w0", 0), ("forkserve-w4", 4)]
+
+
+def test_the_port_a_process_listens_on_is_read_from_proc():
+    code = ("import socket, sys\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+            "print(s.getsockname()[1], flush=True); sys.stdin.read()\n")
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as child:
+        port = int(child.stdout.readline())
+        assert listening_port([child.pid]) == port
+        child.stdin.close()  # the child reads EOF and exits
+        child.wait(timeout=10)
+    assert listening_port([child.pid]) is None  # gone: no port, no error
+
+
+def test_whether_the_heap_was_shared_is_taken_from_forkserve_s_log():
+    log = (b"[2026-11-27 20:56:10 +0000] [24336] [INFO] loaded app in 8.8 s\n"
+           b"[2026-11-27 20:56:10 +0000] [24336] [INFO] Heap sharing off: the C extension "
+           b"forkserve.memory._immortal is not built\n")
+    assert throughput.heap_sharing_line(log) == (
+        "Heap sharing off: the C extension forkserve.memory._immortal is not built")
+    assert throughput.heap_sharing_line(b"[INFO] Listening at: http://127.0.0.1:1\n") is None
