@@ -16,11 +16,11 @@ Invariants:
   turn calls `handle_<name>()`.
 - Reaping comes before the "finished?" check: a process stops once its last
   child has been collected, never with a child it has not waited for.
-- One stop state per process (forkserve.process.stop_state), held by its
-  hand-over (`handover.stop_state`; the master's lifecycle shares it):
-  None until a stop, then the mode of the strongest one asked for.
-  Draining and halting are read from it and from the hand-over, never
-  kept beside them.
+- One stop state per process (forkserve.process.stop_state), the driver's
+  `stop_state`, handed to its hand-over (and the master's lifecycle): None
+  until a stop, then the mode of the strongest one asked for. Stopping,
+  draining and halting are read from it and from the hand-over, never kept
+  beside them. A stop is begun in one place, `begin_stop`.
 - The decisions themselves are pure (forkserve.process.handover and
   forkserve.process.lifecycle); a driver only reads the world for them and
   carries out what they return (`apply`, the one place that does, for
@@ -49,7 +49,8 @@ FORK_ERRNOS = {errno.EAGAIN, errno.ENOMEM}
 class Driver:
     """The loop, and the actions of forkserve.process.actions carried out.
 
-    A driver has `self.handover`, `self.clock()`, `self.hooks` (a
+    A driver has `self.stop_state`, `self.handover` (holding the same stop
+    state), `self.clock()`, `self.hooks` (a
     forkserve.process.hooks.Hooks), `self.generations` (a
     forkserve.process.generations.Generations) and `self.queue` (whose
     `pop_all()` gives the signals received since the last turn), and
@@ -61,7 +62,8 @@ class Driver:
     - `decide()`: everything else a turn does (the clock, the workers);
     - `finished()`: True once stopped with nothing left to wait for;
     - `wait()`: sleep until a signal, a ready generation or the next deadline;
-    - `begin_stop(mode)`: a TERM ("graceful") or an INT/QUIT ("fast");
+    - `stop_own(mode, now)`: what else a stop does in this process (the
+      master stops its workers), after the hand-over stopped the others;
 
     and what the actions ask: `retire(number)`; the master also
     `spawn_worker()` (a pid, or None when it could not fork), `kill(pid,
@@ -140,11 +142,26 @@ class Driver:
         due = self.handover.forward_wait(self.clock())
         return timeout if due is None else min(timeout, due)
 
+    def begin_stop(self, mode):
+        """A TERM ("graceful"), an INT or QUIT ("fast") or the parent gone:
+        nothing if a stop as strong is under way (or the process handed
+        over); else the hand-over takes `mode` into the stop state and stops
+        the other generations, and `stop_own` does the rest."""
+        if self.stop_state.under_way(mode):
+            return
+        now = self.clock()
+        self.apply(self.handover.stop(mode, now))
+        self.stop_own(mode, now)
+
+    def stop_own(self, mode, now):
+        """What a stop does in this process besides the hand-over's: nothing
+        here (the single server drains once its loop ends)."""
+
     @property
     def stopping(self):
-        """None, the stop under way ("graceful" or "fast"), or handover.DONE
-        (read from the process's one stop state)."""
-        return self.handover.stopping
+        """None, the stop under way ("graceful" or "fast"), or DONE once
+        handed over (forkserve.process.stop_state)."""
+        return self.stop_state.stopping
 
     def supervisor_gone(self) -> bool:
         """True, once and logged, when this generation's supervisor has died."""

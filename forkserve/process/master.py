@@ -113,11 +113,6 @@ class Master(Driver):
         return self.lifecycle.workers
 
     @property
-    def halting(self):
-        """A HaltServer is being carried out (the stop state's)."""
-        return self.stop_state.halting
-
-    @property
     def target(self):
         return self.lifecycle.target
 
@@ -222,11 +217,7 @@ class Master(Driver):
         logs.reopen(self.cfg)
         self.signal_workers(signal.SIGUSR1)
 
-    def begin_stop(self, mode):
-        if self.stop_state.under_way(mode):
-            return
-        now = self.clock()
-        self.apply(self.handover.stop(mode, now))  # it takes the mode into the stop state
+    def stop_own(self, mode, now):
         kills = self.lifecycle.stop_workers(now)  # the workers, told the same
         systemd.notify("STOPPING=1")
         if mode == "graceful":
@@ -257,7 +248,7 @@ class Master(Driver):
                     call()
                 except HaltServer as raised:  # every exited worker is seen to first
                     halt = halt or raised
-        if halt is not None and not self.halting:
+        if halt is not None and not self.stop_state.halting:
             raise halt
 
     # --- murder: timeouts, drain deadlines, memory limits ---

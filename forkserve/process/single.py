@@ -38,6 +38,7 @@ from forkserve.process.driver import Driver
 from forkserve.process.generations import Generations
 from forkserve.process.gevent_servers import gevent_socket, make_servers
 from forkserve.process.signals import SINGLE_SIGNALS
+from forkserve.process.stop_state import StopState
 
 __all__ = ["SingleServer"]
 
@@ -61,8 +62,10 @@ class SingleServer(Driver):
         self.next_memory_log = 0.0
         self.role = role
         self.generation = role.generation
+        self.stop_state = StopState()
         self.handover = Handover(serving=self.generation, owner_serves=True,
-                                 graceful_timeout=cfg.graceful_timeout)
+                                 graceful_timeout=cfg.graceful_timeout,
+                                 stop_state=self.stop_state)
         self.generations = Generations(listeners, fork=threads.unwarned(original("os", "fork")))
         self._waitpid = waitpid or original("os", "waitpid")
         self.clock = _now
@@ -235,11 +238,6 @@ class SingleServer(Driver):
 
     def handle_ttou(self):
         self._not_here("TTOU")
-
-    def begin_stop(self, mode):
-        """The stop state is the hand-over's; run() drains (graceful) or
-        closes (fast) the servers once the loop ends."""
-        self.apply(self.handover.stop(mode, _now()))
 
     def _not_here(self, name):
         log.info("%s ignored: a single-process server (-w 0) has no workers to change; "

@@ -30,6 +30,7 @@ from forkserve.process.generations import Generations, reaped
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue
+from forkserve.process.stop_state import StopState
 from forkserve.process.unpatched import original
 
 __all__ = ["Supervisor"]
@@ -60,11 +61,12 @@ class Supervisor(Driver):
                                        fork=threads.unwarned(fork or original("os", "fork")),
                                        kill=kill, directory=state["start_directory"])
         self.generations.pids[state["generation"]] = state["child"]
+        self.stop_state = StopState()
         self.handover = Handover(serving=state["generation"], owner_serves=False,
                                  graceful_timeout=self.cfg.graceful_timeout,
                                  max_failures=self.max_failures,
                                  reload_again=state.get("reload_again", False),
-                                 workers=state.get("workers", 0))
+                                 workers=state.get("workers", 0), stop_state=self.stop_state)
         self.queue = SignalQueue()
         for signum in state.get("signals", ()):
             self.queue.push(signum)  # arrived while the master was handing over
@@ -118,12 +120,10 @@ class Supervisor(Driver):
 
     handle_usr2 = handle_hup
 
-    def begin_stop(self, mode):
-        if not self.stopping:  # the stop state is the hand-over's
-            systemd.notify("STOPPING=1")
+    def stop_own(self, mode, now):
+        systemd.notify("STOPPING=1")
         log.info("Handling signal: term (graceful stop)" if mode == "graceful"
                  else "Handling signal: fast stop")
-        self.apply(self.handover.stop(mode, self.clock()))
 
     def handle_usr1(self):
         logs.reopen(self.cfg)
