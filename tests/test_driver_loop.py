@@ -25,13 +25,11 @@ from forkserve.process.stop_state import StopState
 from driver_fakes import FakeGenerations
 
 
+pytestmark = pytest.mark.usefixtures("no_fork")
+
+
 def _forbidden(*args, **kwargs):
     raise AssertionError("the driver loop must not fork")
-
-
-@pytest.fixture(autouse=True)
-def no_fork(monkeypatch):
-    monkeypatch.setattr(os, "fork", _forbidden)
 
 
 class FakeQueue:
@@ -230,10 +228,12 @@ def single():
                 return exited
         return 0, 0
 
-    single = SingleServer(cfg, app=None, listeners=[], app_name="a:b", waitpid=waitpid)
+    single = SingleServer(cfg, app=None, listeners=[], app_name="a:b", waitpid=waitpid,
+                          clock=lambda: 100.0)
     single.generations = FakeGenerations()
     single.exits = exits
-    return single
+    yield single
+    single.queue.close()
 
 
 def test_driver_loop_single_server_keeps_its_stop_state_in_the_handover(single):
@@ -268,7 +268,7 @@ def test_driver_loop_single_server_ends_when_the_handover_retires_it(single, mon
 
 def test_driver_loop_single_server_signal_wakes_its_wait_on_the_hub(single):
     gevent.spawn(single.queue.push, signal.SIGUSR1)
-    single.queue.wait(60.0)  # the hub runs the push, which wakes the wait
+    single.pause(60.0)  # the hub runs the push, which wakes the wait
     assert single.queue.pop_all() == [signal.SIGUSR1]
 
 
@@ -286,5 +286,5 @@ def test_driver_loop_single_server_dispatches_signals_while_it_drains(single, mo
 
     monkeypatch.setattr(single, "handle_usr1", handle_usr1)
     gevent.spawn(single.queue.push, signal.SIGUSR1)
-    single._drain([Server()])
+    single.drain([Server()])
     assert handled == [signal.SIGUSR1]

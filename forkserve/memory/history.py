@@ -142,6 +142,9 @@ class History:
         self.interval = self.min_interval
         self.next_due = -math.inf
         self.last = None  # (time, {label: (pid, generation)} of workers, {pid: requests})
+        #: the newest report added: the stats endpoint serves it as the
+        #: current one until the next sample is due
+        self.latest = None
         self.generation = None  # the newest generation seen
 
     # -- when to sample --
@@ -179,6 +182,7 @@ class History:
         self._note_recycles(now, pids)
         point = Point(now, self._rate(now, requests), values)
         self.last = (now, pids, requests)
+        self.latest = report
         self.fine.append(point)
         self._expire(now)
 
