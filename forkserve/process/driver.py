@@ -249,6 +249,15 @@ class Driver(Loop):
         for number in list(self.generations.pids):
             self.generations.signal(number, signal.SIGQUIT)
 
+    @property
+    def draining(self):
+        """The hand-over retired this process's own generation (the master's,
+        the single server's): a new one serves, this one drains, then hands
+        over. The single server's loop ends; the master's workers leave and
+        are not replaced."""
+        owner = self.handover.owner
+        return owner is not None and self.handover.retiring == owner
+
     def begin_stop(self, mode):
         """As Loop.begin_stop, the hand-over taking `mode` into the stop state
         and stopping the other generations before `stop_own`."""

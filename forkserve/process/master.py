@@ -79,7 +79,7 @@ class Master(Driver):
                                    graceful_timeout=cfg.graceful_timeout,
                                    abort_first=self.hooks.installed("worker_abort"),
                                    stop_state=self.stop_state)
-        self.scoreboard = Scoreboard()
+        self.scoreboard = Scoreboard(clock=clock)  # its beats, on the master's clock
         self.boot_errors = BootErrors(self.scoreboard.capacity)
         self.queue = SignalQueue()
         self.role = role
@@ -248,7 +248,7 @@ class Master(Driver):
     def manage(self):
         # while our workers drain for a new generation, none is replaced
         self.apply(self.lifecycle.tick(
-            self.clock(), replace=self.handover.retiring != self.generation))
+            self.clock(), replace=not self.draining))
 
     def serving(self):
         """GET /health on --stats: the workers were all up once and no stop is under way."""
@@ -324,7 +324,7 @@ class Master(Driver):
 
     def check_reload(self):
         self.follow_generations()
-        if self.handover.retiring == self.generation and not self.workers:
+        if self.draining and not self.workers:
             self.apply(self.handover.gone(self.generation, "drained", self.clock()))
         if self.title.shown and self.handover.serving == self.generation:
             # the new generation died while ours drained: ours serves again

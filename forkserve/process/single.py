@@ -73,12 +73,6 @@ class SingleServer(Driver):
         #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
         self.parent = os.getppid() if role.supervised else None
 
-    @property
-    def draining(self):
-        """The hand-over retired this process (a new generation serves): the
-        loop ends, run() drains, then hands over."""
-        return self.handover.retiring == self.generation
-
     def run(self) -> int:
         self.update_title()
         # this process serves as a worker does: it collects its own garbage
