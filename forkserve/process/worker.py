@@ -152,6 +152,8 @@ class Worker(Loop):
             read_anonymous, _ = limit.statm_reader(os.getpid())
             self.memory_limit = limit.MemoryLimit(self.cfg.max_worker_memory * 2**20,
                                                   read_anonymous, self._read_private_bytes)
+        if self.cpu is not None:  # before the title: a worker titled is a worker pinned
+            affinity.pin(self.number, self.cpu)
         self.title.show()
         privileges.drop(self.cfg.user, self.cfg.group)
         cow.check()
@@ -160,8 +162,6 @@ class Worker(Loop):
         self.queue.install(_HANDLED, setter=signals.on_hub)
         signals.release()  # blocked by the master across the fork; pending ones arrive now
         self._make_loop_pipe()
-        if self.cpu is not None:
-            affinity.pin(self.number, self.cpu)
 
     def _make_loop_pipe(self):
         """Have libev make its wakeup pipe now, while the worker boots.
