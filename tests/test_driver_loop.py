@@ -25,13 +25,11 @@ from forkserve.process.stop_state import StopState
 from driver_fakes import FakeGenerations
 
 
+pytestmark = pytest.mark.usefixtures("no_fork")
+
+
 def _forbidden(*args, **kwargs):
     raise AssertionError("the driver loop must not fork")
-
-
-@pytest.fixture(autouse=True)
-def no_fork(monkeypatch):
-    monkeypatch.setattr(os, "fork", _forbidden)
 
 
 class FakeQueue:
@@ -49,7 +47,9 @@ class Recorder(Driver):
     def __init__(self, *signums, children=()):
         self.steps = []
         self.queue = FakeQueue(*signums)
-        self.handover = Handover(serving=1, owner_serves=False, graceful_timeout=10.0)
+        self.stop_state = StopState()
+        self.handover = Handover(serving=1, owner_serves=False, graceful_timeout=10.0,
+                                 stop_state=self.stop_state)
         self.generations = FakeGenerations()
         self.children = list(children)   # pids the next reap() collects, one per turn
         self.clock = lambda: 0.0
@@ -63,7 +63,7 @@ class Recorder(Driver):
 
     def begin_stop(self, mode):
         self.steps.append(f"begin_stop {mode}")
-        self.apply(self.handover.stop(mode, self.clock()))
+        super().begin_stop(mode)
 
     def reap(self):
         self.steps.append("reap")
@@ -140,7 +140,7 @@ def test_driver_loop_stop_state_is_the_handovers_and_a_weaker_stop_changes_nothi
     assert driver.stopping == "fast"
     stopped = [(1, signal.SIGQUIT), (2, signal.SIGQUIT)]  # the serving and the starting one
     assert driver.generations.signalled == stopped
-    assert driver.handover.stop_under_way("graceful") and driver.handover.stop_under_way("fast")
+    assert driver.stop_state.under_way("graceful") and driver.stop_state.under_way("fast")
     driver.begin_stop("graceful")
     assert driver.stopping == "fast" and driver.generations.signalled == stopped
 
@@ -149,7 +149,7 @@ def test_driver_loop_a_graceful_stop_can_become_fast():
     handover = Handover(serving=1, owner_serves=True, graceful_timeout=10.0)
     handover.starting = 2
     assert handover.stop("graceful", 0.0) == [Stop(2, "graceful")]
-    assert handover.stop_under_way("graceful") and not handover.stop_under_way("fast")
+    assert handover.stop_state.under_way("graceful") and not handover.stop_state.under_way("fast")
     assert handover.stop("fast", 1.0) == [Stop(2, "fast")]
 
 
@@ -193,7 +193,7 @@ def test_driver_loop_master_lifecycle_and_handover_share_one_stop_state(master):
 def test_driver_loop_master_halting_is_read_from_its_stop_state(master):
     master.lifecycle.forked(0, 4001, 1, 1)
     master.apply(master.lifecycle.halt())
-    assert master.halting and master.killed == [(4001, signal.SIGKILL)]
+    assert master.stop_state.halting and master.killed == [(4001, signal.SIGKILL)]
     # the workers are killed as in a fast stop; the hand-over is not stopped (Driver.halt is)
     assert master.lifecycle.stopping == "fast" and master.handover.stopping is None
 
@@ -228,10 +228,12 @@ def single():
                 return exited
         return 0, 0
 
-    single = SingleServer(cfg, app=None, listeners=[], app_name="a:b", waitpid=waitpid)
+    single = SingleServer(cfg, app=None, listeners=[], app_name="a:b", waitpid=waitpid,
+                          clock=lambda: 100.0)
     single.generations = FakeGenerations()
     single.exits = exits
-    return single
+    yield single
+    single.queue.close()
 
 
 def test_driver_loop_single_server_keeps_its_stop_state_in_the_handover(single):
@@ -266,7 +268,7 @@ def test_driver_loop_single_server_ends_when_the_handover_retires_it(single, mon
 
 def test_driver_loop_single_server_signal_wakes_its_wait_on_the_hub(single):
     gevent.spawn(single.queue.push, signal.SIGUSR1)
-    single.queue.wait(60.0)  # the hub runs the push, which wakes the wait
+    single.pause(60.0)  # the hub runs the push, which wakes the wait
     assert single.queue.pop_all() == [signal.SIGUSR1]
 
 
@@ -284,5 +286,5 @@ def test_driver_loop_single_server_dispatches_signals_while_it_drains(single, mo
 
     monkeypatch.setattr(single, "handle_usr1", handle_usr1)
     gevent.spawn(single.queue.push, signal.SIGUSR1)
-    single._drain([Server()])
+    single.drain([Server()])
     assert handled == [signal.SIGUSR1]

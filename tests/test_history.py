@@ -168,6 +168,49 @@ def test_sample_reads_a_report_only_when_one_is_due():
     assert len(reads) == 2 and len(history.fine) == 2
 
 
+def _scrape(endpoint, path, make_report):
+    """GET `path` from a StatsEndpoint served by this test's select loop."""
+    import select
+    import socket
+    client = socket.create_connection(endpoint.listener.getsockname(), timeout=5)
+    with client:
+        client.sendall(f"GET {path} HTTP/1.1\r\nHost: s\r\n\r\n".encode())
+        received = b""
+        for _ in range(1000):  # a turn of the loop each, until the endpoint closes
+            readable, writable, _ = select.select(endpoint.filenos(),
+                                                  endpoint.writable_filenos(), [], 0.05)
+            endpoint.service(readable, writable, make_report)
+            if select.select([client], [], [], 0)[0]:
+                data = client.recv(65536)
+                if not data:
+                    return received
+                received += data
+    raise AssertionError(f"no complete answer from the stats endpoint: {received!r}")
+
+
+def test_stats_endpoint_answers_scrapes_from_the_latest_sample_until_the_next_is_due():
+    import socket
+    reads, now = [], [0.0]
+
+    def make_report():  # a report makes the kernel walk every process's pages: count them
+        reads.append(now[0])
+        return _report(1000.0 + len(reads), {1: 201})
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    endpoint = stats.StatsEndpoint(listener, clock=lambda: now[0])
+    with listener:
+        for path in ("/json", "/metrics", "/json"):
+            assert _scrape(endpoint, path, make_report).startswith(b"HTTP/1.1 200 ")
+        assert reads == [0.0]  # the first turn's sample, served to every scrape
+        assert json.loads(_scrape(endpoint, "/json", make_report).split(b"\r\n\r\n", 1)[1]
+                          )["time"] == 1001.0
+        now[0] = endpoint.history.next_due  # the next sample is due
+        body = _scrape(endpoint, "/json", make_report).split(b"\r\n\r\n", 1)[1]
+        assert reads == [0.0, now[0]] and json.loads(body)["time"] == 1002.0
+
+
 # -- the routes ---------------------------------------------------------------
 
 

@@ -5,7 +5,6 @@ without forking, signalling or reading a clock of its own.
 """
 
 import logging
-import os
 import signal
 
 import pytest
@@ -20,12 +19,7 @@ OUT_OF_FDS = exits.classify(exits.WORKER_RESOURCE_ERROR << 8)
 CRASHED = exits.classify(exits.FAILURE << 8)
 
 
-@pytest.fixture(autouse=True)
-def no_fork(monkeypatch):
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the lifecycle must not fork")
-    monkeypatch.setattr(os, "fork", forbidden)
-    monkeypatch.setattr(os, "kill", forbidden)
+pytestmark = pytest.mark.usefixtures("no_fork")
 
 
 def machine(target=2, **kwargs):

@@ -321,6 +321,14 @@ def _reload_while_a_request_is_held(server, release, new_generation):
     return held, new_master, workers
 
 
+def _stats_tree_becomes(stats, tree, rows=None):
+    """The stats endpoint's report once its tree (its first `rows` rows) is
+    `tree`: it answers with its latest sample, taken at most a sampling
+    interval after the change (forkserve.http.stats)."""
+    return poll(lambda: (lambda report: _tree(report)[:rows] == tree and report)(
+        _memory_json(*stats)), timeout=30, message=f"the stats endpoint's report to show {tree}")
+
+
 def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
         run_server, tmp_path):
     pidfile = tmp_path / "server.pid"
@@ -340,7 +348,7 @@ def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
                             (server.pid, "master", 1, "draining")]
         assert {row[0] for row in tree[4:]} <= set(first_workers)
         assert {row[1:] for row in tree[4:]} == {("worker", 1, "draining")}
-        assert _tree(_memory_json(*stats))[:4] == tree[:4]
+        _stats_tree_becomes(stats, tree[:4], 4)
     finally:
         (tmp_path / "release1").touch()
         held.join(60)
@@ -364,19 +372,17 @@ def test_memory_after_reloads_shows_supervisor_generations_and_their_workers(
                             (g2_master, "master", 2, "draining")]
         assert {row[0] for row in tree[5:]} <= set(g2_workers)
         assert {row[1:] for row in tree[5:]} == {("worker", 2, "draining")}
-        assert _tree(_memory_json(*stats)) == tree
+        _stats_tree_becomes(stats, tree)
     finally:
         (tmp_path / "release2").touch()
         held.join(60)
     poll(lambda: g2_master not in _children(server.pid), timeout=30,
          message="generation 2 to finish draining")
 
-    for where in (("--pid", str(pidfile)), stats):
-        report = _memory_json(*where)
-        assert _tree(report) == [(server.pid, "supervisor", None, None),
-                                 (g3_master, "master", 3, "serving"),
-                                 (g3_workers[0], "worker", 3, "serving"),
-                                 (g3_workers[1], "worker", 3, "serving")]
+    expected = [(server.pid, "supervisor", None, None), (g3_master, "master", 3, "serving"),
+                (g3_workers[0], "worker", 3, "serving"), (g3_workers[1], "worker", 3, "serving")]
+    for report in (_memory_json("--pid", str(pidfile)), _stats_tree_becomes(stats, expected)):
+        assert _tree(report) == expected
         rows = {row["pid"]: row for row in report["processes"]}
         assert report["totals"]["master_rss"] == rows[g3_master]["rss"]
         assert report["totals"]["master_base"] == rows[g3_master]["anonymous"]

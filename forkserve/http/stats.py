@@ -14,12 +14,15 @@
   GET /livez    200 whenever the master's loop answers (a liveness check:
                 /health says 503 while a crashed generation is replaced)
 
-In the master it is served from the master's own select() loop by
-`StatsEndpoint`, with non-blocking sockets and a small per-connection
-buffer, so a slow or silent client can never stall worker supervision; the
-same loop turn takes the history's samples when they are due. In
-single-process mode (-w 0) the same `respond()` is served by a gevent server
-and `sample_forever` samples.
+It is served by `StatsEndpoint` from the loop of the process that holds it
+(the master, the single-process server, the supervisor: the wait of
+forkserve.process.driver.Driver), with non-blocking sockets and a small
+per-connection buffer, so a slow or silent client can never stall worker
+supervision; the same turn takes the history's samples when they are due.
+A report makes the kernel walk every process's pages, so /json and
+/metrics answer with the latest sample (`StatsEndpoint.latest_report`): a
+report is read at the history's pace (at most `History.max_share` of the
+loop's time), however often the endpoint is scraped.
 """
 
 import json
@@ -33,7 +36,7 @@ from forkserve.http.protocol import NEED_DATA, PEER_CLOSED, Connection, plain_re
 from forkserve.memory import render, report_json
 from forkserve.memory.history import History
 
-__all__ = ["respond", "sample", "sample_forever", "StatsEndpoint", "wsgi_app"]
+__all__ = ["respond", "sample", "StatsEndpoint"]
 
 #: a stats request head is parsed by forkserve's HTTP/1.1 connection object
 #: under these limits (the endpoint reads only GETs): 8 KiB at most
@@ -112,21 +115,22 @@ def _http_response(method, path, make_report, ready, accept, history) -> bytes:
 class _Client:
     __slots__ = ("sock", "http", "outbuf", "deadline")
 
-    def __init__(self, sock):
+    def __init__(self, sock, now):
         self.sock = sock
         self.http = Connection(LIMITS)
         self.outbuf = b""
-        self.deadline = time.monotonic() + CLIENT_TIMEOUT
+        self.deadline = now + CLIENT_TIMEOUT
 
 
 class StatsEndpoint:
     """Serves stats from a select() loop. The loop calls `service()` every turn."""
 
-    def __init__(self, listener: socket.socket, history=None):
+    def __init__(self, listener: socket.socket, history=None, *, clock=time.monotonic):
         self.listener = listener
         self.listener.setblocking(False)
         self.clients = {}
         self.history = History() if history is None else history
+        self.clock = clock
 
     def filenos(self):
         return [self.listener.fileno()] + [fd for fd, c in self.clients.items() if not c.outbuf]
@@ -137,8 +141,16 @@ class StatsEndpoint:
     def all_filenos(self):
         return [self.listener.fileno()] + list(self.clients)
 
+    def latest_report(self, make_report):
+        """The latest sample's report; `make_report()` read (and added to the
+        history) first if a sample is due."""
+        sample(self.history, make_report, self.clock)
+        return self.history.latest
+
     def service(self, readable, writable, make_report, ready=_always):
-        sample(self.history, make_report)
+        """Serve the clients found ready; `make_report()` reads a report now
+        (taken as a sample when one is due)."""
+        sample(self.history, make_report, self.clock)
         if self.listener.fileno() in readable:
             self._accept()
         for fd in list(self.clients):
@@ -147,7 +159,7 @@ class StatsEndpoint:
                 self._read(client, make_report, ready)
             elif fd in writable and client.outbuf:
                 self._write(client)
-        now = time.monotonic()
+        now = self.clock()
         for fd, client in list(self.clients.items()):
             if now > client.deadline:
                 self._close(client)
@@ -164,7 +176,7 @@ class StatsEndpoint:
                 sock.close()
                 continue
             sock.setblocking(False)
-            self.clients[sock.fileno()] = _Client(sock)
+            self.clients[sock.fileno()] = _Client(sock, self.clock())
 
     def _read(self, client, make_report, ready):
         try:
@@ -185,7 +197,8 @@ class StatsEndpoint:
             if request is PEER_CLOSED:
                 self._close(client)
                 return
-            client.outbuf = _http_response(request.method, request.target, make_report, ready,
+            client.outbuf = _http_response(request.method, request.target,
+                                           lambda: self.latest_report(make_report), ready,
                                            request.headers.get("HTTP_ACCEPT", ""), self.history)
         self._write(client)
 
@@ -204,27 +217,3 @@ class StatsEndpoint:
     def _close(self, client):
         self.clients.pop(client.sock.fileno(), None)
         client.sock.close()
-
-
-def wsgi_app(make_report, ready=_always, history=None):
-    """The same endpoint as a WSGI application (for single-process mode)."""
-    def application(environ, start_response):
-        path = environ.get("PATH_INFO", "/")
-        if environ.get("QUERY_STRING"):
-            path = f"{path}?{environ['QUERY_STRING']}"
-        status, content_type, body = respond(environ["REQUEST_METHOD"], path, make_report,
-                                             ready, accept=environ.get("HTTP_ACCEPT", ""),
-                                             history=history)
-        start_response(status, [("Content-Type", content_type),
-                                ("Content-Length", str(len(body)))])
-        return [] if environ["REQUEST_METHOD"] == "HEAD" else [body]
-    return application
-
-
-def sample_forever(history, make_report):
-    """Sample the history on a gevent loop (single-process mode); a greenlet."""
-    import gevent
-
-    while True:
-        sample(history, make_report)
-        gevent.sleep(max(0.05, history.next_due - time.monotonic()))

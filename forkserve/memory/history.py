@@ -145,6 +145,9 @@ class History:
         self.interval = self.min_interval
         self.next_due = -math.inf
         self.last = None  # (time, {label: (pid, generation)} of workers, {pid: requests})
+        #: the newest report added: the stats endpoint serves it as the
+        #: current one until the next sample is due
+        self.latest = None
         self.generation = None  # the newest generation seen
         self.headline = None  # render.headline() of the newest sample
 
@@ -184,6 +187,7 @@ class History:
         point = Point(now, self._rate(now, requests), values)
         self.last = (now, pids, requests)
         self.headline = render.headline(report)
+        self.latest = report
         self.fine.append(point)
         self._expire(now)
 

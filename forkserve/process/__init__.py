@@ -14,8 +14,9 @@ supervisor     what the master becomes after its first reload
 handover       the reload state machine: pure decisions, events in, actions out
 actions        what the pure decisions (lifecycle, handover) ask for: one vocabulary
 stop_state     a process's one stop state: its mode, handed over, halting
-driver         the loop the master, the single server and the supervisor run, and
-               the one place that carries out actions
+driver         the loop every process runs (a worker's too), what the master, the
+               single server and the supervisor share, and the one place that
+               carries out actions
 generations    the I/O half of a reload: generation processes, and the driver
 generation_protocol  how a generation starts and adopts the listeners, and how a
                master becomes a supervisor
@@ -26,6 +27,6 @@ scoreboard     shared memory where workers report heartbeat and request counts
 sockets        bind, listen, describe and adopt listening sockets; the protocol each speaks
 systemd        sd_notify and socket activation
 privileges     --user/--group
-procname       process titles
+procname       process titles, set again only when they change
 unpatched      os/select functions as they were before gevent patched them
 """

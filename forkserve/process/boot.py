@@ -196,13 +196,12 @@ def _listen(cfg, listeners, stats_listener):
 
 
 def _serve(cfg, app, listeners, app_name, stats_listener, role, hooks):
-    if cfg.workers == 0:
-        from forkserve.process.single import SingleServer
-        return SingleServer(cfg, app, listeners, app_name, role,
-                            stats_listener=stats_listener, hooks=hooks).run()
-    from forkserve.process.master import Master
     from forkserve.http.stats import StatsEndpoint
     stats = StatsEndpoint(stats_listener) if stats_listener is not None else None
+    if cfg.workers == 0:
+        from forkserve.process.single import SingleServer
+        return SingleServer(cfg, app, listeners, app_name, role, stats=stats, hooks=hooks).run()
+    from forkserve.process.master import Master
     return Master(cfg, app, listeners, app_name, role, stats=stats, hooks=hooks).run()
 
 

@@ -51,7 +51,7 @@ from forkserve.process.stop_state import StopState
 
 __all__ = ["Handover"]
 
-IDLE, STARTING, RETIRING, STOPPING, DONE = "idle", "starting", "retiring", "stopping", "done"
+IDLE, STARTING, RETIRING, STOPPING = "idle", "starting", "retiring", "stopping"
 
 #: seconds a generation gets after the fast stop (ForceOut) before SIGKILL (ForceOut hard)
 KILL_GRACE = 5.0
@@ -117,8 +117,8 @@ class Handover:
         #: one (it drains too long) are forced out
         self.start_deadline = Escalation()
         self.deadline = Escalation()
-        #: the process's one stop state (forkserve.process.stop_state): the
-        #: master shares it with its workers' lifecycle
+        #: the process's one stop state (forkserve.process.stop_state), its
+        #: driver's: the master shares it with its workers' lifecycle
         self.stop_state = StopState() if stop_state is None else stop_state
         #: generations told to stop and not gone yet, and when they are forced out
         self.stopped = set()
@@ -134,8 +134,8 @@ class Handover:
     @property
     def stopping(self):
         """None, the stop under way ("graceful" or "fast"), or DONE once this
-        process has handed over."""
-        return DONE if self.stop_state.handed_over else self.stop_state.mode
+        process has handed over (read from the stop state)."""
+        return self.stop_state.stopping
 
     @property
     def state(self):
@@ -151,12 +151,6 @@ class Handover:
     def busy(self) -> bool:
         """A reload is under way (a generation starts or drains)."""
         return self.starting is not None or self.retiring is not None
-
-    def stop_under_way(self, mode) -> bool:
-        """A stop at least as strong as `mode` was asked for already (a second
-        TERM, a TERM after an INT), or this process's hand-over is done: a
-        stop(mode) now would change nothing."""
-        return self.stop_state.under_way(mode)
 
     # --- events ---
 

@@ -38,13 +38,12 @@ import signal
 import time
 
 from forkserve import exits
-from forkserve.exits import HaltServer
-from forkserve.memory import copied_objects, free_space, model, procfs, render
+from forkserve.memory import copied_objects, free_space, model, procfs
 from forkserve.process import (affinity, generation_protocol, procname, signals, source_watch,
                                systemd, threads)
 from forkserve.process.boot_errors import BootErrors
 from forkserve.process.driver import FORK_ERRNOS, Driver
-from forkserve.process.generations import Generations, reaped
+from forkserve.process.generations import Generations
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.lifecycle import Lifecycle
@@ -80,7 +79,7 @@ class Master(Driver):
                                    graceful_timeout=cfg.graceful_timeout,
                                    abort_first=self.hooks.installed("worker_abort"),
                                    stop_state=self.stop_state)
-        self.scoreboard = Scoreboard()
+        self.scoreboard = Scoreboard(clock=clock)  # its beats, on the master's clock
         self.boot_errors = BootErrors(self.scoreboard.capacity)
         self.queue = SignalQueue()
         self.role = role
@@ -91,7 +90,6 @@ class Master(Driver):
         #: a generation's supervisor: when it is gone (SIGKILL), this generation stops
         self.parent = os.getppid() if role.supervised else None
         self.next_memory_check = 0.0
-        self.next_memory_log = 0.0
         self._fork = threads.unwarned(fork or original("os", "fork"))
         self._waitpid = waitpid or original("os", "waitpid")
         self._kill = kill
@@ -104,18 +102,13 @@ class Master(Driver):
         #: warns when the master is not single-threaded as it forks a worker
         self.thread_watch = threads.ThreadWatch()
         self.why = None  # the --why listener, opened by run()
-        #: the generation the master's title says serves, while it is not its own
-        self.titled_serving = None
+        self.title = procname.Title(cfg, "master" if self.reloadable
+                                    else f"generation {self.generation}", app_name)
 
     @property
     def workers(self):
         """pid -> WorkerRecord of every worker not yet reaped."""
         return self.lifecycle.workers
-
-    @property
-    def halting(self):
-        """A HaltServer is being carried out (the stop state's)."""
-        return self.stop_state.halting
 
     @property
     def target(self):
@@ -124,8 +117,7 @@ class Master(Driver):
     # --- the loop ---
 
     def run(self) -> int:
-        role = "master" if self.reloadable else f"generation {self.generation}"
-        procname.set_title(self.cfg, role, self.app_name)
+        self.title.show()
         self.queue.install(MASTER_SIGNALS, setter=original("signal", "signal"))
         self.why = copied_objects.listen(self.app_name, fork=self._fork)  # forkserve memory --why
         signals.release()
@@ -149,7 +141,7 @@ class Master(Driver):
         # halting from here on: a hook raising while the rest are reaped halts nothing more
         self.apply(self.lifecycle.halt())
         super().halt()  # a reload under way stops too
-        self.wait_all(deadline=self.clock() + 5)
+        self.reap_until(lambda: not self.workers, deadline=self.clock() + 5)
 
     # --- the steps of a turn (driver.Driver.turn) ---
 
@@ -164,26 +156,11 @@ class Master(Driver):
         self.log_memory()
         source_watch.poll()
 
-    def wait(self):
+    def next_turn_in(self):
+        """A heartbeat, or less when a worker is due to be forked sooner."""
         timeout = heartbeat_interval(self.cfg.timeout)
-        now = self.clock()
-        if self.lifecycle.next_spawn_at > now:
-            timeout = min(timeout, self.lifecycle.next_spawn_at - now)
-        watched = [self.queue.wake_r, *self.generations.waiting_fds()]
-        watched += self.stats.filenos() if self.stats else []
-        watched += self.why.filenos() if self.why else []
-        try:
-            readable, writable, _ = self._select(
-                watched, self.stats.writable_filenos() if self.stats else [], [],
-                max(0.0, self.wait_timeout(timeout)))
-        except InterruptedError:
-            return
-        if self.queue.wake_r in readable:
-            self.queue.drain_wakeups()
-        if self.why:
-            self.why.service(readable)
-        if self.stats:
-            self.stats.service(readable, writable, self.report, self.serving)
+        wait = self.lifecycle.next_spawn_at - self.clock()
+        return min(timeout, wait) if wait > 0 else timeout
 
     # --- signal handlers (called from the loop, never from a signal) ---
 
@@ -222,11 +199,7 @@ class Master(Driver):
         logs.reopen(self.cfg)
         self.signal_workers(signal.SIGUSR1)
 
-    def begin_stop(self, mode):
-        if self.stop_state.under_way(mode):
-            return
-        now = self.clock()
-        self.apply(self.handover.stop(mode, now))  # it takes the mode into the stop state
+    def stop_own(self, mode, now):
         kills = self.lifecycle.stop_workers(now)  # the workers, told the same
         systemd.notify("STOPPING=1")
         if mode == "graceful":
@@ -235,29 +208,25 @@ class Master(Driver):
             log.info("Handling signal: fast stop")
         self.apply(kills)
 
-    # --- reap ---
+    # --- reap (driver.Driver.reap: a worker's exit, to the lifecycle) ---
 
-    def reap(self):
+    def worker_exited(self, pid, outcome):
+        record = self.workers.get(pid)
+        if record is None:
+            return  # not one of ours (e.g. a process the application spawned)
+        # it said it serves (its slot), even if no turn of the loop saw it yet
+        said_ready = self.scoreboard.read(record.index).state >= READY
+        actions = self.lifecycle.exited(pid, outcome, self.clock(), said_ready=said_ready,
+                                        error=self.boot_errors.take(record.index))
+        self.scoreboard.release(record.index)
         halt = None
-        for pid, status in reaped(self._waitpid):
-            if self.generation_exited(pid, exits.classify(status).description):
-                continue
-            record = self.workers.get(pid)
-            if record is None:
-                continue  # not one of ours (e.g. a process the application spawned)
-            # it said it serves (its slot), even if no turn of the loop saw it yet
-            said_ready = self.scoreboard.read(record.index).state >= READY
-            actions = self.lifecycle.exited(pid, exits.classify(status), self.clock(),
-                                            said_ready=said_ready,
-                                            error=self.boot_errors.take(record.index))
-            self.scoreboard.release(record.index)
-            for call in (lambda: self.hooks.child_exit(record.index, pid),
-                         lambda: self.apply(actions)):
-                try:
-                    call()
-                except HaltServer as raised:  # every exited worker is seen to first
-                    halt = halt or raised
-        if halt is not None and not self.halting:
+        for call in (lambda: self.hooks.child_exit(record.index, pid),
+                     lambda: self.apply(actions)):
+            try:
+                call()
+            except exits.HaltServer as raised:  # a hook that halts: the exit is still seen to
+                halt = halt or raised
+        if halt is not None:
             raise halt
 
     # --- murder: timeouts, drain deadlines, memory limits ---
@@ -279,7 +248,7 @@ class Master(Driver):
     def manage(self):
         # while our workers drain for a new generation, none is replaced
         self.apply(self.lifecycle.tick(
-            self.clock(), replace=self.handover.retiring != self.generation))
+            self.clock(), replace=not self.draining))
 
     def serving(self):
         """GET /health on --stats: the workers were all up once and no stop is under way."""
@@ -351,30 +320,21 @@ class Master(Driver):
         except ProcessLookupError:
             pass  # already gone; reap() will collect it
 
-    def wait_all(self, deadline):
-        while self.workers and self.clock() < deadline:
-            self.reap()
-            if self.workers:
-                self._select([self.queue.wake_r], [], [], 0.05)
-
     # --- a reload: forkserve.process.handover decides, these carry it out ---
 
     def check_reload(self):
         self.follow_generations()
-        if self.handover.retiring == self.generation and not self.workers:
+        if self.draining and not self.workers:
             self.apply(self.handover.gone(self.generation, "drained", self.clock()))
-        if self.titled_serving is not None and self.handover.serving == self.generation:
+        if self.title.shown and self.handover.serving == self.generation:
             # the new generation died while ours drained: ours serves again
-            self.titled_serving = None
-            procname.set_title(self.cfg, "master", self.app_name)
+            self.title.show()
 
     def retire(self, number):
         if number == self.generation:
             self.hooks.pre_retire(self.generation)
             # `forkserve memory --pid` reads from the title which generation serves
-            self.titled_serving = self.handover.serving
-            procname.set_title(self.cfg, "master", self.app_name,
-                               f"serving generation {self.handover.serving}")
+            self.title.show(f"serving generation {self.handover.serving}")
             # each with its own SIGKILL deadline: the hand-over's ends if
             # the new generation dies meanwhile
             self.apply(self.lifecycle.drain(self.clock()))
@@ -385,14 +345,6 @@ class Master(Driver):
         # murder() SIGKILLs each retired worker at its own deadline (and
         # clears it); this catches any still waiting for theirs.
         self.apply(self.lifecycle.kill_draining(self.generation))
-
-    def become_supervisor(self, action):
-        generation_protocol.exec_supervisor(self.cfg, self.app_name, self.generations.pid(action.number),
-                               action.number, self.listeners,
-                               self.stats.listener if self.stats else None,
-                               reload_again=action.reload_again, queue=self.queue,
-                               workers=action.workers,
-                               history=self.stats.history if self.stats else None)
 
     # --- memory: --max-worker-memory, --memory-log-interval, the stats report ---
 
@@ -429,19 +381,6 @@ class Master(Driver):
                                             connections=slot.connections,
                                             accepted=slot.accepted))
         return infos
-
-    def report(self):
-        if self.generations.pids:  # first reload: the tree has a generation under us
-            return model.collect(model.discover(os.getpid()))
-        return model.collect(self.process_infos())
-
-    def log_memory(self):
-        interval = self.cfg.memory_log_interval
-        now = self.clock()
-        if not interval or now < self.next_memory_log:
-            return
-        self.next_memory_log = now + interval
-        render.log_report(log, self.report())
 
 
 def _count_workers(count):

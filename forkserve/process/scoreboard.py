@@ -61,9 +61,12 @@ class Scoreboard:
     #: Slots available. TTIN beyond this is refused; 1024 slots cost 64 KiB.
     capacity = 1024
 
-    def __init__(self, capacity=None):
+    def __init__(self, capacity=None, *, clock=time.monotonic):
         if capacity is not None:
             self.capacity = capacity
+        #: the clock of the beats: the master's, which compares them with its
+        #: own (a test injects one; a worker's monotonic clock is the master's)
+        self.clock = clock
         self._mem = mmap.mmap(-1, self.capacity * _SLOT_SIZE + 8)  # + span
         #: the same memory as native 8-byte words: count_request() runs per request
         self._words = memoryview(self._mem).cast("Q")
@@ -72,7 +75,7 @@ class Scoreboard:
 
     def prepare(self, index):
         """Reset a slot for a worker about to be forked."""
-        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, BOOTING, time.monotonic(), 0, 0, 0, 0, 0)
+        _LAYOUT.pack_into(self._mem, index * _SLOT_SIZE, BOOTING, self.clock(), 0, 0, 0, 0, 0)
         span = self.capacity * _SLOT_SIZE >> 3
         self._words[span] = max(self._words[span], index + 1)
 
@@ -85,7 +88,7 @@ class Scoreboard:
     # --- worker side: each call is a few memory stores ---
 
     def beat(self, index):
-        struct.pack_into("=d", self._mem, index * _SLOT_SIZE + _BEAT, time.monotonic())
+        struct.pack_into("=d", self._mem, index * _SLOT_SIZE + _BEAT, self.clock())
 
     def set_state(self, index, state):
         struct.pack_into("=q", self._mem, index * _SLOT_SIZE + _STATE, state)

@@ -19,7 +19,7 @@ import signal
 import sys
 
 __all__ = ["SIGNALS", "MASTER_SIGNALS", "SINGLE_SIGNALS", "SignalQueue", "handler_name",
-           "hold", "release", "signals_table"]
+           "hold", "release", "on_hub", "signals_table"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +124,21 @@ def handler_name(signum) -> str:
     return "handle_" + signal.Signals(signum).name[3:].lower()
 
 
+def on_hub(signum, handler):
+    """A `SignalQueue.install` setter for a process whose gevent hub serves (a
+    worker, the single server): the handler runs on the hub, between two
+    greenlets, not in a signal context."""
+    import gevent
+
+    gevent.signal_handler(signum, handler, signum)
+
+
 class SignalQueue:
-    """Signals recorded by handlers, plus a pipe that wakes a sleeping loop."""
+    """Signals recorded by handlers, plus a pipe that wakes a sleeping loop
+    (forkserve.process.driver.Loop.wait selects on `wake_r`), in every
+    process: the master and the supervisor install their handlers with
+    signal.signal, a worker and the single server on their gevent hub
+    (`on_hub`)."""
 
     #: How many pending signals are kept; a flood of one signal needs no more.
     limit = 32

@@ -1,9 +1,11 @@
 """A process's one stop state: whether it stops, how, and whether it gives up.
 
-Every server process keeps one StopState. The master's is shared by its
-hand-over (forkserve.process.handover) and its workers' lifecycle
-(forkserve.process.lifecycle), so the two cannot disagree; the single
-server's and the supervisor's is their hand-over's; a worker keeps its own.
+Every process keeps one StopState, its driver's (`Driver.stop_state`,
+forkserve.process.driver): the master, the single server, the supervisor
+and each worker. The driver hands it to its hand-over
+(forkserve.process.handover) and the master to its workers' lifecycle
+(forkserve.process.lifecycle) too, so none of them can disagree on whether
+the process stops; `stopping`, draining and halting are read from it.
 
 Invariants:
 - `mode` is None until a stop is asked for (TERM: "graceful"; INT or QUIT:
@@ -18,7 +20,10 @@ Invariants:
   the generations itself (Driver.halt).
 """
 
-__all__ = ["StopState"]
+__all__ = ["StopState", "DONE"]
+
+#: `StopState.stopping` once the process has handed over
+DONE = "done"
 
 
 class StopState:
@@ -42,6 +47,12 @@ class StopState:
             return False
         self.mode = mode
         return True
+
+    @property
+    def stopping(self):
+        """None, the stop under way ("graceful" or "fast"), or DONE once the
+        process has handed over."""
+        return DONE if self.handed_over else self.mode
 
     @property
     def workers_told(self):

@@ -22,14 +22,15 @@ import sys
 import time
 
 from forkserve.memory import cow, model
-from forkserve import exits, logs
+from forkserve import logs
 from forkserve.process import generation_protocol, procname, signals, systemd, threads
 from forkserve.config.settings import Config
 from forkserve.process.driver import Driver
-from forkserve.process.generations import Generations, reaped
+from forkserve.process.generations import Generations
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.signals import MASTER_SIGNALS, SignalQueue
+from forkserve.process.stop_state import StopState
 from forkserve.process.unpatched import original
 
 __all__ = ["Supervisor"]
@@ -60,17 +61,19 @@ class Supervisor(Driver):
                                        fork=threads.unwarned(fork or original("os", "fork")),
                                        kill=kill, directory=state["start_directory"])
         self.generations.pids[state["generation"]] = state["child"]
+        self.stop_state = StopState()
         self.handover = Handover(serving=state["generation"], owner_serves=False,
                                  graceful_timeout=self.cfg.graceful_timeout,
                                  max_failures=self.max_failures,
                                  reload_again=state.get("reload_again", False),
-                                 workers=state.get("workers", 0))
+                                 workers=state.get("workers", 0), stop_state=self.stop_state)
+        self.title = procname.Title(self.cfg, "supervisor", self.app_name)
         self.queue = SignalQueue()
         for signum in state.get("signals", ()):
             self.queue.push(signum)  # arrived while the master was handing over
 
     def run(self) -> int:
-        self.set_title()
+        self.show_title()
         self.queue.install(MASTER_SIGNALS)
         signals.release()
         return self.serve()
@@ -85,26 +88,11 @@ class Supervisor(Driver):
         return bool(self.stopping) and not self.generations.pids
 
     def decide(self):
-        serving = self.handover.serving
         self.follow_generations()
-        if self.handover.serving != serving:
-            self.set_title()
+        self.show_title()
 
-    def wait(self):
-        watched = [self.queue.wake_r, *self.generations.waiting_fds()]
-        stats_r = self.stats.filenos() if self.stats else []
-        stats_w = self.stats.writable_filenos() if self.stats else []
-        readable, writable, _ = self._select(watched + stats_r, stats_w, [],
-                                             self.wait_timeout(1.0))
-        if self.queue.wake_r in readable:
-            self.queue.drain_wakeups()
-        if self.stats:
-            self.stats.service(readable, writable, self.report, self.serving)
-
-    def reap(self):
-        for pid, status in reaped(self._waitpid):
-            # not a generation: a worker of the one this process used to be
-            self.generation_exited(pid, exits.classify(status).description)
+    def next_turn_in(self):
+        return 1.0
 
     # --- what the hand-over asks (driver.Driver) ---
 
@@ -118,12 +106,10 @@ class Supervisor(Driver):
 
     handle_usr2 = handle_hup
 
-    def begin_stop(self, mode):
-        if not self.stopping:  # the stop state is the hand-over's
-            systemd.notify("STOPPING=1")
+    def stop_own(self, mode, now):
+        systemd.notify("STOPPING=1")
         log.info("Handling signal: term (graceful stop)" if mode == "graceful"
                  else "Handling signal: fast stop")
-        self.apply(self.handover.stop(mode, self.clock()))
 
     def handle_usr1(self):
         logs.reopen(self.cfg)
@@ -135,23 +121,22 @@ class Supervisor(Driver):
 
     # --- memory ---
 
-    def set_title(self):
+    def show_title(self):
         """'forkserve: supervisor [app] serving generation 3': `forkserve memory
         --pid` reads which generation serves from it."""
         number = self.handover.serving
-        procname.set_title(self.cfg, "supervisor", self.app_name,
-                           f"serving generation {number}" if number else "")
+        self.title.show(f"serving generation {number}" if number else "")
 
     def serving(self):
         """GET /health on --stats: a generation serves and no stop is under way."""
         return self.handover.serving is not None and not self.stopping
 
-    def report(self):
+    def process_infos(self):
         handover = self.handover
         generations = [(pid, number, "serving" if number == handover.serving else
                         "starting" if number == handover.starting else "draining")
                        for number, pid in self.generations.pids.items()]
-        return model.collect(model.supervised_infos(os.getpid(), generations))
+        return model.supervised_infos(os.getpid(), generations)
 
 
 def main():

@@ -5,10 +5,13 @@ state — signal handlers, the gevent hub, the process title, privileges, the
 random seed — is set up in `init_process()`, after fork, in the child.
 
 A worker serves every listening socket with one gevent WSGI server each
-(a greenlet per connection), beats its scoreboard slot from a greenlet so a
+(a greenlet per connection), beats its scoreboard slot from its loop, the
+loop every forkserve process runs (forkserve.process.driver.Loop), so a
 blocked event loop stops the beat (the master then kills it), counts
 requests, and asks the master to recycle it when --max-requests is reached.
-It ends only through cow.exit_process(): never into the master's code.
+Its signal handlers run on the hub and only enqueue, as in the master; the
+loop dispatches them, and stops when its master is gone. It ends only
+through cow.exit_process(): never into the master's code.
 """
 
 import functools
@@ -24,9 +27,11 @@ from forkserve.memory import cow, limit, procfs, render, workergc
 from forkserve import exits, logs
 from forkserve.process import affinity, privileges, procname, signals
 from forkserve.process.balance import Admission
+from forkserve.process.driver import Loop
 from forkserve.process.hooks import Hooks
 from forkserve.process.gevent_servers import make_servers
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
+from forkserve.process.signals import SignalQueue
 from forkserve.process.stop_state import StopState
 from forkserve.process.unpatched import original
 
@@ -34,12 +39,14 @@ __all__ = ["Worker"]
 
 log = logging.getLogger("forkserve.error")
 
+#: the signals a worker handles (its loop's handle_<name>())
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1)
 #: signals whose master handlers must not survive into a worker
 _INHERITED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN,
               signal.SIGTTOU, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGWINCH)
 
 
-class Worker:
+class Worker(Loop):
     #: seconds between private-memory readings for the process title;
     #: reading smaps_rollup makes the kernel walk the process's pages,
     #: which stalls this worker's event loop ~12.5 ms per GB mapped
@@ -71,10 +78,15 @@ class Worker:
         self.cpu = cpu                  # the CPU to pin it to (--cpu-affinity), or None
         #: the master this worker is forked from (created in it); when it is
         #: gone (SIGKILL), the worker stops rather than serve with no master
-        self.master_pid = os.getpid()
+        self.parent = self.master_pid = os.getpid()
         self.requests = 0
         self.servers = []
         self.stop_state = StopState()  # a TERM, an INT or QUIT, or the master gone
+        self.clock = time.monotonic
+        self.queue = None       # its SignalQueue, made after fork
+        self._select = None     # gevent's select, after fork
+        self.title = procname.Title(cfg, f"worker {self.worker_id}", app_name)
+        self.next_reading = 0.0  # when private memory is next read for the title
         self.private = ""       # ", 12.3 MiB private", as last read
         #: --max-worker-memory checked after responses (memory.limit)
         self.memory_limit = None
@@ -82,8 +94,6 @@ class Worker:
         self._memory_timer = None
         self.retiring = False
         self._next_shortage_log = 0.0
-        self.titled = None      # the request count the title shows
-        self.wakeup = None
 
     @property
     def worker_id(self):
@@ -132,28 +142,26 @@ class Worker:
             except OSError:
                 pass  # already closed
         import gevent
-        import gevent.event
+        import gevent.select
         gevent.reinit()
-        self.wakeup = gevent.event.Event()
+        self._select = gevent.select.select
+        self.queue = SignalQueue()
         self.scoreboard.beat(self.index)
         random.seed()
         if self.cfg.max_worker_memory:  # opened before privileges drop: /proc/PID is ours now
             read_anonymous, _ = limit.statm_reader(os.getpid())
             self.memory_limit = limit.MemoryLimit(self.cfg.max_worker_memory * 2**20,
                                                   read_anonymous, self._read_private_bytes)
-        procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name)
+        if self.cpu is not None:  # before the title: a worker titled is a worker pinned
+            affinity.pin(self.number, self.cpu)
+        self.title.show()
         privileges.drop(self.cfg.user, self.cfg.group)
         cow.check()
         self.gc = workergc.apply(self.cfg.worker_gc,
                                  functools.partial(self.scoreboard.set_gc, self.index))
-        gevent.signal_handler(signal.SIGTERM, self._request_stop, "graceful")
-        gevent.signal_handler(signal.SIGINT, self._request_stop, "fast")
-        gevent.signal_handler(signal.SIGQUIT, self._request_stop, "fast")
-        gevent.signal_handler(signal.SIGUSR1, logs.reopen)
+        self.queue.install(_HANDLED, setter=signals.on_hub)
         signals.release()  # blocked by the master across the fork; pending ones arrive now
         self._make_loop_pipe()
-        if self.cpu is not None:
-            affinity.pin(self.number, self.cpu)
 
     def _make_loop_pipe(self):
         """Have libev make its wakeup pipe now, while the worker boots.
@@ -189,40 +197,43 @@ class Worker:
         self.scoreboard.set_state(self.index, READY)
 
     def run(self):
-        import gevent
-        interval = heartbeat_interval(self.cfg.timeout)
-        next_reading = 0.0
-        while self.stop_state.mode is None:
-            if os.getppid() != self.master_pid:
-                log.warning("Worker %d (pid %d): its master (pid %d) is gone; stopping",
-                            self.worker_id, os.getpid(), self.master_pid)
-                self.stop_state.ask("graceful")
-                break
-            self.scoreboard.beat(self.index)
-            cow.check()
-            self.gc.tick(self.requests)
-            now = time.monotonic()
-            if now >= next_reading:
-                next_reading = now + self.title_interval
-                self.read_private()
-            self.update_title()
-            self.wakeup.wait(interval)
-            self.wakeup.clear()
+        """Turn the loop until a stop; then close (fast) or drain (graceful)."""
+        self.loop()
         if self.stop_state.mode == "fast":
             for server in self.servers:
                 server.close_now()
             return
         self.scoreboard.set_state(self.index, STOPPING)
-        beating = gevent.spawn(self._beat_forever, interval)
-        drains = [gevent.spawn(server.drain, self.cfg.graceful_timeout)
-                  for server in self.servers]
-        gevent.joinall(drains)
-        beating.kill()
+        self.drain(self.servers)  # beating meanwhile
+
+    # --- the steps of a turn (driver.Loop.turn) ---
+
+    def finished(self) -> bool:
+        return self.stop_state.mode is not None
+
+    def decide(self):
+        self.scoreboard.beat(self.index)
+        cow.check()
+        self.gc.tick(self.requests)
+        now = self.clock()
+        if now >= self.next_reading:
+            self.next_reading = now + self.title_interval
+            self.read_private()
+        self.update_title()
+
+    def next_turn_in(self):
+        return heartbeat_interval(self.cfg.timeout)
+
+    def while_draining(self):
+        self.scoreboard.beat(self.index)
+
+    def log_parent_gone(self):
+        log.warning("Worker %d (pid %d): its master (pid %d) is gone; stopping",
+                    self.worker_id, os.getpid(), self.master_pid)
 
     def read_private(self):
         private = self._read_private_bytes()
         self.private = "" if private is None else f", {render.format_size(private)} private"
-        self.titled = None  # shown on the next update_title()
 
     def _read_private_bytes(self):
         """This worker's private memory, or None when it cannot be read now.
@@ -235,7 +246,7 @@ class Worker:
         except OSError as exc:
             if exc.errno not in procfs.SHORTAGE_ERRNOS:
                 raise
-            now = time.monotonic()
+            now = self.clock()
             if now >= self._next_shortage_log:
                 self._next_shortage_log = now + self.title_interval
                 log.warning("worker %d (pid %d) cannot read its memory from /proc: %s; "
@@ -247,19 +258,20 @@ class Worker:
 
     def update_title(self):
         """Show requests served and private memory in ps/top (if either changed)."""
-        if self.titled == self.requests:
-            return
-        self.titled = self.requests
-        procname.set_title(self.cfg, f"worker {self.worker_id}", self.app_name,
-                           f"{self.requests} req{self.private}")
+        self.title.show(f"{self.requests} req{self.private}")
+
+    # --- signals, dispatched from the loop ---
+
+    def handle_int(self):
+        self.hooks.worker_int(self)
+        self.begin_stop("fast")  # a fast one wins
+
+    handle_quit = handle_int
+
+    def handle_usr1(self):
+        logs.reopen()
 
     # --- callbacks, run on the worker's event loop ---
-
-    def _request_stop(self, mode):
-        if mode == "fast":
-            self.hooks.worker_int(self)
-        self.stop_state.ask(mode)  # a fast one wins
-        self.wakeup.set()
 
     def _count_request(self):
         self.requests += 1
@@ -271,7 +283,7 @@ class Worker:
                      self.worker_id, self.requests)
             self._retire()
         elif self.memory_limit is not None:
-            now = time.monotonic()
+            now = self.clock()
             if now >= self._next_memory_check:
                 self._check_memory(now)
             elif self._memory_timer is None:
@@ -283,7 +295,7 @@ class Worker:
         self._memory_timer.close()
         self._memory_timer = None
         if not self.retiring:
-            self._check_memory(time.monotonic())
+            self._check_memory(self.clock())
 
     def _check_memory(self, now):
         self._next_memory_check = now + self.memory_check_gap
@@ -303,12 +315,6 @@ class Worker:
         self.scoreboard.set_state(self.index, RETIRE)
         for server in self.servers:  # no new connections; each closes after its next response
             server.retire()
-
-    def _beat_forever(self, interval):
-        import gevent
-        while True:
-            self.scoreboard.beat(self.index)
-            gevent.sleep(interval)
 
 
 #: what libev's SystemError says when it could not make a descriptor: it
