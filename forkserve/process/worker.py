@@ -55,7 +55,7 @@ class Worker(Loop):
     title_interval = 30.0
     #: least seconds between two --max-worker-memory checks after responses:
     #: a response within the gap arms one check at its end instead. Each
-    #: check costs ~3 us (benchmarks/memory_check.py), a hello-world response
+    #: check costs ~3 us (benchmarks/memory_check.py, in commit 73eaad6), a hello-world response
     #: ~15 us of CPU; a leak has at most this gap to grow past the limit unseen.
     memory_check_gap = 0.005
 
