@@ -149,3 +149,14 @@ def test_the_fixed_tables_let_through_only_valid_names_and_statuses():
         assert _NAME.fullmatch(name) and lower == name.lower()
     for status, code in STATUS_CODES.items():
         assert status.isprintable() and status[3] == " " and int(status[:3]) == code
+
+
+@pytest.mark.parametrize("status", [["200 OK"], {"200 OK": 1}, b"200 OK", "200", None])
+def test_the_responders_start_response_refuses_what_the_checker_refuses(status):
+    """The responder's shortcut for the usual status must not let anything
+    else skip the check, nor fail otherwise (an unhashable status)."""
+    from forkserve.http.responder import Responder
+    responder = Responder(None, None, None, "peer")
+    with pytest.raises(ApplicationError, match="invalid status"):
+        responder.start_response(status, [])
+    assert responder.start_response("200 OK", []) == responder.write

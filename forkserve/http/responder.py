@@ -59,7 +59,8 @@ class Responder:
             self._fatal = ApplicationError(
                 "start_response() called a second time without exc_info (PEP 3333)")
             raise self._fatal
-        if status not in STATUS_CODES or type(headers) is not list:  # else valid as it is
+        if type(status) is not str or status not in STATUS_CODES or type(headers) is not list:
+            # else valid as it is
             check_start_response(status, headers)
         self.status = status
         self.headers = headers
