@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from forkserve.http import protocol
+from forkserve.http.environ import request_environ
 from forkserve.http.h1 import Limits, RequestError
 from forkserve.http.protocol import Connection, Request
 from forkserve.http.response import ApplicationError, build_head
@@ -125,6 +126,53 @@ def test_the_usual_heads_are_taken_by_the_c_code():
     assert parsed[5] == {"HTTP_HOST": "h", "CONTENT_TYPE": "application/json",
                          "CONTENT_LENGTH": "2", "HTTP_CONNECTION": "keep-alive"}
     assert parsed[6:] == ("/api", "", True)
+
+
+#: A connection's part of the environ, as the handler gives it to the parser.
+_BASE = {"SCRIPT_NAME": "", "wsgi.input": "the empty body", "REMOTE_ADDR": "10.0.0.1"}
+
+
+def environ_of(connection, raw):
+    """The environ the handler would serve `raw`'s request with (the one the
+    parser made, or request_environ's), or what came instead of a request."""
+    connection.receive_data(raw)
+    try:
+        event = connection.next_event()
+    except RequestError as refusal:
+        return ("refused", refusal.status)
+    if not isinstance(event, Request):
+        return ("event", repr(event))
+    if event.environ is not None:
+        return event.environ
+    try:
+        return request_environ(_BASE, event)
+    except RequestError as refusal:
+        return ("refused", refusal.status)
+
+
+@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+@given(heads())
+def test_the_environ_made_with_the_head_is_request_environs(raw):
+    python = python_connection(Limits())
+    assert environ_of(Connection(Limits(), dict(_BASE)), raw) == environ_of(python, raw)
+
+
+@pytest.mark.parametrize("target", ["/a%20b", "/a%2Fb%2f", "/%e9%E9?q=%20", "/%zz%4", "/x%",
+                                    "/%%41", "/%41%"])
+def test_a_percent_encoded_path_is_decoded_as_request_environ_decodes_it(target):
+    raw = f"GET {target} HTTP/1.1\r\nHost: h\r\n\r\n".encode()
+    request = Connection(Limits(), dict(_BASE))
+    request.receive_data(raw)
+    made = request.next_event().environ
+    assert made is not None, "the C code declined a usual head"
+    assert made == environ_of(python_connection(Limits()), raw)
+
+
+def test_the_environ_is_made_only_without_a_script_name():
+    raw = b"GET /app/x HTTP/1.1\r\nHost: h\r\n\r\n"
+    with pytest.raises(ValueError, match="SCRIPT_NAME"):
+        H1.parse_head(raw, 0, 8192, 100, {**_BASE, "SCRIPT_NAME": "/app"})
+    assert H1.parse_head(raw, 0, 8192, 100, dict(_BASE))[5]["PATH_INFO"] == "/app/x"
 
 
 def test_the_c_code_leaves_the_unusual_to_python():

@@ -627,6 +627,23 @@ def test_partial_request_head_gets_408_after_header_timeout(server):
 
 
 @e2e
+def test_a_kept_connections_next_head_cut_midway_gets_408_after_header_timeout(fresh_server):
+    # Its first bytes end the keep-alive wait: from then on the head is under
+    # header_timeout (1 s), not the idle keep_alive (10 s), and is answered.
+    live = fresh_server(header_timeout=1.0, keep_alive=10.0)
+    with live.connect() as sock:
+        reader = Reader(sock)
+        sock.sendall(request())
+        assert read_response(sock, reader).status == 200
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n")
+        sock.settimeout(4)
+        started = time.monotonic()
+        assert read_response(sock, reader).status == 408
+        assert time.monotonic() - started < 3
+        assert is_closed(sock)
+
+
+@e2e
 def test_idle_keep_alive_connection_is_closed_after_keep_alive(server):
     with server.connect() as sock:
         sock.sendall(request())

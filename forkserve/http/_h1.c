@@ -4,7 +4,7 @@
  *
  * Two functions, each the fast path of Python code that stays the reference:
  *
- *   parse_head(buf, pos, window, fields_max)
+ *   parse_head(buf, pos, window, fields_max, base=None)
  *       the whole of Connection._next_head's first step and _head_done's
  *       rules for a head in its usual form: a request line and field lines
  *       as forkserve.http.h1._HEAD matches them, every field name once, an
@@ -13,7 +13,10 @@
  *       Transfer-Encoding. Returns (end, method, target, version, line,
  *       headers, path, query, keep): `end` the offset after the blank line,
  *       `headers` keyed as the environ keys them, `keep` what the request
- *       asks of the connection.
+ *       asks of the connection. Given `base` (the part of an environ that
+ *       is the same for every request, with an empty SCRIPT_NAME),
+ *       `headers` is instead the request's whole environ, as
+ *       forkserve.http.environ.request_environ makes it.
  *   build_head(status, headers, total, chunk_ok, http10, head_request, keep, date)
  *       forkserve.http.response.build_head for headers that are (str, str)
  *       tuples of valid names and latin-1 values. Returns (code, head,
@@ -82,6 +85,9 @@ same_word(const unsigned char *s, Py_ssize_t n, const char *word, Py_ssize_t len
 
 static PyObject *HTTP10, *HTTP11;          /* "HTTP/1.0", "HTTP/1.1" */
 static PyObject *KEY_HOST, *KEY_CONNECTION;
+/* the CGI keys of an environ made here, and SCRIPT_NAME */
+static PyObject *KEY_REQUEST_METHOD, *KEY_SERVER_PROTOCOL, *KEY_RAW_URI, *KEY_REQUEST_URI,
+    *KEY_PATH_INFO, *KEY_QUERY_STRING, *KEY_SCRIPT_NAME;
 
 /* The environ keys of the fields clients send most, made once: a key made
  * per request would be a new string for the application to hash. */
@@ -173,12 +179,92 @@ usual_host(const unsigned char *s, Py_ssize_t n)
     return i == n;
 }
 
+static int
+hex_digit(unsigned char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* PATH_INFO: the path percent-decoded as forkserve.http.environ decodes it
+ * (urllib.parse.unquote(path, "latin-1"): "%" and two hex digits is that
+ * byte, any other "%" stays); a new reference, or NULL with an exception */
+static PyObject *
+path_info(PyObject *path_s, const unsigned char *path, Py_ssize_t n)
+{
+    if (memchr(path, '%', n) == NULL) {
+        return Py_NewRef(path_s);
+    }
+    PyObject *decoded = PyBytes_FromStringAndSize(NULL, n);
+    if (decoded == NULL) {
+        return NULL;
+    }
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(decoded);
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int high, low;
+        if (path[i] == '%' && i + 2 < n
+                && (high = hex_digit(path[i + 1])) >= 0 && (low = hex_digit(path[i + 2])) >= 0) {
+            out[k++] = (unsigned char)(high * 16 + low);
+            i += 2;
+        }
+        else {
+            out[k++] = path[i];
+        }
+    }
+    PyObject *result = latin1(out, k);
+    Py_DECREF(decoded);
+    return result;
+}
+
+/* The WSGI environ of a request in its usual form, as
+ * forkserve.http.environ.request_environ makes it from `base` (whose
+ * SCRIPT_NAME is empty): a copy of `base`, the header keys and the CGI
+ * keys. `headers` is taken (its reference is released), as are the other
+ * strings given; NULL with an exception set on failure. */
+static PyObject *
+request_environ(PyObject *base, PyObject *headers, PyObject *method, PyObject *version,
+                PyObject *target, PyObject *path_s, const unsigned char *path,
+                Py_ssize_t path_n, PyObject *query)
+{
+    PyObject *env = PyDict_Copy(base);
+    PyObject *info = env == NULL ? NULL : path_info(path_s, path, path_n);
+    int failed = info == NULL || PyDict_Update(env, headers) < 0
+        || PyDict_SetItem(env, KEY_REQUEST_METHOD, method) < 0
+        || PyDict_SetItem(env, KEY_SERVER_PROTOCOL, version) < 0
+        || PyDict_SetItem(env, KEY_RAW_URI, target) < 0
+        || PyDict_SetItem(env, KEY_REQUEST_URI, target) < 0
+        || PyDict_SetItem(env, KEY_PATH_INFO, info) < 0
+        || PyDict_SetItem(env, KEY_QUERY_STRING, query) < 0;
+    Py_XDECREF(info);
+    Py_DECREF(headers);
+    if (failed) {
+        Py_XDECREF(env);
+        return NULL;
+    }
+    return env;
+}
+
 static PyObject *
 parse_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyBytes_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "parse_head(buf: bytes, pos, window, fields_max)");
+    if (nargs < 4 || nargs > 5 || !PyBytes_CheckExact(args[0])
+            || (nargs == 5 && args[4] != Py_None && !PyDict_CheckExact(args[4]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "parse_head(buf: bytes, pos, window, fields_max, base: dict | None = None)");
         return NULL;
+    }
+    PyObject *base = nargs == 5 && args[4] != Py_None ? args[4] : NULL;
+    if (base != NULL) {
+        PyObject *script_name = PyDict_GetItemWithError(base, KEY_SCRIPT_NAME);
+        if (script_name == NULL || !PyUnicode_CheckExact(script_name)
+                || PyUnicode_GET_LENGTH(script_name) != 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "parse_head: base must have an empty "
+                                                  "SCRIPT_NAME (a prefix is the Python code's)");
+            }
+            return NULL;
+        }
     }
     Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
@@ -335,8 +421,14 @@ parse_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *query_s = question == NULL ? PyUnicode_New(0, 0)
                                          : latin1(question + 1, target_n - path_n - 1);
     PyObject *end_o = PyLong_FromSsize_t(end + 2 - buf);
+    PyObject *version_s = http10 ? HTTP10 : HTTP11;
     PyObject *result = NULL;
-    if (method_s && target_s && line_s && path_s && query_s && end_o) {
+    if (method_s && target_s && line_s && path_s && query_s && end_o && base != NULL) {
+        /* the headers become the whole environ */
+        headers = request_environ(base, headers, method_s, version_s, target_s, path_s,
+                                  target, path_n, query_s);
+    }
+    if (method_s && target_s && line_s && path_s && query_s && end_o && headers) {
         result = PyTuple_New(9);
     }
     if (result == NULL) {
@@ -346,14 +438,14 @@ parse_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(line_s);
         Py_XDECREF(path_s);
         Py_XDECREF(query_s);
-        Py_DECREF(headers);
+        Py_XDECREF(headers);
         return NULL;
     }
     /* the tuple takes each reference */
     PyTuple_SET_ITEM(result, 0, end_o);
     PyTuple_SET_ITEM(result, 1, method_s);
     PyTuple_SET_ITEM(result, 2, target_s);
-    PyTuple_SET_ITEM(result, 3, Py_NewRef(http10 ? HTTP10 : HTTP11));
+    PyTuple_SET_ITEM(result, 3, Py_NewRef(version_s));
     PyTuple_SET_ITEM(result, 4, line_s);
     PyTuple_SET_ITEM(result, 5, headers);
     PyTuple_SET_ITEM(result, 6, path_s);
@@ -475,8 +567,10 @@ build_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
 
-    Out out = {.data = NULL, .size = 0, .cap = sizeof(out.small)};
+    Out out;  /* `small` is left as it is: only what out_put writes is read */
     out.data = out.small;
+    out.size = 0;
+    out.cap = sizeof(out.small);
     long long length = -1;
     int close = 0, dated = 0;
     if (out_put(&out, "HTTP/1.1 ", 9) < 0 || out_put(&out, status_s, status_n) < 0
@@ -636,6 +730,16 @@ fill(PyObject *module)
         common_lengths[i] = (Py_ssize_t)strlen(COMMON_KEYS[i]);
         common_keys[i] = PyUnicode_InternFromString(COMMON_KEYS[i]);
         if (common_keys[i] == NULL) {
+            return -1;
+        }
+    }
+    PyObject **cgi[] = {&KEY_REQUEST_METHOD, &KEY_SERVER_PROTOCOL, &KEY_RAW_URI,
+                        &KEY_REQUEST_URI, &KEY_PATH_INFO, &KEY_QUERY_STRING, &KEY_SCRIPT_NAME};
+    const char *cgi_names[] = {"REQUEST_METHOD", "SERVER_PROTOCOL", "RAW_URI", "REQUEST_URI",
+                               "PATH_INFO", "QUERY_STRING", "SCRIPT_NAME"};
+    for (size_t i = 0; i < sizeof(cgi) / sizeof(cgi[0]); i++) {
+        *cgi[i] = PyUnicode_InternFromString(cgi_names[i]);
+        if (*cgi[i] == NULL) {
             return -1;
         }
     }

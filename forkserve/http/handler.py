@@ -144,8 +144,17 @@ class Handler:
         self.client_address = address
         self.peer = address[0] if isinstance(address, tuple) and address else "unix"
         limits = server.limits
+        #: the environ's part that is the same for every request on this connection
+        self.base_env = env = server.base_env.copy()
+        env["wsgi.errors"] = ErrorStream(server.logger, self)
+        env["wsgi.input"] = EMPTY_BODY  # replaced for a request with a body
+        if isinstance(address, tuple):
+            env["REMOTE_ADDR"] = address[0]
+            env["REMOTE_PORT"] = str(address[1])
         self.transport = Transport(sock, server.loop, limits.send_timeout)
-        self.http = server.connection_class(limits)  # HTTP/1.1, or forkserve.http.uwsgi
+        # HTTP/1.1, or forkserve.http.uwsgi; without a SCRIPT_NAME to take off
+        # the path, the usual request's environ is made as its head is parsed
+        self.http = server.connection_class(limits, None if env["SCRIPT_NAME"] else env)
         self.responder = Responder(self.http, self.transport, server, self.peer)
         self._head_timer = timer(server.loop, limits.header_timeout)
         # made when the connection first waits for a second request: with one
@@ -161,20 +170,16 @@ class Handler:
         #: time.perf_counter() when the current request began: its first byte
         #: after a keep-alive wait, else when its head was looked for
         self._started = 0.0
-        #: the environ's part that is the same for every request on this connection
-        self.base_env = env = server.base_env.copy()
-        env["wsgi.errors"] = ErrorStream(server.logger, self)
-        if isinstance(address, tuple):
-            env["REMOTE_ADDR"] = address[0]
-            env["REMOTE_PORT"] = str(address[1])
 
     def handle(self):
         try:
+            request = self._receive_head(True)
             served = 0
-            while self._next_request(served == 0):
+            while request is not None and self._serve(request):
                 served += 1
                 if not served % YIELD_EVERY:
                     sleep(0)
+                request = self._next_kept()
         except ClientDisconnected:
             pass
         finally:
@@ -186,7 +191,7 @@ class Handler:
             # environ so the connection is freed now, not by a collection that
             # may never come (a -w 0 process with --worker-gc off, a master-
             # frozen heap); an environ the application kept keeps its stream.
-            self.base_env = None
+            self.base_env = self.http.environ_base = None
 
     def abort(self):
         """Shut the connection down (the server's close_now)."""
@@ -204,25 +209,22 @@ class Handler:
                 self.transport.throw(Shed)
         self.server.loop.run_callback(throw)
 
-    def _next_request(self, first):
-        """Read, run and answer one request; True if the connection stays open."""
-        request = self._receive_head(first)
-        if request is None:
-            return False
+    def _serve(self, request):
+        """Run and answer `request`; True if the connection stays open."""
         server, http = self.server, self.http
+        env = request.environ
         try:
-            env = request_environ(self.base_env, request)
+            if env is None:  # not made by the parser
+                env = request_environ(self.base_env, request)
             server.proxy.adjust(env, self.client_address, self._proxy_info)
         except RequestError as ex:  # outside SCRIPT_NAME; contradicting scheme headers
             return self._refuse(ex)
         spooled = None
         length = request.length
-        if length == 0:
-            env["wsgi.input"] = EMPTY_BODY
-        elif length is not None:
+        if length:  # without a body, wsgi.input is the base environ's EMPTY_BODY
             self._body_deadline = None
             env["wsgi.input"] = Body(http, self._fill_body)
-        else:  # chunked: read whole, so the environ says how long it is (body.buffered)
+        elif length is None:  # chunked: read whole, so the environ says how long it is (body.buffered)
             self._body_deadline = None
             try:
                 spooled, size = buffered(Body(http, self._fill_body))
@@ -257,9 +259,56 @@ class Handler:
         self.transport.linger = http.unread_body  # the client may still be sending
         return False
 
-    def _receive_head(self, first):
+    def _next_kept(self):
+        """The next request on a connection kept alive, or None if it should
+        close: the usual case here (nothing buffered: wait for the next
+        request under the keep_alive timer, read it, parse it), the rest (a
+        pipelined request, a head that comes in parts) in _receive_head."""
+        http = self.http
+        if http.buffered:  # pipelined: the request began when the last one ended
+            return self._receive_head(False)
+        transport = self.transport
+        idle_timer = self._idle_timer
+        try:
+            if idle_timer is None:
+                idle_timer = self._idle_timer = timer(self.server.loop,
+                                                      self.server.limits.keep_alive)
+            if idle_timer is None:
+                data = transport.reader.recv(True)
+            else:
+                idle_timer.again(transport.throw, Expired)
+                try:
+                    data = transport.reader.recv(True)
+                except Expired:
+                    # The loop may run the timer before the read it has pending:
+                    # a request that came in time (while the worker was busy) is
+                    # served, not closed on (an RST).
+                    data = transport.read_now()
+                    if data is None:
+                        raise
+                finally:
+                    idle_timer.stop()
+            # the request begins now: the keep-alive wait is not part of it
+            self._started = time.perf_counter()
+            http.receive_data(data)
+            event = http.next_event()
+        except Expired:  # a quiet close: nothing of a request arrived
+            return None
+        except RequestError as ex:
+            return self._refuse(ex)
+        except OSError as ex:
+            if ex.errno in GONE_ERRNOS:
+                return None
+            raise
+        if event is NEED_DATA:  # a head in parts: wait for the rest under header_timeout
+            return self._receive_head(False, begun=True)
+        return event if isinstance(event, Request) else None
+
+    def _receive_head(self, first, begun=False):
         """Wait for a request and read its head; None if the connection
-        should close (EOF, timeout, refusal)."""
+        should close (EOF, timeout, refusal). `first`: the connection's
+        first request; else one is pipelined (buffered), or part of one
+        arrived (`begun`: at self._started)."""
         http, reader = self.http, self.transport.reader
         throw = self.transport.throw
         head_timer = self._head_timer
@@ -278,42 +327,18 @@ class Handler:
                                                              self.client_address)
                     # what came with the header, if anything, is the request's
                     event = http.next_event() if http.buffered else NEED_DATA
-                elif http.buffered:  # pipelined: the request began when the last one ended
+                elif begun:  # its first bytes came after a keep-alive wait (_next_kept)
+                    event = NEED_DATA
+                else:  # pipelined: the request began when the last one ended
                     self._started = time.perf_counter()
                     event = http.next_event()
-                else:  # between requests, with nothing buffered: wait for the next one first
-                    event = NEED_DATA
                 while event is NEED_DATA:
-                    if http.their_state is IDLE and not first:  # between requests
-                        idle_timer = self._idle_timer
-                        if idle_timer is None:
-                            idle_timer = self._idle_timer = timer(self.server.loop,
-                                                                  self.server.limits.keep_alive)
-                        if idle_timer is None:
-                            data = reader.recv(True)
-                        else:
-                            idle_timer.again(throw, Expired)
-                            try:
-                                data = reader.recv(True)
-                            except Expired:
-                                # The loop may run the timer before the read it has
-                                # pending: a request that came in time (while the
-                                # worker was busy) is served, not closed on (an RST).
-                                data = self.transport.read_now()
-                                if data is None:
-                                    raise
-                            finally:
-                                idle_timer.stop()
-                        # the request begins now: the keep-alive wait is not part of it
-                        self._started = time.perf_counter()
-                    else:
-                        if not head_armed:
-                            if head_timer is not None:
-                                head_timer.again(throw, Expired)
-                            head_armed = self._head_waiting = True
-                            self.head_started = time.monotonic()
-                        data = reader.recv()
-                    http.receive_data(data)
+                    if not head_armed:
+                        if head_timer is not None:
+                            head_timer.again(throw, Expired)
+                        head_armed = self._head_waiting = True
+                        self.head_started = time.monotonic()
+                    http.receive_data(reader.recv())
                     event = http.next_event()
             finally:
                 self._head_waiting, self.head_started = False, None

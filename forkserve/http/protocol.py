@@ -113,10 +113,10 @@ class Request:
     one consumer of a head is a WSGI environ."""
 
     __slots__ = ("method", "target", "version", "line", "headers", "chunked", "length",
-                 "expect_continue", "path", "query", "authority", "decoded")
+                 "expect_continue", "path", "query", "authority", "decoded", "environ")
 
-    def __init__(self, method, target, version, line, headers, chunked, length, expect_continue,
-                 path, query, authority, decoded=False):
+    def __init__(self, method, target, version, line, headers, path, query, authority=None,
+                 decoded=False, environ=None):
         self.method = method
         self.target = target
         # the target split as RFC 9112 3.2 says (h1.request_target): `authority`
@@ -129,9 +129,14 @@ class Request:
         self.version = version
         self.line = line          # the request line as received, without CRLF (the access log's)
         self.headers = headers
-        self.chunked = chunked
-        self.length = length      # the Content-Length, 0 without a body, None if chunked
-        self.expect_continue = expect_continue
+        # the body's framing, as Connection decides it
+        self.chunked = False
+        self.length = 0           # the Content-Length, 0 without a body, None if chunked
+        self.expect_continue = False
+        #: the request's whole WSGI environ, if the parser made it (then
+        #: `headers` is that environ), else None: forkserve.http.environ
+        #: makes it from the head
+        self.environ = environ
 
     def __repr__(self):
         return f"Request({self.line!r}, {self.headers!r})"
@@ -168,8 +173,12 @@ class Connection:
     _fast_parse = _H1.parse_head if _H1 is not None else None
     _fast_build = _H1.build_head if _H1 is not None else None
 
-    def __init__(self, limits):
+    def __init__(self, limits, environ_base=None):
         self.limits = limits
+        #: the part of the WSGI environ that is the same for every request on
+        #: this connection, with an empty SCRIPT_NAME, or None: given it, the
+        #: C parser makes each usual request's whole environ (Request.environ)
+        self.environ_base = environ_base
         self._keep_alive_allowed = bool(limits.keep_alive)
         self.their_state = IDLE
         self.our_state = IDLE
@@ -273,13 +282,15 @@ class Connection:
             # and every line is in its usual form: one match for all of it
             fast = self._fast_parse
             if fast is not None:
-                head = fast(buf, pos, limits.fast_head_max, limits.fields_max)
+                base = self.environ_base
+                head = fast(buf, pos, limits.fast_head_max, limits.fields_max, base)
                 if head is not None:
                     self._pos, method, target, version, line, headers, path, query, keep = head
                     length = headers.get("CONTENT_LENGTH")
-                    return self._framed(method, target, version, line, headers,
-                                        None if length is None else [length],
-                                        path, query, None, keep)
+                    return self._framed(
+                        Request(method, target, version, line, headers, path, query, None, False,
+                                None if base is None else headers),
+                        None if length is None else [length], keep)
             end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
             if end >= 0:
                 head = request_head(buf[pos:end + 2].decode("latin-1"))
@@ -367,23 +378,23 @@ class Connection:
             else:
                 tokens = {t.strip(" \t").lower() for t in connection.split(",")}
                 keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
-        return self._framed(method, target, version, text, headers, lengths, path, query,
-                            authority, keep)
+        return self._framed(Request(method, target, version, text, headers, path, query,
+                                    authority), lengths, keep)
 
-    def _framed(self, method, target, version, text, headers, lengths, path, query, authority,
-                keep):
-        """The Request of a head whose fields and target were checked: its
+    def _framed(self, request, lengths, keep):
+        """`request`, a head whose fields and target were checked, with its
         body's framing decided and the connection's keep-alive (`keep`, what
         the request asks) settled. `lengths`: the Content-Length values."""
         self.keep_alive = keep and self._keep_alive_allowed
-        self._no_body = method == "HEAD"
+        self._no_body = request.method == "HEAD"
+        self.request = request
+        headers = request.headers
         transfer_encoding = headers.get("HTTP_TRANSFER_ENCODING")
         if transfer_encoding is None and lengths is None:  # no body: the usual request
             self.their_state = DONE
             self._continue = False
-            self.request = request = Request(method, target, version, text, headers, False, 0,
-                                             False, path, query, authority)
             return request
+        version = request.version
         chunked, length = body_framing(version, transfer_encoding, lengths or [],
                                        self.limits.limit_request_body)
         self._continue = expect = bool(
@@ -396,9 +407,9 @@ class Connection:
             self.their_state, self._left = BODY, length
         else:
             self.their_state = DONE
-        self.request = request = Request(method, target, version, text, headers, chunked,
-                                          None if chunked else length, expect, path, query,
-                                          authority)
+        request.chunked = chunked
+        request.length = None if chunked else length
+        request.expect_continue = expect
         return request
 
     # --- the body

@@ -119,8 +119,8 @@ class UwsgiConnection(Connection):
 
     chunk_responses = False
 
-    def __init__(self, limits):
-        super().__init__(limits)
+    def __init__(self, limits, environ_base=None):
+        super().__init__(limits)  # its environ is request_environ's: no base for the parser
         self._keep_alive_allowed = False
         self.keep_alive = False
 
@@ -226,9 +226,10 @@ class UwsgiConnection(Connection):
         self._body_total = 0
         self._no_body = method == "HEAD"
         self.keep_alive = False
-        self.request = request = Request(
-            method, target, version, f"{method} {target} {version}", headers, chunked, length,
-            False, path, query, None, decoded=decoded)
+        self.request = request = Request(method, target, version, f"{method} {target} {version}",
+                                         headers, path, query, None, decoded)
+        request.chunked = chunked
+        request.length = length
         return request
 
 
