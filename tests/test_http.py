@@ -225,6 +225,53 @@ def respond(connection, draining=False):
     connection.response_end()
 
 
+_WHOLE_HEADS = ["GET / HTTP/1.1\r\nHost: t\r\n\r\n", "HEAD / HTTP/1.1\r\nHost: t\r\n\r\n",
+                "GET / HTTP/1.0\r\n\r\n", "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(_WHOLE_HEADS),
+       st.sampled_from(["200 OK", "204 No Content", "304 Not Modified", "404 Not Found"]),
+       st.lists(st.sampled_from([("Content-Type", "text/plain"), ("Content-Length", "2"),
+                                 ("Content-Length", "5"), ("Connection", "close"),
+                                 ("Date", "x")]), max_size=3, unique=True),
+       st.sampled_from([b"", b"ok", b"hello"]), st.sampled_from([Limits(), Limits(keep_alive=0)]))
+def test_a_whole_response_is_the_head_and_end_one_by_one(head, status, headers, data, limits):
+    """Connection.whole_response, the responder's one step for a body given
+    at once, ends in the same bytes and the same state as response_head()
+    and response_end() (and any error is the same)."""
+    def serve(one_step):
+        connection = Connection(limits)
+        connection.receive_data(head.encode())
+        assert isinstance(connection.next_event(), Request)
+        try:
+            if one_step:
+                out = connection.whole_response(status, list(headers), data, "D")
+                assert out is not None
+            else:
+                out = connection.response_head(status, list(headers), data, len(data), "D")
+                out += connection.response_end()
+        except Exception as error:
+            return ("error", type(error), str(error))
+        return (out, connection.code, connection.keep_alive, connection.sent,
+                connection.response_problem, connection.our_state, connection.start_next_cycle())
+    assert serve(True) == serve(False)
+
+
+def test_a_whole_response_waits_while_keep_alive_depends_on_what_may_be_readable():
+    draining = Connection(Limits())
+    draining.receive_data(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    draining.next_event()
+    draining.drain()
+    unread = Connection(Limits())
+    unread.receive_data(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nab")
+    unread.next_event()
+    for connection in (draining, unread):
+        assert connection.whole_response("200 OK", [], b"ok", "D") is None
+        assert connection.our_state == "IDLE" and connection.code is None  # nothing decided
+
+
 def test_body_reads_exactly_content_length_then_eof():
     b, connection = body(b"line1\nline2GET /", length=11)
     assert b.readline() == b"line1\n"

@@ -25,10 +25,11 @@ Invariants, and why:
   first violation raises RequestError and puts the connection in ERROR,
   from which nothing is parsed again: what follows could be a smuggled
   request.
-- Every close is decided here. Keep-alive is decided once, in
-  `response_head`, from the request (version, Connection), the application
-  (Connection: close), the framing of both bodies, the server (keep_alive = 0,
-  `drain()`: a reload or stop) and what was received: an unread request body
+- Every close is decided here. Keep-alive is decided once, as the response
+  head is built (`response_head`, `whole_response`), from the request
+  (version, Connection), the application (Connection: close), the framing
+  of both bodies, the server (keep_alive = 0, `drain()`: a reload or stop)
+  and what was received: an unread request body
   keeps the connection only if it arrived whole and is small
   (DISCARD_BYTES), so skipping it cannot wait. The head says `Connection:
   close` exactly when the connection will close; only a response cut short
@@ -519,21 +520,10 @@ class Connection:
         none). Decides keep-alive (see the module's invariants). Raises
         ApplicationError for a status or header the application may not send.
         """
-        version = self.request.version
         keep = self.their_state is DONE and self.keep_alive and not self.draining \
             or self._reusable()
-        chunk_ok = self.chunk_responses and version == "HTTP/1.1"
-        fast = self._fast_build
-        built = None if fast is None else fast(status, headers, total, chunk_ok,
-                                               version == "HTTP/1.0", self._no_body, keep, date)
-        if built is None:  # no C, or a head it leaves to the checks of the Python code
-            built = build_head(status, headers, total, chunk_ok, version == "HTTP/1.0",
-                               self._no_body, keep, date)
-        code, head, self._declared, self._chunked, self.keep_alive = built
-        no_body = self._no_body = self._no_body or code in (204, 304)
-        self.our_state = SEND_BODY
-        self.code = code
-        if no_body or not body:
+        head = self._head(status, headers, total, keep, date)
+        if self._no_body or not body:
             return head
         if self._chunked:
             return head + self.response_data(body)
@@ -545,6 +535,45 @@ class Connection:
             self._declared = declared - size
         self.sent += size
         return head + body
+
+    def whole_response(self, status, headers, body, date):
+        """response_head() with all of the body, `body`, and response_end()
+        in one: the whole response, ended, for an application that gave its
+        body at once. None, and nothing decided, while the keep-alive decision
+        may depend on bytes that could be readable now (wants_peek, or a
+        request not received whole): the driver then takes those steps."""
+        if self.their_state is not DONE or self.draining:
+            return None
+        size = len(body)
+        head = self._head(status, headers, size, self.keep_alive, date)
+        if self._no_body:
+            self.our_state = DONE
+            return head
+        declared = self._declared  # None: framed by its length; else the application's
+        if declared is not None and declared != size:  # cut, or closed short
+            return head + self.response_data(body) + self.response_end()
+        self._declared = None
+        self.our_state = DONE
+        self.sent = size
+        return head + body
+
+    def _head(self, status, headers, total, keep, date):
+        """The response head (see response_head), keep-alive settled from
+        `keep` (what the request and the server allow); the response is
+        under way."""
+        version = self.request.version
+        chunk_ok = self.chunk_responses and version == "HTTP/1.1"
+        fast = self._fast_build
+        built = None if fast is None else fast(status, headers, total, chunk_ok,
+                                               version == "HTTP/1.0", self._no_body, keep, date)
+        if built is None:  # no C, or a head it leaves to the checks of the Python code
+            built = build_head(status, headers, total, chunk_ok, version == "HTTP/1.0",
+                               self._no_body, keep, date)
+        code, head, self._declared, self._chunked, self.keep_alive = built
+        self._no_body = self._no_body or code in (204, 304)
+        self.our_state = SEND_BODY
+        self.code = code
+        return head
 
     def _reusable(self):
         if not self.keep_alive:

@@ -92,19 +92,18 @@ class Responder:
                 kind = type(result)
                 if (kind is list or kind is tuple or isinstance(result, list)) \
                         and not self.headers_sent:
-                    data = result[0] if len(result) == 1 else b"".join(result)
-                    self._send_head(data, len(data))
-                elif kind is FileWrapper and not self.headers_sent and self._send_file(result):
-                    pass
+                    self._send_whole(result[0] if len(result) == 1 else b"".join(result))
                 else:
-                    for data in result:
-                        if data:
-                            self.write(data)
-                    if not self.headers_sent:
-                        self._send_head(b"", 0)
-                end = http.response_end()
-                if end:
-                    self.transport.send(end)
+                    if not (kind is FileWrapper and not self.headers_sent
+                            and self._send_file(result)):
+                        for data in result:
+                            if data:
+                                self.write(data)
+                        if not self.headers_sent:
+                            self._send_head(b"", 0)
+                    end = http.response_end()
+                    if end:
+                        self.transport.send(end)
             finally:
                 close = getattr(result, "close", None)
                 if close is not None:
@@ -122,6 +121,23 @@ class Responder:
         else:
             if http.response_problem is not None:
                 self.server.logger.warning("%s: %s", escape(line), http.response_problem)
+
+    def _send_whole(self, data):
+        """Send the response whose body is all of `data`, and end it: in one
+        step for the usual response (the connection's whole_response), else
+        head, checks and end one by one."""
+        http = self.http
+        if type(data) is bytes and self.status is not None and http.body_error is None:
+            whole = http.whole_response(self.status, self.headers, data, self.server.http_date())
+            if whole is not None:
+                self.code = http.code
+                self.headers_sent = True
+                self.transport.send(whole)
+                return
+        self._send_head(data, len(data))
+        end = http.response_end()
+        if end:
+            self.transport.send(end)
 
     def _send_head(self, data, total):
         """Send the response head, joined with the first body bytes `data`;
