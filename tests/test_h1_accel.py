@@ -49,7 +49,7 @@ def outcome(connection, raw):
         return ("refused", refusal.status, refusal.reason)
     if not isinstance(event, Request):
         return ("event", repr(event))
-    return ("request", {name: getattr(event, name) for name in Request.__slots__},
+    return ("request", {name: getattr(event, name) for name in protocol.REQUEST_FIELDS},
             connection.keep_alive, connection.their_state, connection.buffered)
 
 
@@ -122,10 +122,10 @@ def test_the_usual_heads_are_taken_by_the_c_code():
         parsed = H1.parse_head(raw, 0, 8192, 100)
         assert parsed is not None, raw
         assert raw[parsed[0] - 4:parsed[0]] == b"\r\n\r\n"
-    parsed = H1.parse_head(usual[2], 0, 8192, 100)
-    assert parsed[5] == {"HTTP_HOST": "h", "CONTENT_TYPE": "application/json",
-                         "CONTENT_LENGTH": "2", "HTTP_CONNECTION": "keep-alive"}
-    assert parsed[6:] == ("/api", "", True)
+    end, request, keep = H1.parse_head(usual[2], 0, 8192, 100)
+    assert request.headers == {"HTTP_HOST": "h", "CONTENT_TYPE": "application/json",
+                               "CONTENT_LENGTH": "2", "HTTP_CONNECTION": "keep-alive"}
+    assert (request.path, request.query, request.environ, keep) == ("/api", "", None, True)
 
 
 #: A connection's part of the environ, as the handler gives it to the parser.
@@ -172,7 +172,26 @@ def test_the_environ_is_made_only_without_a_script_name():
     raw = b"GET /app/x HTTP/1.1\r\nHost: h\r\n\r\n"
     with pytest.raises(ValueError, match="SCRIPT_NAME"):
         H1.parse_head(raw, 0, 8192, 100, {**_BASE, "SCRIPT_NAME": "/app"})
-    assert H1.parse_head(raw, 0, 8192, 100, dict(_BASE))[5]["PATH_INFO"] == "/app/x"
+    assert H1.parse_head(raw, 0, 8192, 100, dict(_BASE))[1].environ["PATH_INFO"] == "/app/x"
+
+
+def test_the_c_request_is_the_python_record():
+    """What the C Request holds, its defaults, what may be set on it and its
+    repr are those of protocol.PythonRequest (the record without C)."""
+    args = ("GET", "/a?b", "HTTP/1.1", "GET /a?b HTTP/1.1", {"HTTP_HOST": "h"}, "/a", "b")
+    for more in [{}, {"authority": "h:1", "decoded": True, "environ": {"X": 1}}]:
+        c, python = H1.Request(*args, **more), protocol.PythonRequest(*args, **more)
+        assert [getattr(c, name) for name in protocol.REQUEST_FIELDS] \
+            == [getattr(python, name) for name in protocol.REQUEST_FIELDS]
+        assert repr(c) == repr(python)
+        for record in (c, python):
+            record.chunked, record.length, record.expect_continue = True, None, True
+            assert (record.chunked, record.length, record.expect_continue) == (True, None, True)
+            with pytest.raises(AttributeError):
+                record.other = 1
+    with pytest.raises(TypeError):
+        H1.Request(*args[:6])
+    assert protocol.Request is H1.Request
 
 
 def test_the_c_code_leaves_the_unusual_to_python():

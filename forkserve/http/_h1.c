@@ -2,21 +2,28 @@
  * head out, in C, for forkserve.http.protocol.Connection (forkserve.http.accel
  * says when it is used).
  *
- * Two functions, each the fast path of Python code that stays the reference:
+ * Two functions, each the fast path of Python code that stays the reference,
+ * and the record the first one makes:
  *
+ *   Request
+ *       forkserve.http.protocol.Request's fields and constructor, in C, so
+ *       that parse_head makes a request without a call into Python;
+ *       forkserve.http.protocol uses it whenever this module is built.
  *   parse_head(buf, pos, window, fields_max, base=None)
  *       the whole of Connection._next_head's first step and _head_done's
  *       rules for a head in its usual form: a request line and field lines
  *       as forkserve.http.h1._HEAD matches them, every field name once, an
  *       origin-form target, a Host of letters, digits and the reg-name
  *       marks with an optional port, a Connection of one token, no
- *       Transfer-Encoding. Returns (end, method, target, version, line,
- *       headers, path, query, keep): `end` the offset after the blank line,
- *       `headers` keyed as the environ keys them, `keep` what the request
- *       asks of the connection. Given `base` (the part of an environ that
- *       is the same for every request, with an empty SCRIPT_NAME),
- *       `headers` is instead the request's whole environ, as
- *       forkserve.http.environ.request_environ makes it.
+ *       Transfer-Encoding. Returns (end, request, keep): `end` the offset
+ *       after the blank line, `request` a Request (this module's, the C
+ *       form of forkserve.http.protocol.Request) whose `headers` are keyed
+ *       as the environ keys them, `keep` what the request asks of the
+ *       connection. Given `base` (the part of an environ that is the same
+ *       for every request, with an empty SCRIPT_NAME), `headers` is instead
+ *       the request's whole environ, as
+ *       forkserve.http.environ.request_environ makes it, and is also its
+ *       `environ`.
  *   build_head(status, headers, total, chunk_ok, http10, head_request, keep, date)
  *       forkserve.http.response.build_head for headers that are (str, str)
  *       tuples of valid names and latin-1 values. Returns (code, head,
@@ -37,9 +44,172 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "_module.h"
+
+#if PY_VERSION_HEX < 0x030C0000
+#include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#endif
+
+/* --- the request record ------------------------------------------------ */
+
+/* forkserve.http.protocol.Request in C: the same fields, the same
+ * constructor, made here by parse_head without a call into Python. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *method, *target, *version, *line, *headers, *path, *query, *authority, *decoded,
+        *environ, *chunked, *length, *expect_continue;
+} RequestObject;
+
+#define REQUEST_FIELD(name, doc) \
+    {#name, Py_T_OBJECT_EX, offsetof(RequestObject, name), 0, doc}
+
+static PyMemberDef request_members[] = {
+    REQUEST_FIELD(method, "the method, as sent"),
+    REQUEST_FIELD(target, "the request target, as sent"),
+    REQUEST_FIELD(version, "HTTP/1.0 or HTTP/1.1"),
+    REQUEST_FIELD(line, "the request line as received, without CRLF (the access log's)"),
+    REQUEST_FIELD(headers, "the fields keyed as the WSGI environ keys them (or the environ)"),
+    REQUEST_FIELD(path, "the target's path (h1.request_target)"),
+    REQUEST_FIELD(query, "the target's query"),
+    REQUEST_FIELD(authority, "an absolute-form target's host, which replaces Host, or None"),
+    REQUEST_FIELD(decoded, "True if `path` is already percent-decoded (a uwsgi PATH_INFO)"),
+    REQUEST_FIELD(environ, "the whole WSGI environ if the parser made it, else None"),
+    REQUEST_FIELD(chunked, "the body is chunked"),
+    REQUEST_FIELD(length, "the Content-Length, 0 without a body, None if chunked"),
+    REQUEST_FIELD(expect_continue, "the client waits for 100 Continue"),
+    {NULL},
+};
+
+static PyTypeObject RequestType;
+
+/* A new Request of these fields (each reference is taken, NULL ones are
+ * None); NULL with an exception set. */
+static PyObject *
+request_new(PyObject *method, PyObject *target, PyObject *version, PyObject *line,
+            PyObject *headers, PyObject *path, PyObject *query, PyObject *authority,
+            PyObject *decoded, PyObject *environ)
+{
+    RequestObject *self = PyObject_GC_New(RequestObject, &RequestType);
+    if (self == NULL) {
+        Py_XDECREF(method);
+        Py_XDECREF(target);
+        Py_XDECREF(version);
+        Py_XDECREF(line);
+        Py_XDECREF(headers);
+        Py_XDECREF(path);
+        Py_XDECREF(query);
+        Py_XDECREF(authority);
+        Py_XDECREF(decoded);
+        Py_XDECREF(environ);
+        return NULL;
+    }
+    self->method = method;
+    self->target = target;
+    self->version = version;
+    self->line = line;
+    self->headers = headers;
+    self->path = path;
+    self->query = query;
+    self->authority = authority != NULL ? authority : Py_NewRef(Py_None);
+    self->decoded = decoded != NULL ? decoded : Py_NewRef(Py_False);
+    self->environ = environ != NULL ? environ : Py_NewRef(Py_None);
+    self->chunked = Py_NewRef(Py_False);
+    self->length = PyLong_FromLong(0);
+    self->expect_continue = Py_NewRef(Py_False);
+    PyObject_GC_Track(self);
+    if (self->length == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *
+request_type_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"method", "target", "version", "line", "headers", "path", "query",
+                            "authority", "decoded", "environ", NULL};
+    PyObject *f[10] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO|OOO:Request", names, &f[0], &f[1],
+                                     &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9])) {
+        return NULL;
+    }
+    for (int i = 0; i < 10; i++) {
+        Py_XINCREF(f[i]);
+    }
+    return request_new(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]);
+}
+
+static int
+request_traverse(RequestObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->method);
+    Py_VISIT(self->target);
+    Py_VISIT(self->version);
+    Py_VISIT(self->line);
+    Py_VISIT(self->headers);
+    Py_VISIT(self->path);
+    Py_VISIT(self->query);
+    Py_VISIT(self->authority);
+    Py_VISIT(self->decoded);
+    Py_VISIT(self->environ);
+    Py_VISIT(self->chunked);
+    Py_VISIT(self->length);
+    Py_VISIT(self->expect_continue);
+    return 0;
+}
+
+static int
+request_clear(RequestObject *self)
+{
+    Py_CLEAR(self->method);
+    Py_CLEAR(self->target);
+    Py_CLEAR(self->version);
+    Py_CLEAR(self->line);
+    Py_CLEAR(self->headers);
+    Py_CLEAR(self->path);
+    Py_CLEAR(self->query);
+    Py_CLEAR(self->authority);
+    Py_CLEAR(self->decoded);
+    Py_CLEAR(self->environ);
+    Py_CLEAR(self->chunked);
+    Py_CLEAR(self->length);
+    Py_CLEAR(self->expect_continue);
+    return 0;
+}
+
+static void
+request_dealloc(RequestObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    request_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyObject *
+request_repr(RequestObject *self)
+{
+    return PyUnicode_FromFormat("Request(%R, %R)", self->line ? self->line : Py_None,
+                                self->headers ? self->headers : Py_None);
+}
+
+static PyTypeObject RequestType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "forkserve.http._h1.Request",
+    .tp_doc = "A request head: forkserve.http.protocol.Request's fields, in C.",
+    .tp_basicsize = sizeof(RequestObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = request_type_new,
+    .tp_dealloc = (destructor)request_dealloc,
+    .tp_traverse = (traverseproc)request_traverse,
+    .tp_clear = (inquiry)request_clear,
+    .tp_repr = (reprfunc)request_repr,
+    .tp_members = request_members,
+};
 
 /* RFC 9110 tchar */
 static unsigned char TCHAR[256];
@@ -421,37 +591,41 @@ parse_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *query_s = question == NULL ? PyUnicode_New(0, 0)
                                          : latin1(question + 1, target_n - path_n - 1);
     PyObject *end_o = PyLong_FromSsize_t(end + 2 - buf);
-    PyObject *version_s = http10 ? HTTP10 : HTTP11;
-    PyObject *result = NULL;
-    if (method_s && target_s && line_s && path_s && query_s && end_o && base != NULL) {
-        /* the headers become the whole environ */
-        headers = request_environ(base, headers, method_s, version_s, target_s, path_s,
-                                  target, path_n, query_s);
+    PyObject *environ = NULL;
+    if (!(method_s && target_s && line_s && path_s && query_s && end_o)) {
+        goto failed;
     }
-    if (method_s && target_s && line_s && path_s && query_s && end_o && headers) {
-        result = PyTuple_New(9);
+    if (base != NULL) {  /* the headers become the whole environ */
+        headers = request_environ(base, headers, method_s, http10 ? HTTP10 : HTTP11, target_s,
+                                  path_s, target, path_n, query_s);
+        if (headers == NULL) {
+            goto failed;
+        }
+        environ = Py_NewRef(headers);
     }
+    /* the request takes each reference */
+    PyObject *request = request_new(method_s, target_s, Py_NewRef(http10 ? HTTP10 : HTTP11),
+                                    line_s, headers, path_s, query_s, NULL, NULL, environ);
+    PyObject *result = request == NULL ? NULL : PyTuple_New(3);
     if (result == NULL) {
-        Py_XDECREF(end_o);
-        Py_XDECREF(method_s);
-        Py_XDECREF(target_s);
-        Py_XDECREF(line_s);
-        Py_XDECREF(path_s);
-        Py_XDECREF(query_s);
-        Py_XDECREF(headers);
+        Py_XDECREF(request);
+        Py_DECREF(end_o);
         return NULL;
     }
-    /* the tuple takes each reference */
     PyTuple_SET_ITEM(result, 0, end_o);
-    PyTuple_SET_ITEM(result, 1, method_s);
-    PyTuple_SET_ITEM(result, 2, target_s);
-    PyTuple_SET_ITEM(result, 3, Py_NewRef(version_s));
-    PyTuple_SET_ITEM(result, 4, line_s);
-    PyTuple_SET_ITEM(result, 5, headers);
-    PyTuple_SET_ITEM(result, 6, path_s);
-    PyTuple_SET_ITEM(result, 7, query_s);
-    PyTuple_SET_ITEM(result, 8, Py_NewRef(keep ? Py_True : Py_False));
+    PyTuple_SET_ITEM(result, 1, request);
+    PyTuple_SET_ITEM(result, 2, Py_NewRef(keep ? Py_True : Py_False));
     return result;
+
+failed:
+    Py_XDECREF(end_o);
+    Py_XDECREF(method_s);
+    Py_XDECREF(target_s);
+    Py_XDECREF(line_s);
+    Py_XDECREF(path_s);
+    Py_XDECREF(query_s);
+    Py_XDECREF(headers);
+    return NULL;
 
 decline:
     Py_DECREF(headers);
@@ -721,6 +895,10 @@ static int
 fill(PyObject *module)
 {
     fill_tables();
+    if (PyType_Ready(&RequestType) < 0
+            || PyModule_AddObjectRef(module, "Request", (PyObject *)&RequestType) < 0) {
+        return -1;
+    }
     HTTP10 = PyUnicode_InternFromString("HTTP/1.0");
     HTTP11 = PyUnicode_InternFromString("HTTP/1.1");
     if (HTTP10 == NULL || HTTP11 == NULL) {

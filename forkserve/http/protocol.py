@@ -45,8 +45,9 @@ from forkserve.http.h1 import (BLANK_LINES, CHUNK_LINE_MAX, DISCARD_BYTES, REASO
                                request_line, request_target, trailer_allowed, valid_host)
 from forkserve.http.response import build_head
 
-__all__ = ["Connection", "Request", "plain_response", "Data", "END", "NEED_DATA", "PEER_CLOSED",
-           "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED", "SEND_BODY"]
+__all__ = ["Connection", "Request", "PythonRequest", "REQUEST_FIELDS", "plain_response", "Data",
+           "END", "NEED_DATA", "PEER_CLOSED", "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED",
+           "SEND_BODY"]
 
 IDLE, HEAD, BODY, DONE, ERROR, CLOSED = "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED"
 SEND_BODY = "SEND_BODY"
@@ -107,14 +108,19 @@ PEER_CLOSED = _Sentinel("PEER_CLOSED")
 END = _Sentinel("END")
 
 
-class Request:
+#: A Request's fields.
+REQUEST_FIELDS = ("method", "target", "version", "line", "headers", "chunked", "length",
+                  "expect_continue", "path", "query", "authority", "decoded", "environ")
+
+
+class PythonRequest:
     """A request head. `headers` are keyed as the WSGI environ keys them
     (CONTENT_TYPE, HTTP_USER_AGENT; repeated fields joined with ",", Cookie
     with "; "; names with "_" dropped, as Gunicorn drops them), because the
-    one consumer of a head is a WSGI environ."""
+    one consumer of a head is a WSGI environ. forkserve/http/_h1.c's
+    Request is the same record in C, and is `Request` where it is built."""
 
-    __slots__ = ("method", "target", "version", "line", "headers", "chunked", "length",
-                 "expect_continue", "path", "query", "authority", "decoded", "environ")
+    __slots__ = REQUEST_FIELDS
 
     def __init__(self, method, target, version, line, headers, path, query, authority=None,
                  decoded=False, environ=None):
@@ -141,6 +147,10 @@ class Request:
 
     def __repr__(self):
         return f"Request({self.line!r}, {self.headers!r})"
+
+
+#: The request record: the C one, which parse_head makes, where it is built.
+Request = PythonRequest if _H1 is None else _H1.Request
 
 
 class Data:
@@ -284,14 +294,12 @@ class Connection:
             fast = self._fast_parse
             if fast is not None:
                 base = self.environ_base
-                head = fast(buf, pos, limits.fast_head_max, limits.fields_max, base)
+                head = fast(buf, pos, limits.fast_head_max, limits.fields_max,
+                            self.environ_base)
                 if head is not None:
-                    self._pos, method, target, version, line, headers, path, query, keep = head
-                    length = headers.get("CONTENT_LENGTH")
-                    return self._framed(
-                        Request(method, target, version, line, headers, path, query, None, False,
-                                None if base is None else headers),
-                        None if length is None else [length], keep)
+                    self._pos, request, keep = head
+                    length = request.headers.get("CONTENT_LENGTH")
+                    return self._framed(request, None if length is None else [length], keep)
             end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
             if end >= 0:
                 head = request_head(buf[pos:end + 2].decode("latin-1"))
