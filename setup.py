@@ -39,8 +39,8 @@ setup(
         ),
         Extension(
             "forkserve.http._h1",
-            sources=["forkserve/http/_h1.c"],
-            depends=MODULE,
+            sources=["forkserve/http/_h1.c", "forkserve/http/_h1_connection.c"],
+            depends=MODULE + ["forkserve/http/_h1.h"],
             include_dirs=INCLUDE,
             optional=True,
         ),

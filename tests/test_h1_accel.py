@@ -8,7 +8,7 @@ through conftest's head_path fixture.
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from forkserve.http import protocol
@@ -35,6 +35,7 @@ def python_connection(limits):
     connection = Connection(limits)
     connection._fast_parse = None
     connection._fast_build = None
+    connection._c_parse = connection._c_build = False  # the C steps, switched at __init__
     return connection
 
 
@@ -247,3 +248,102 @@ def test_the_usual_response_heads_are_built_in_c():
             args = ("200 OK", headers, total, True, False, False, True, date)
             fast = H1.build_head(*args)
             assert fast is not None and fast == build_head(*args)
+
+
+# --- the connection's per-request steps: ConnectionBase in C against the Python base
+
+#: Connection on the Python base (protocol.PythonConnectionBase): what a
+#: process without the extension runs, with every C step off.
+PurePythonConnection = type("PurePythonConnection", (protocol.PythonConnectionBase,), {
+    name: value for name, value in vars(Connection).items()
+    if name not in ("__dict__", "__weakref__")})
+
+_STATE = ("their_state", "our_state", "keep_alive", "_pos", "buffered", "_eof", "_left", "code",
+          "sent", "_declared", "_chunked", "_no_body", "_continue", "response_problem")
+
+
+def conversation(connection, pieces, answers):
+    """What a connection does with a client that sends `pieces` one after
+    another (pipelined requests, heads in parts) and then closes: each
+    event, each response's bytes and the state after every step."""
+    trace = []
+
+    def step(name, call, *args):
+        try:
+            result = call(*args)
+        except Exception as error:  # a refusal, or the application's error
+            result = ("raised", type(error).__name__, str(error))
+        if isinstance(result, protocol.Data):
+            result = ("Data", result.data)
+        elif isinstance(result, Request):
+            request = result
+            result = {field: getattr(request, field) for field in protocol.REQUEST_FIELDS}
+            if connection.environ_base is not None:  # the same environ, by either maker
+                result["environ"] = request.environ or request_environ(connection.environ_base,
+                                                                       request)
+                del result["headers"]  # the fields, or (made with the head) that environ
+        trace.append((name, result, {attr: getattr(connection, attr) for attr in _STATE}))
+        return result
+
+    answers = iter(answers)
+    for piece in pieces + [b""]:
+        step("receive", connection.receive_data, piece)
+        while connection.their_state not in (protocol.ERROR, protocol.CLOSED):
+            event = step("event", connection.next_event)
+            if event is protocol.NEED_DATA or event is protocol.PEER_CLOSED \
+                    or isinstance(event, tuple) and event[0] == "raised":
+                break
+            if connection.their_state is not protocol.DONE:
+                continue  # the body, read as the application reads it, to its END
+            status, headers, body = next(answers, ("200 OK", [], b"ok"))
+            if step("whole", connection.whole_response, status, list(headers), body,
+                    "D") is None:
+                step("head", connection.response_head, status, list(headers), body,
+                     len(body), "D")
+                step("end", connection.response_end)
+            if not step("cycle", connection.start_next_cycle):
+                return trace
+    return trace
+
+
+_ANSWERS = st.lists(st.tuples(
+    st.sampled_from(["200 OK", "204 No Content", "304 Not Modified", "404 Not Found", "200 \xe9"]),
+    st.lists(st.sampled_from([("Content-Type", "text/plain"), ("Content-Length", "2"),
+                              ("Content-Length", "5"), ("Connection", "close"), ("X\xe9", "v")]),
+             max_size=3, unique=True),
+    st.sampled_from([b"", b"ok", b"hello"])), max_size=3)
+
+
+@settings(max_examples=800, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(heads(), min_size=1, max_size=3), st.integers(0, 40), _ANSWERS,
+       st.sampled_from([Limits(), Limits(keep_alive=0), Limits(limit_request_fields=2)]),
+       st.booleans())
+@example([b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
+          b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"], 0, [], Limits(), True)  # a 100 Continue left owed
+def test_the_c_connection_steps_give_what_the_python_base_gives(raws, cut, answers, limits,
+                                                               with_base):
+    """Requests one after another on a kept connection, pipelined or with a
+    head cut in two, answered in one step or head and end: every event,
+    every response byte and the state after each step are the same with
+    the C steps (ConnectionBase) as on the Python base."""
+    raw = b"".join(raws)
+    pieces = [raw[:cut], raw[cut:]] if 0 < cut < len(raw) else [raw]
+    base = dict(_BASE) if with_base else None
+    assert conversation(Connection(limits, base), pieces, answers) \
+        == conversation(PurePythonConnection(limits, base), pieces, answers)
+
+
+def test_the_usual_conversation_takes_the_c_steps(monkeypatch):
+    """A keep-alive GET, answered whole, is parsed, answered and followed
+    by the next request in C: no Python step of the connection runs (else
+    the comparison above would compare Python with itself)."""
+    for name in ("_next_event", "_whole_response", "_framed", "_head", "_next_head"):
+        monkeypatch.setattr(Connection, name, None)  # calling one fails the test
+    connection = Connection(Limits(), dict(_BASE))
+    for _ in range(3):
+        connection.receive_data(b"GET /a?b HTTP/1.1\r\nHost: h\r\n\r\n")
+        request = connection.next_event()
+        assert request.environ["PATH_INFO"] == "/a" and connection.their_state is protocol.DONE
+        whole = connection.whole_response("200 OK", [("Content-Length", "2")], b"ok", "D")
+        assert whole == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: D\r\n\r\nok"
+        assert connection.start_next_cycle() and connection.their_state is protocol.IDLE

@@ -1,9 +1,11 @@
 /* forkserve/http/_h1.c: the usual request head in and the usual response
- * head out, in C, for forkserve.http.protocol.Connection (forkserve.http.accel
+ * head out, in C, for forkserve.http.protocol.Connection (forkserve.cext
  * says when it is used).
  *
- * Two functions, each the fast path of Python code that stays the reference,
- * and the record the first one makes:
+ * Three functions, each the fast path of Python code that stays the
+ * reference, and the record the first one makes (_h1_connection.c, the
+ * module's other part, is the connection object's per-request steps, which
+ * call the first two):
  *
  *   Request
  *       forkserve.http.protocol.Request's fields and constructor, in C, so
@@ -28,6 +30,8 @@
  *       forkserve.http.response.build_head for headers that are (str, str)
  *       tuples of valid names and latin-1 values. Returns (code, head,
  *       declared, chunked, keep).
+ *   http_date()
+ *       forkserve.http.response.python_http_date: the Date value for now.
  *
  * Invariants:
  * - Either function returns None for anything outside what it handles
@@ -39,15 +43,18 @@
  * - Where they return a result, it is the one the Python code returns for
  *   the same input (tests/test_h1_accel.py compares them on generated
  *   heads and headers).
- * - Nothing is kept between calls: no cache, no state; the strings made at
- *   import (environ keys, versions) are constants.
+ * - Nothing is kept between calls but http_date's value of the current
+ *   second (formatted once a second, as the Python code does); the strings
+ *   made at import (environ keys, versions) are constants.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
 #include <string.h>
+#include <time.h>
 
 #include "_module.h"
+#include "_h1.h"
 
 #if PY_VERSION_HEX < 0x030C0000
 #include <structmember.h>
@@ -58,12 +65,6 @@
 
 /* forkserve.http.protocol.Request in C: the same fields, the same
  * constructor, made here by parse_head without a call into Python. */
-typedef struct {
-    PyObject_HEAD
-    PyObject *method, *target, *version, *line, *headers, *path, *query, *authority, *decoded,
-        *environ, *chunked, *length, *expect_continue;
-} RequestObject;
-
 #define REQUEST_FIELD(name, doc) \
     {#name, Py_T_OBJECT_EX, offsetof(RequestObject, name), 0, doc}
 
@@ -84,7 +85,6 @@ static PyMemberDef request_members[] = {
     {NULL},
 };
 
-static PyTypeObject RequestType;
 
 /* A new Request of these fields (each reference is taken, NULL ones are
  * None); NULL with an exception set. */
@@ -93,7 +93,7 @@ request_new(PyObject *method, PyObject *target, PyObject *version, PyObject *lin
             PyObject *headers, PyObject *path, PyObject *query, PyObject *authority,
             PyObject *decoded, PyObject *environ)
 {
-    RequestObject *self = PyObject_GC_New(RequestObject, &RequestType);
+    RequestObject *self = PyObject_GC_New(RequestObject, &H1_RequestType);
     if (self == NULL) {
         Py_XDECREF(method);
         Py_XDECREF(target);
@@ -197,7 +197,7 @@ request_repr(RequestObject *self)
                                 self->headers ? self->headers : Py_None);
 }
 
-static PyTypeObject RequestType = {
+PyTypeObject H1_RequestType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "forkserve.http._h1.Request",
     .tp_doc = "A request head: forkserve.http.protocol.Request's fields, in C.",
@@ -253,7 +253,7 @@ same_word(const unsigned char *s, Py_ssize_t n, const char *word, Py_ssize_t len
 
 #define is_word(s, n, word) same_word((s), (n), (word), (Py_ssize_t)sizeof(word) - 1)
 
-static PyObject *HTTP10, *HTTP11;          /* "HTTP/1.0", "HTTP/1.1" */
+PyObject *H1_HTTP10, *H1_HTTP11;          /* "HTTP/1.0", "HTTP/1.1" */
 static PyObject *KEY_HOST, *KEY_CONNECTION;
 /* the CGI keys of an environ made here, and SCRIPT_NAME */
 static PyObject *KEY_REQUEST_METHOD, *KEY_SERVER_PROTOCOL, *KEY_RAW_URI, *KEY_REQUEST_URI,
@@ -415,8 +415,8 @@ request_environ(PyObject *base, PyObject *headers, PyObject *method, PyObject *v
     return env;
 }
 
-static PyObject *
-parse_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+PyObject *
+h1_parse_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 4 || nargs > 5 || !PyBytes_CheckExact(args[0])
             || (nargs == 5 && args[4] != Py_None && !PyDict_CheckExact(args[4]))) {
@@ -596,7 +596,7 @@ parse_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto failed;
     }
     if (base != NULL) {  /* the headers become the whole environ */
-        headers = request_environ(base, headers, method_s, http10 ? HTTP10 : HTTP11, target_s,
+        headers = request_environ(base, headers, method_s, http10 ? H1_HTTP10 : H1_HTTP11, target_s,
                                   path_s, target, path_n, query_s);
         if (headers == NULL) {
             goto failed;
@@ -604,7 +604,7 @@ parse_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         environ = Py_NewRef(headers);
     }
     /* the request takes each reference */
-    PyObject *request = request_new(method_s, target_s, Py_NewRef(http10 ? HTTP10 : HTTP11),
+    PyObject *request = request_new(method_s, target_s, Py_NewRef(http10 ? H1_HTTP10 : H1_HTTP11),
                                     line_s, headers, path_s, query_s, NULL, NULL, environ);
     PyObject *result = request == NULL ? NULL : PyTuple_New(3);
     if (result == NULL) {
@@ -696,8 +696,8 @@ mentions_close(const unsigned char *s, Py_ssize_t n)
     return 0;
 }
 
-static PyObject *
-build_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+PyObject *
+h1_build_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "build_head(status, headers, total, chunk_ok, "
@@ -876,10 +876,42 @@ error:
     return NULL;
 }
 
+/* http_date(): the Date header's value for now (RFC 9110 5.6.7), made at
+ * most once a second, as email.utils.formatdate(usegmt=True) makes it. */
+static PyObject *
+http_date(PyObject *module, PyObject *unused)
+{
+    static time_t made_at = (time_t)-1;
+    static PyObject *made = NULL;
+    static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+    static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug",
+                                       "Sep", "Oct", "Nov", "Dec"};
+    time_t now = time(NULL);
+    if (now != made_at || made == NULL) {
+        struct tm tm;
+        if (gmtime_r(&now, &tm) == NULL) {
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        char text[64];
+        snprintf(text, sizeof text, "%s, %02d %s %04d %02d:%02d:%02d GMT", days[tm.tm_wday],
+                 tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
+                 tm.tm_sec);
+        PyObject *fresh = PyUnicode_FromString(text);
+        if (fresh == NULL) {
+            return NULL;
+        }
+        Py_XSETREF(made, fresh);
+        made_at = now;
+    }
+    return Py_NewRef(made);
+}
+
 static PyMethodDef methods[] = {
-    {"parse_head", (PyCFunction)(void (*)(void))parse_head, METH_FASTCALL,
+    {"http_date", http_date, METH_NOARGS,
+     "http_date(): the Date header's value for now, made at most once a second"},
+    {"parse_head", (PyCFunction)(void (*)(void))h1_parse_head, METH_FASTCALL,
      "parse_head(buf, pos, window, fields_max): the usual request head, or None"},
-    {"build_head", (PyCFunction)(void (*)(void))build_head, METH_FASTCALL,
+    {"build_head", (PyCFunction)(void (*)(void))h1_build_head, METH_FASTCALL,
      "build_head(status, headers, total, chunk_ok, http10, head_request, keep, date): "
      "the usual response head, or None"},
     {NULL, NULL, 0, NULL},
@@ -887,21 +919,21 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module_def = MODULE_DEF(
     "forkserve.http._h1",
-    "The usual request head in and response head out, in C "
-    "(forkserve.http.accel says when they are used).",
+    "The usual request head in and response head out, and the connection's "
+    "per-request steps, in C (forkserve.cext says when they are used).",
     methods);
 
 static int
 fill(PyObject *module)
 {
     fill_tables();
-    if (PyType_Ready(&RequestType) < 0
-            || PyModule_AddObjectRef(module, "Request", (PyObject *)&RequestType) < 0) {
+    if (PyType_Ready(&H1_RequestType) < 0
+            || PyModule_AddObjectRef(module, "Request", (PyObject *)&H1_RequestType) < 0) {
         return -1;
     }
-    HTTP10 = PyUnicode_InternFromString("HTTP/1.0");
-    HTTP11 = PyUnicode_InternFromString("HTTP/1.1");
-    if (HTTP10 == NULL || HTTP11 == NULL) {
+    H1_HTTP10 = PyUnicode_InternFromString("HTTP/1.0");
+    H1_HTTP11 = PyUnicode_InternFromString("HTTP/1.1");
+    if (H1_HTTP10 == NULL || H1_HTTP11 == NULL) {
         return -1;
     }
     for (size_t i = 0; i < N_COMMON; i++) {
@@ -920,6 +952,9 @@ fill(PyObject *module)
         if (*cgi[i] == NULL) {
             return -1;
         }
+    }
+    if (h1_connection_add(module) < 0) {
+        return -1;
     }
     KEY_HOST = common_keys[0];
     KEY_CONNECTION = common_keys[5];

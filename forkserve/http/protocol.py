@@ -6,7 +6,11 @@ stats endpoint over its select() loop, and the unit tests over plain bytes.
 The grammar is forkserve.http.h1's (pure functions of a line, or of a whole
 head in its usual form); this module owns what spans lines and requests:
 the head's rules, the body's framing (Content-Length, chunked, trailers),
-the limits, 100-continue and whether the connection is reused.
+the limits, 100-continue and whether the connection is reused. Where the
+C extension is built, the state lives in its ConnectionBase
+(forkserve/http/_h1_connection.c), which takes a usual request's steps
+(receive, parse, answer whole, next cycle) itself and hands every other
+case to the methods here; PythonConnectionBase is the same in Python.
 
 States. The client's side (`their_state`):
   IDLE   no byte of the next request yet (a keep-alive wait)
@@ -45,19 +49,21 @@ from forkserve.http.h1 import (BLANK_LINES, CHUNK_LINE_MAX, DISCARD_BYTES, REASO
                                request_line, request_target, trailer_allowed, valid_host)
 from forkserve.http.response import build_head
 
-__all__ = ["Connection", "Request", "PythonRequest", "REQUEST_FIELDS", "plain_response", "Data",
+__all__ = ["Connection", "ConnectionBase", "PythonConnectionBase", "Request", "PythonRequest", "REQUEST_FIELDS", "plain_response", "Data",
            "END", "NEED_DATA", "PEER_CLOSED", "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED",
            "SEND_BODY"]
 
-IDLE, HEAD, BODY, DONE, ERROR, CLOSED = "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED"
-SEND_BODY = "SEND_BODY"
+#: The usual request head in and response head out, and the connection's
+#: per-request steps, in C (forkserve/http/_h1.c, _h1_connection.c), or None:
+#: then the Python code below does all of it, as it does for every head the
+#: C code declines.
+_H1 = c_extension("forkserve.http._h1")
+
+# the states, the C code's own objects where it is built (it compares them by identity)
+IDLE, HEAD, BODY, DONE, ERROR, CLOSED, SEND_BODY = _H1.STATES if _H1 is not None else (
+    "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED", "SEND_BODY")
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-#: The usual request head in and response head out, in C (forkserve/http/_h1.c),
-#: or None: then the Python code below does all of it, as it does for every
-#: head the C code declines.
-_H1 = c_extension("forkserve.http._h1")
 
 #: The request header names clients send most, as they spell them, each with
 #: the environ key _head_done would make of it (HTTP_ and the name upper-cased,
@@ -165,7 +171,62 @@ class Data:
         return f"Data({self.data!r})"
 
 
-class Connection:
+class PythonConnectionBase:
+    """The steps every request on a kept connection takes, where
+    forkserve/http/_h1_connection.c's ConnectionBase, which takes them in C
+    (and, for the usual request, the parse and the head too), is not built.
+    The state is Connection's attributes; next_event and whole_response are
+    Connection's _next_event and _whole_response, which the C code calls for
+    whatever it does not do itself."""
+
+    def receive_data(self, data):
+        """Add bytes the client sent; b"" means it closed its side."""
+        if not data:
+            self._eof = True
+            return
+        pos = self._pos
+        self._buf = self._buf[pos:] + data if pos < len(self._buf) else data
+        self._pos = 0
+
+    @property
+    def buffered(self):
+        """Bytes received and not consumed yet."""
+        return len(self._buf) - self._pos
+
+    def next_event(self, max_bytes=None):
+        """The next event from what was received; Data holds at most `max_bytes`."""
+        return self._next_event(max_bytes)
+
+    def whole_response(self, status, headers, body, date):
+        """The whole response, ended, for a body given at once (see _whole_response)."""
+        return self._whole_response(status, headers, body, date)
+
+    def start_next_cycle(self):
+        """After a response with keep_alive: skip what is left of the request
+        body (all buffered, see _reusable) and wait for the next request.
+        Returns False if the connection must close instead."""
+        if not self.keep_alive or self.our_state is not DONE:
+            return False
+        if self.their_state is BODY:
+            self._pos += self._left  # _reusable made sure it is all buffered
+            self._left = 0
+            self.their_state = DONE
+        if self.their_state is not DONE:
+            return False
+        self.their_state = self.our_state = IDLE
+        self.request = None
+        self.response_problem = None
+        self._declared, self._chunked, self.sent, self.code = None, False, 0, None
+        return True
+
+
+
+
+#: The connection's state and per-request steps: in C where it is built.
+ConnectionBase = PythonConnectionBase if _H1 is None else _H1.ConnectionBase
+
+
+class Connection(ConnectionBase):
     """The server side of one HTTP/1.1 connection; see the module's states.
 
     receive_data(bytes) adds what the client sent (b"" once it closed);
@@ -191,6 +252,11 @@ class Connection:
         #: C parser makes each usual request's whole environ (Request.environ)
         self.environ_base = environ_base
         self._keep_alive_allowed = bool(limits.keep_alive)
+        # what the C steps (ConnectionBase) read of the limits and the class
+        self._head_max, self._fields_max = limits.fast_head_max, limits.fields_max
+        self._c_parse = self._fast_parse is not None
+        self._c_build = self._fast_build is not None
+        self._chunk_responses = bool(self.chunk_responses)
         self.their_state = IDLE
         self.our_state = IDLE
         self.request = None
@@ -220,20 +286,6 @@ class Connection:
 
     # --- bytes in ---------------------------------------------------------------
 
-    def receive_data(self, data):
-        """Add bytes the client sent; b"" means it closed its side."""
-        if not data:
-            self._eof = True
-            return
-        pos = self._pos
-        self._buf = self._buf[pos:] + data if pos < len(self._buf) else data
-        self._pos = 0
-
-    @property
-    def buffered(self):
-        """Bytes received and not consumed yet."""
-        return len(self._buf) - self._pos
-
     @property
     def trailing_data(self):
         """The bytes received and not consumed yet (as h11 names them)."""
@@ -259,8 +311,8 @@ class Connection:
         self._continue = False
         return _CONTINUE
 
-    def next_event(self, max_bytes=None):
-        """The next event from what was received; Data holds at most `max_bytes`."""
+    def _next_event(self, max_bytes=None):
+        """next_event(), for what the C step does not take (ConnectionBase)."""
         state = self.their_state
         try:
             if state is IDLE or state is HEAD:
@@ -290,16 +342,8 @@ class Connection:
         limits = self.limits
         if self._lines is None:
             # the usual case: the whole head is here, no line is near a limit,
-            # and every line is in its usual form: one match for all of it
-            fast = self._fast_parse
-            if fast is not None:
-                base = self.environ_base
-                head = fast(buf, pos, limits.fast_head_max, limits.fields_max,
-                            self.environ_base)
-                if head is not None:
-                    self._pos, request, keep = head
-                    length = request.headers.get("CONTENT_LENGTH")
-                    return self._framed(request, None if length is None else [length], keep)
+            # and every line is in its usual form: one match for all of it (the
+            # C step, ConnectionBase.next_event, tried its own before this)
             end = buf.find(b"\r\n\r\n", pos, pos + limits.fast_head_max)
             if end >= 0:
                 head = request_head(buf[pos:end + 2].decode("latin-1"))
@@ -544,12 +588,14 @@ class Connection:
         self.sent += size
         return head + body
 
-    def whole_response(self, status, headers, body, date):
-        """response_head() with all of the body, `body`, and response_end()
-        in one: the whole response, ended, for an application that gave its
-        body at once. None, and nothing decided, while the keep-alive decision
-        may depend on bytes that could be readable now (wants_peek, or a
-        request not received whole): the driver then takes those steps."""
+    def _whole_response(self, status, headers, body, date):
+        """whole_response(): response_head() with all of the body, `body`,
+        and response_end() in one: the whole response, ended, for an
+        application that gave its body at once. None, and nothing decided,
+        while the keep-alive decision may depend on bytes that could be
+        readable now (wants_peek, or a request not received whole): the
+        driver then takes those steps. The C step (ConnectionBase) builds the
+        usual response itself and calls this for the rest."""
         if self.their_state is not DONE or self.draining:
             return None
         size = len(body)
@@ -653,21 +699,3 @@ class Connection:
     def unread_body(self):
         """True if the request body was not received to its end."""
         return self.their_state is BODY or self.their_state is ERROR
-
-    def start_next_cycle(self):
-        """After a response with keep_alive: skip what is left of the request
-        body (all buffered, see _reusable) and wait for the next request.
-        Returns False if the connection must close instead."""
-        if not self.keep_alive or self.our_state is not DONE:
-            return False
-        if self.their_state is BODY:
-            self._pos += self._left  # _reusable made sure it is all buffered
-            self._left = 0
-            self.their_state = DONE
-        if self.their_state is not DONE:
-            return False
-        self.their_state = self.our_state = IDLE
-        self.request = None
-        self.response_problem = None
-        self._declared, self._chunked, self.sent, self.code = None, False, 0, None
-        return True

@@ -22,7 +22,7 @@ from gevent import Timeout
 
 from forkserve.http.h1 import ClientDisconnected, RequestError, escape
 from forkserve.http.response import (STATUS_CODES, ApplicationError, FileWrapper,
-                                     check_start_response)
+                                     check_start_response, http_date)
 
 __all__ = ["Responder"]
 
@@ -92,7 +92,17 @@ class Responder:
                 kind = type(result)
                 if (kind is list or kind is tuple or isinstance(result, list)) \
                         and not self.headers_sent:
-                    self._send_whole(result[0] if len(result) == 1 else b"".join(result))
+                    data = result[0] if len(result) == 1 else b"".join(result)
+                    # the usual response is built and ended in one step
+                    whole = http.whole_response(self.status, self.headers, data, http_date()) \
+                        if type(data) is bytes and self.status is not None \
+                        and http.body_error is None else None
+                    if whole is not None:
+                        self.code = http.code
+                        self.headers_sent = True
+                        self.transport.send(whole)
+                    else:
+                        self._send_whole(data)
                 else:
                     if not (kind is FileWrapper and not self.headers_sent
                             and self._send_file(result)):
@@ -123,19 +133,11 @@ class Responder:
                 self.server.logger.warning("%s: %s", escape(line), http.response_problem)
 
     def _send_whole(self, data):
-        """Send the response whose body is all of `data`, and end it: in one
-        step for the usual response (the connection's whole_response), else
+        """Send the response whose body is all of `data`, and end it, where
+        the connection's whole_response leaves the steps to the driver:
         head, checks and end one by one."""
-        http = self.http
-        if type(data) is bytes and self.status is not None and http.body_error is None:
-            whole = http.whole_response(self.status, self.headers, data, self.server.http_date())
-            if whole is not None:
-                self.code = http.code
-                self.headers_sent = True
-                self.transport.send(whole)
-                return
         self._send_head(data, len(data))
-        end = http.response_end()
+        end = self.http.response_end()
         if end:
             self.transport.send(end)
 
@@ -155,7 +157,7 @@ class Responder:
             arrived = self.transport.read_now()
             if arrived is not None:  # b"" is the client's close; None, nothing yet
                 http.receive_data(arrived)
-        head = http.response_head(status, self.headers, data, total, self.server.http_date())
+        head = http.response_head(status, self.headers, data, total, http_date())
         self.code = http.code
         self.headers_sent = True
         self.transport.send(head)

@@ -1,8 +1,8 @@
 """The response side of PEP 3333, as pure functions: check what the
 application passes to start_response(), and turn its status and headers into
 an HTTP/1.1 response head framed the way the server chooses. Nothing here
-does I/O or keeps state; forkserve.http.protocol frames with what these
-return.
+does I/O or keeps state, except http_date's clock and its value of the
+current second; forkserve.http.protocol frames with what these return.
 
 Invariants:
 - No header the application gives reaches the wire unless its name is an
@@ -19,12 +19,15 @@ Invariants:
 """
 
 import re
+import time
+from email.utils import formatdate
 from http import HTTPStatus
 
+from forkserve.cext import c_extension
 from forkserve.http.h1 import TCHAR
 
 __all__ = ["STATUS_CODES", "ApplicationError", "FileWrapper", "check_start_response", "build_head",
-           "plan_head", "encode_head"]
+           "plan_head", "encode_head", "http_date"]
 
 _NAME = re.compile(f"[{TCHAR}]+")
 _VALUE = re.compile("[\t\x20-\x7e\x80-\xff]*")
@@ -181,3 +184,21 @@ def encode_head(lines, close, version, date):
         return "".join(lines).encode("latin-1")
     except UnicodeEncodeError as ex:
         raise ApplicationError(f"response status or header not latin-1: {ex}") from ex
+
+
+_date = [0, ""]  # the second python_http_date last formatted, and its value
+
+
+def python_http_date():
+    """The Date header's value for now (RFC 9110 5.6.7), formatted at most
+    once a second."""
+    now = int(time.time())
+    if now != _date[0]:
+        _date[:] = now, formatdate(now, usegmt=True)
+    return _date[1]
+
+
+#: http_date(): the Date header's value for now; in C (forkserve/http/_h1.c)
+#: where it is built.
+_H1 = c_extension("forkserve.http._h1")
+http_date = python_http_date if _H1 is None else _H1.http_date

@@ -15,7 +15,6 @@ close its connection, without waiting (--max-requests reached).
 
 import errno
 import fcntl
-from email.utils import formatdate
 import logging
 import os
 import socket
@@ -119,7 +118,6 @@ class Server:
         self._shortage = ShortageLog(time.monotonic)
         self._acceptor = None
         self._nodelay = False
-        self._date = (0, "")
         address = listener.getsockname()
         if isinstance(address, tuple):
             name, port = server_name or address[0], str(address[1])
@@ -219,13 +217,6 @@ class Server:
             handler.handle()
         finally:
             self._handlers.discard(handler)
-
-    def http_date(self):
-        """The Date header value, formatted at most once a second."""
-        now = int(time.time())
-        if now != self._date[0]:
-            self._date = (now, formatdate(now, usegmt=True))
-        return self._date[1]
 
     def retire(self):
         """Stop accepting, and close each connection after its next response

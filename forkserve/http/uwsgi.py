@@ -121,6 +121,7 @@ class UwsgiConnection(Connection):
 
     def __init__(self, limits, environ_base=None):
         super().__init__(limits)  # its environ is request_environ's: no base for the parser
+        self._c_parse = False  # its head is a packet: next_event is all _next_event's
         self._keep_alive_allowed = False
         self.keep_alive = False
 
