@@ -151,6 +151,8 @@ class Handler:
         if isinstance(address, tuple):
             env["REMOTE_ADDR"] = address[0]
             env["REMOTE_PORT"] = str(address[1])
+        # the scheme headers to look for: none if this peer may not set the scheme
+        self._scheme_keys = server.proxy.scheme_keys(address)
         self.transport = Transport(sock, server.loop, limits.send_timeout)
         # HTTP/1.1, or forkserve.http.uwsgi; without a SCRIPT_NAME to take off
         # the path, the usual request's environ is made as its head is parsed
@@ -166,7 +168,6 @@ class Handler:
         #: header timeout (None otherwise): such a connection may be shed
         self.head_started = None
         self._head_waiting = False
-        self._proxy_info = None   # what a PROXY protocol header said, if one came
         #: time.perf_counter() when the current request began: its first byte
         #: after a keep-alive wait, else when its head was looked for
         self._started = 0.0
@@ -216,7 +217,10 @@ class Handler:
         try:
             if env is None:  # not made by the parser
                 env = request_environ(self.base_env, request)
-            server.proxy.adjust(env, self.client_address, self._proxy_info)
+            for key in self._scheme_keys:
+                if key in env:
+                    server.proxy.set_scheme(env)
+                    break
         except RequestError as ex:  # outside SCRIPT_NAME; contradicting scheme headers
             return self._refuse(ex)
         spooled = None
@@ -323,8 +327,9 @@ class Handler:
                     self.head_started = time.monotonic()
                     proxy = self.server.proxy
                     if proxy.protocol != "off":  # its header comes before the first request
-                        self._proxy_info = proxy.read_header(Preamble(http, reader.recv),
-                                                             self.client_address)
+                        # the client it names is every request's on this connection
+                        proxy.set_client(self.base_env, proxy.read_header(
+                            Preamble(http, reader.recv), self.client_address))
                     # what came with the header, if anything, is the request's
                     event = http.next_event() if http.buffered else NEED_DATA
                 elif begun:  # its first bytes came after a keep-alive wait (_next_kept)

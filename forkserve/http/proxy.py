@@ -161,19 +161,35 @@ class ProxyPolicy:
         self.proxies = AddressList(proxy_allow_ips)
 
     def adjust(self, environ, peer, info=None):
-        """Set wsgi.url_scheme (and the client from a PROXY header) in `environ`."""
+        """Set wsgi.url_scheme (and the client from a PROXY header) in the
+        `environ` of one request from `peer`. The handler takes the two
+        steps apart: set_client once per connection, set_scheme for a
+        request that has one of its scheme_keys."""
+        self.set_client(environ, info)
+        for key in self.scheme_keys(peer):
+            if key in environ:
+                self.set_scheme(environ)
+                break
+
+    def scheme_keys(self, peer):
+        """The environ keys of the scheme headers to look for in `peer`'s
+        requests: none when the peer is not trusted to set the scheme (its
+        headers are then ignored)."""
+        return self._secure_keys if peer in self.forwarded else ()
+
+    @staticmethod
+    def set_client(environ, info):
+        """The client a PROXY header (`info`, or None) names, as REMOTE_ADDR and REMOTE_PORT."""
         if info is not None and info.client_addr is not None:
             environ["REMOTE_ADDR"] = info.client_addr
             environ["REMOTE_PORT"] = str(info.client_port)
-        for key in self._secure_keys:
-            if key in environ:
-                break
-        else:
-            return
-        if peer in self.forwarded:
-            scheme = scheme_from_headers(environ, self.secure_headers)
-            if scheme is not None:
-                environ["wsgi.url_scheme"] = scheme
+
+    def set_scheme(self, environ):
+        """wsgi.url_scheme from a trusted peer's scheme headers; RequestError
+        if they contradict each other."""
+        scheme = scheme_from_headers(environ, self.secure_headers)
+        if scheme is not None:
+            environ["wsgi.url_scheme"] = scheme
 
     def read_header(self, rfile, peer):
         """Consume a PROXY header at the start of a connection, if one is there.
