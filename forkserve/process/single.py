@@ -30,7 +30,7 @@ import gevent.select
 
 from forkserve.memory import cow, model, workergc
 from forkserve import exits, logs
-from forkserve.process import generation_protocol, procname, signals, source_watch, threads
+from forkserve.process import cpu_turns, generation_protocol, procname, signals, source_watch, threads
 from forkserve.process.actions import Announce
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
@@ -78,6 +78,9 @@ class SingleServer(Driver):
         # this process serves as a worker does: it collects its own garbage
         # by the --worker-gc policy (the frozen heap is never examined)
         self.gc = workergc.apply(self.cfg.worker_gc)
+        # takes turns on the CPU with other processes, as a worker does
+        self.cpu_turns = cpu_turns.take_turns(gevent.get_hub().loop) if self.cfg.yield_cpu \
+            else None
         # run on the event loop, not in a signal handler
         self.queue.install(SINGLE_SIGNALS, setter=signals.on_hub)
         signals.release()

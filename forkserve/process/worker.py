@@ -25,7 +25,7 @@ import traceback
 
 from forkserve.memory import cow, limit, procfs, render, workergc
 from forkserve import exits, logs
-from forkserve.process import affinity, privileges, procname, signals
+from forkserve.process import affinity, cpu_turns, privileges, procname, signals
 from forkserve.process.balance import Admission
 from forkserve.process.driver import Loop
 from forkserve.process.hooks import Hooks
@@ -159,6 +159,9 @@ class Worker(Loop):
         cow.check()
         self.gc = workergc.apply(self.cfg.worker_gc,
                                  functools.partial(self.scoreboard.set_gc, self.index))
+        #: the sched_yield() once per loop turn (forkserve.process.cpu_turns), or None
+        self.cpu_turns = cpu_turns.take_turns(gevent.get_hub().loop) if self.cfg.yield_cpu \
+            else None
         self.queue.install(_HANDLED, setter=signals.on_hub)
         signals.release()  # blocked by the master across the fork; pending ones arrive now
         self._make_loop_pipe()

@@ -1,0 +1,70 @@
+"""--yield-cpu (on by default): a process that serves calls sched_yield()
+once per turn of its event loop (forkserve.process.cpu_turns), so processes
+sharing a CPU take turns per batch of requests rather than per scheduler
+tick. What it does to latency is measured by benchmarks/throughput.py;
+here, that the call is made where it is on and not where it is off."""
+
+import os
+import shutil
+import signal
+import subprocess
+
+import gevent
+import pytest
+
+from forkserve.config import settings
+from forkserve.process.cpu_turns import take_turns
+from forkserve_testing import poll
+
+
+def test_the_loop_yields_once_per_turn_and_never_keeps_itself_running():
+    calls = []
+    watcher = take_turns(gevent.get_hub().loop, lambda: calls.append(1))
+    try:
+        assert watcher.active and not watcher.ref  # an idle loop may still exit
+        for turn in range(1, 4):
+            gevent.sleep(0.001)  # at least one turn of the loop each
+            assert len(calls) >= turn
+    finally:
+        watcher.stop()
+    before = len(calls)
+    gevent.sleep(0.001)
+    assert len(calls) == before
+
+
+def test_it_is_on_unless_turned_off():
+    assert settings.parse(["app:app"], environ={}).yield_cpu is True
+    assert settings.parse(["--no-yield-cpu", "app:app"], environ={}).yield_cpu is False
+    assert settings.parse(["app:app"], environ={"FORKSERVE_YIELD_CPU": "0"}).yield_cpu is False
+
+
+def traced(pid, requests):
+    """The sched_yield() and write() calls process `pid` makes while
+    `requests` runs, as strace sees them (a write is a response: it shows
+    strace saw the requests)."""
+    trace = subprocess.Popen(["strace", "-e", "trace=sched_yield,write", "-p", str(pid)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first = trace.stderr.readline()  # "strace: Process PID attached", or why it could not
+        assert "attached" in first, first
+        requests()
+    finally:
+        trace.send_signal(signal.SIGINT)
+        _, err = trace.communicate(timeout=10)
+    return err.count("sched_yield("), err.count("write(")
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (apt-get install strace)")
+@pytest.mark.parametrize("workers", ["1", "0"])
+@pytest.mark.parametrize("args, yields", [((), True), (("--no-yield-cpu",), False)])
+def test_a_serving_process_yields_the_cpu_unless_turned_off(run_server, workers, args, yields):
+    server = run_server("-w", workers, *args)
+    pid = server.wait_workers(1)[0] if workers == "1" else server.pid
+
+    def requests():
+        for _ in range(10):
+            assert server.get("/pid")[0] == 200
+    yields_seen, writes = traced(pid, requests)
+    assert writes >= 10, "strace did not see the server's responses"
+    assert (yields_seen > 0) == yields, (yields_seen, writes)
