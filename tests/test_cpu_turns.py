@@ -1,7 +1,7 @@
 """--yield-cpu (on by default): a process that serves calls sched_yield()
-once per turn of its event loop (forkserve.process.cpu_turns), so processes
-sharing a CPU take turns per batch of requests rather than per scheduler
-tick. What it does to latency is measured by benchmarks/throughput.py;
+before its event loop polls, at most once per cpu_turns.TURN of its time
+(forkserve.process.cpu_turns), so processes sharing a CPU take turns per
+batch of requests rather than per scheduler tick. What it does to latency is measured by benchmarks/throughput.py;
 here, that the call is made where it is on and not where it is off."""
 
 import os
@@ -17,9 +17,9 @@ from forkserve.process.cpu_turns import take_turns
 from forkserve_testing import poll
 
 
-def test_the_loop_yields_once_per_turn_and_never_keeps_itself_running():
+def test_the_loop_yields_before_it_polls_and_never_keeps_itself_running():
     calls = []
-    watcher = take_turns(gevent.get_hub().loop, lambda: calls.append(1))
+    watcher = take_turns(gevent.get_hub().loop, lambda: calls.append(1), turn=0)
     try:
         assert watcher.active and not watcher.ref  # an idle loop may still exit
         for turn in range(1, 4):
@@ -30,6 +30,20 @@ def test_the_loop_yields_once_per_turn_and_never_keeps_itself_running():
     before = len(calls)
     gevent.sleep(0.001)
     assert len(calls) == before
+
+
+def test_it_yields_at_most_once_a_turn_of_time():
+    loop = gevent.get_hub().loop
+    calls = []
+    watcher = take_turns(loop, lambda: calls.append(loop.now()), turn=0.05)
+    try:
+        started = loop.now()
+        while loop.now() - started < 0.2:
+            gevent.sleep(0.001)  # many turns of the loop, each well under `turn`
+    finally:
+        watcher.stop()
+    assert 2 <= len(calls) <= 5, calls  # about one per 0.05 s of the 0.2 s, not one per turn
+    assert all(b - a >= 0.05 for a, b in zip(calls, calls[1:])), calls
 
 
 def test_it_is_on_unless_turned_off():
@@ -62,7 +76,7 @@ def test_a_serving_process_yields_the_cpu_unless_turned_off(run_server, workers,
     server = run_server("-w", workers, *args)
     pid = server.wait_workers(1)[0] if workers == "1" else server.pid
 
-    def requests():
+    def requests():  # each a few turns of the loop; together more than a TURN
         for _ in range(10):
             assert server.get("/pid")[0] == 200
     yields_seen, writes = traced(pid, requests)

@@ -159,7 +159,7 @@ class Worker(Loop):
         cow.check()
         self.gc = workergc.apply(self.cfg.worker_gc,
                                  functools.partial(self.scoreboard.set_gc, self.index))
-        #: the sched_yield() once per loop turn (forkserve.process.cpu_turns), or None
+        #: the sched_yield() between batches (forkserve.process.cpu_turns), or None
         self.cpu_turns = cpu_turns.take_turns(gevent.get_hub().loop) if self.cfg.yield_cpu \
             else None
         self.queue.install(_HANDLED, setter=signals.on_hub)
