@@ -17,8 +17,10 @@ machine's load then hits every server alike):
   1000`; it closes every connection, see the notes), granian (`granian
   --interface wsgi --workers 4`, no preload: each worker loads its own
   copy), forkserve (`-w 4`, plain dicts: its heap sharing is on by default
-  on Python 3.12+), forkserve-store (`-w 4`, PERSONDB_MODE=store) and
-  forkserve-w0 (one process);
+  on Python 3.12+), forkserve-noyield (the same with --no-yield-cpu: its
+  four workers share the CPU by scheduler ticks, not in turns),
+  forkserve-store (`-w 4`, PERSONDB_MODE=store) and forkserve-w0 (one
+  process);
 - hello: benchmarks/apps/hello_app.py (13 bytes), GET / on keep-alive
   connections: granian-w1, granian-w4, forkserve-w0, forkserve-w4.
 

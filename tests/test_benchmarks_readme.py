@@ -25,9 +25,10 @@ if __name__ == "__main__":
 '''
 
 
-def a_result(directory, date, rps, steal=0.01, scenario="hello.py"):
+def a_result(directory, date, rps, steal=0.01, scenario="hello.py",
+             command="python benchmarks/hello.py --rounds 1"):
     directory.mkdir(parents=True)
-    results.Result(scenario, "python benchmarks/hello.py --rounds 1",
+    results.Result(scenario, command,
                    [{"server": "forkserve", "rps": rps, "cpu_us": 20.83}],
                    date=date, machine="2 × test CPU",
                    conditions={"load_before": 1.5, "load_after": 2.0, "steal": steal},
@@ -134,6 +135,19 @@ def test_the_docs_table_has_a_row_per_server_that_ran(tmp_path):
     assert lines[4:] == ["| forkserve | 2,000 | — |"]
     with pytest.raises(ValueError, match="no result.json of run.py"):
         index.docs_table([run], {})
+
+
+def test_the_docs_table_is_the_newest_whole_run_not_a_partial_one(tmp_path):
+    a_result(tmp_path / "whole", "2026-11-29 07:24 UTC", 2000.0, scenario="run.py",
+             command="python benchmarks/run.py --python py")
+    a_result(tmp_path / "c8", "2026-11-29 07:45 UTC", 3000.0, scenario="run.py",
+             command="python benchmarks/run.py --servers forkserve --connections 8")
+    run = index.Scenario("run.py", "PersonDB", "python benchmarks/run.py",
+                         columns=(("server", "server"), ("rps", "req/s")))
+    found = index.results_by_scenario(str(tmp_path))
+    assert index.docs_table([run], found)[0].startswith("Run of 2026-11-29 07:24 UTC")
+    del found["run.py"][1]  # only the partial run: it is shown, for want of a whole one
+    assert index.docs_table([run], found)[0].startswith("Run of 2026-11-29 07:45 UTC")
 
 
 def test_a_docs_table_of_a_run_on_a_busy_machine_says_so(tmp_path):

@@ -277,8 +277,15 @@ DOCS_TABLES = (("run.py", DOCS_BEGIN, DOCS_END),
                ("throughput.py", THROUGHPUT_BEGIN, THROUGHPUT_END))
 
 
+#: Options that make a run partial (some of the servers or scenarios, or another
+#: load than the default): the docs show the newest run without any of them,
+#: and benchmarks/README.md lists every run.
+PARTIAL = ("--servers", "--scenarios", "--connections", "--quick")
+
+
 def docs_table(found=None, results=None, script="run.py", link="../benchmarks/"):
-    """A table of docs/benchmarks.md: the newest result of `script` with its
+    """A table of docs/benchmarks.md: the newest whole result of `script`
+    (none of PARTIAL's options; the newest of any if none is whole) with its
     columns, after a line saying when, how and under which load it ran
     (its result.json linked, `link` the way from the page to benchmarks/)."""
     found = scenarios() if found is None else found
@@ -287,7 +294,9 @@ def docs_table(found=None, results=None, script="run.py", link="../benchmarks/")
     if script not in results:
         raise ValueError(f"no result.json of {script} in benchmarks/results/: run "
                          f"{scenario.command} first")
-    result, path = results[script][0]
+    whole = [run for run in results[script]
+             if not any(option in run[0].command.split() for option in PARTIAL)]
+    result, path = (whole or results[script])[0]
     rows = [row for row in result.rows if row.get("status", "ok") == "ok"]
     versions = ", ".join(f"{k} {v}" for k, v in result.versions.items()
                          if k in ("python", "gevent", "gunicorn", "pyuwsgi", "granian"))

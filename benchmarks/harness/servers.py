@@ -131,12 +131,12 @@ def _import_problem(python, statement):
     return lines[-1] if lines else f"exit status {proc.returncode}"
 
 
-def _forkserve(workers_override=None, app=APP, stats=True):
+def _forkserve(workers_override=None, app=APP, stats=True, extra=()):
     def command(python, workers, fd):
         w = workers if workers_override is None else workers_override
         # The app writes nothing per request; no --access-logfile means none.
         # --stats gives per-worker request counts (read once, after the load).
-        argv = [python, "-m", "forkserve", "-w", str(w), "-b", "127.0.0.1:0"]
+        argv = [python, "-m", "forkserve", "-w", str(w), "-b", "127.0.0.1:0", *extra]
         return argv + (["--stats", "127.0.0.1:0"] if stats else []) + [app]
     return command
 
@@ -295,6 +295,10 @@ def throughput_servers():
                         port_from_proc=True), 4),
             (ServerSpec("forkserve", "forkserve, plain dicts (heap shared on 3.12+)", "dict",
                         _forkserve(stats=False), requires=forkserve, needs_fd=False), 4),
+            (ServerSpec("forkserve-noyield", "forkserve, plain dicts, --no-yield-cpu (workers "
+                        "sharing the CPU by scheduler ticks)", "dict",
+                        _forkserve(stats=False, extra=("--no-yield-cpu",)), requires=forkserve,
+                        needs_fd=False), 4),
             (ServerSpec("forkserve-store", "forkserve, PERSONDB_MODE=store", "store",
                         _forkserve(stats=False),
                         requires=forkserve + ("from forkserve.store import Store",),
