@@ -1,10 +1,11 @@
-"""--yield-cpu (on by default): a process that serves calls sched_yield()
-before its event loop polls, at most once per cpu_turns.TURN of its time
-(forkserve.process.cpu_turns), so processes sharing a CPU take turns per
-batch of requests rather than per scheduler tick. What it does to latency is measured by benchmarks/throughput.py;
-here, that the call is made where it is on and not where it is off."""
+"""The CPU turns (on by default, --no-yield-cpu turns them off): a process
+that serves calls sched_yield() before its event loop polls, at most once
+per cpu_turns.TURN of its time (forkserve.process.cpu_turns), so processes
+sharing a CPU take turns per batch of requests rather than per scheduler
+tick. What that does to latency benchmarks/throughput.py measures
+(forkserve against forkserve-noyield); here, that the call is made where
+it is on and not where it is off."""
 
-import os
 import shutil
 import signal
 import subprocess

@@ -6,6 +6,8 @@ through conftest's head_path fixture.
 """
 
 import os
+import time
+from email.utils import parsedate_to_datetime
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -15,7 +17,7 @@ from forkserve.http import protocol
 from forkserve.http.environ import request_environ
 from forkserve.http.h1 import Limits, RequestError
 from forkserve.http.protocol import Connection, Request
-from forkserve.http.response import ApplicationError, build_head
+from forkserve.http.response import ApplicationError, build_head, python_http_date
 
 pytestmark = pytest.mark.usefixtures("no_sockets")
 
@@ -347,3 +349,16 @@ def test_the_usual_conversation_takes_the_c_steps(monkeypatch):
         whole = connection.whole_response("200 OK", [("Content-Length", "2")], b"ok", "D")
         assert whole == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: D\r\n\r\nok"
         assert connection.start_next_cycle() and connection.their_state is protocol.IDLE
+
+
+def test_the_date_is_the_python_codes():
+    """http_date() in C gives what response.python_http_date gives (tried
+    until both fall in one second of the clock)."""
+    for _ in range(5):
+        before = int(time.time())
+        made, expected = H1.http_date(), python_http_date()
+        if int(time.time()) == before:
+            assert made == expected
+            assert parsedate_to_datetime(made).timestamp() == before
+            return
+    pytest.fail("the clock's second changed during every try")

@@ -79,12 +79,24 @@ truth(PyObject *o)
 
 /* --- bytes in --------------------------------------------------------- */
 
+/* _buf is bytes: receive_data makes it so, and nothing else sets it. */
+static PyObject *
+buffer_not_bytes(void)
+{
+    PyErr_SetString(PyExc_TypeError, "Connection._buf must be bytes");
+    return NULL;
+}
+
 static PyObject *
 receive_data(ConnectionObject *self, PyObject *data)
 {
     PyObject *bytes = PyBytes_CheckExact(data) ? Py_NewRef(data) : PyBytes_FromObject(data);
     if (bytes == NULL) {
         return NULL;
+    }
+    if (!PyBytes_CheckExact(self->buf)) {
+        Py_DECREF(bytes);
+        return buffer_not_bytes();
     }
     Py_ssize_t n = PyBytes_GET_SIZE(bytes);
     if (n == 0) {
@@ -112,6 +124,9 @@ receive_data(ConnectionObject *self, PyObject *data)
 static PyObject *
 get_buffered(ConnectionObject *self, void *unused)
 {
+    if (!PyBytes_CheckExact(self->buf)) {
+        return buffer_not_bytes();
+    }
     return PyLong_FromSsize_t(PyBytes_GET_SIZE(self->buf) - self->pos);
 }
 

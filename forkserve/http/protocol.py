@@ -49,9 +49,9 @@ from forkserve.http.h1 import (BLANK_LINES, CHUNK_LINE_MAX, DISCARD_BYTES, REASO
                                request_line, request_target, trailer_allowed, valid_host)
 from forkserve.http.response import build_head
 
-__all__ = ["Connection", "ConnectionBase", "PythonConnectionBase", "Request", "PythonRequest", "REQUEST_FIELDS", "plain_response", "Data",
-           "END", "NEED_DATA", "PEER_CLOSED", "IDLE", "HEAD", "BODY", "DONE", "ERROR", "CLOSED",
-           "SEND_BODY"]
+__all__ = ["Connection", "ConnectionBase", "PythonConnectionBase", "Request", "PythonRequest",
+           "REQUEST_FIELDS", "plain_response", "Data", "END", "NEED_DATA", "PEER_CLOSED", "IDLE",
+           "HEAD", "BODY", "DONE", "ERROR", "CLOSED", "SEND_BODY"]
 
 #: The usual request head in and response head out, and the connection's
 #: per-request steps, in C (forkserve/http/_h1.c, _h1_connection.c), or None:
@@ -218,8 +218,6 @@ class PythonConnectionBase:
         self.response_problem = None
         self._declared, self._chunked, self.sent, self.code = None, False, 0, None
         return True
-
-
 
 
 #: The connection's state and per-request steps: in C where it is built.
