@@ -298,10 +298,13 @@ def test_proxy_protocol_sets_the_client_address(servers, kind):
     assert v1.startswith(b"HTTP/1.1 200") and v1.endswith(b"203.0.113.7 51234"), v1
     v2 = _raw(server.port, _v2("198.51.100.9", 40001) + REQUEST)
     assert v2.startswith(b"HTTP/1.1 200") and v2.endswith(b"198.51.100.9 40001"), v2
-    # the header names the client of every request on its connection
+    # the header names the client of every request on its connection: forkserve
+    # answers both; Gunicorn's sync worker closes after the first (no keep-alive)
     kept = _raw(server.port, b"PROXY TCP4 203.0.113.8 127.0.0.1 51235 8000\r\n"
                 + REQUEST.replace(b"close", b"keep-alive") + REQUEST)
-    assert kept.count(b"HTTP/1.1 200") == 2 and kept.count(b"203.0.113.8 51235") == 2, kept
+    answers = 2 if kind == "forkserve" else 1
+    assert kept.count(b"HTTP/1.1 200") == answers, kept
+    assert kept.count(b"203.0.113.8 51235") == answers, kept
     plain = _raw(server.port, REQUEST)
     assert plain.startswith(b"HTTP/1.1 200") and b"127.0.0.1" in plain
     bad = _raw(server.port, b"PROXY TCP4 nonsense\r\n" + REQUEST)
