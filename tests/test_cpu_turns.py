@@ -6,6 +6,7 @@ tick. What that does to latency benchmarks/throughput.py measures
 (forkserve against forkserve-noyield); here, that the call is made where
 it is on and not where it is off."""
 
+import os
 import shutil
 import signal
 import subprocess
@@ -72,11 +73,19 @@ def traced(pid, requests):
     return err.count("sched_yield("), err.count("write(")
 
 
+def need_strace():
+    """Skip on a machine without strace; fail in CI (CI=true), where .ci/run installs it."""
+    if shutil.which("strace") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("strace is missing: apt-get install strace (.ci/run installs it)")
+        pytest.skip("needs strace (apt-get install strace)")
+
+
 @pytest.mark.e2e
-@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (apt-get install strace)")
 @pytest.mark.parametrize("workers", ["1", "0"])
 @pytest.mark.parametrize("args, yields", [((), True), (("--no-yield-cpu",), False)])
 def test_a_serving_process_yields_the_cpu_unless_turned_off(run_server, workers, args, yields):
+    need_strace()
     server = run_server("-w", workers, *args)
     pid = server.wait_workers(1)[0] if workers == "1" else server.pid
 
