@@ -1,7 +1,8 @@
 """Build hook for the optional C accelerators: forkserve.share()'s walker,
 `forkserve memory --why`'s walk, the hold on the allocators' free space
 across a worker's fork (forkserve.memory.free_space), and the usual HTTP
-request and response heads (forkserve.http.accel).
+request and response heads (forkserve.http.accel), and threading.local per
+greenlet (forkserve.process.greenlet_local).
 
 Everything else lives in setup.cfg. The extensions are optional: where one
 cannot be compiled, its pure-Python code is used instead.
@@ -41,6 +42,13 @@ setup(
             "forkserve.http._h1",
             sources=["forkserve/http/_h1.c", "forkserve/http/_h1_connection.c"],
             depends=MODULE + ["forkserve/http/_h1.h"],
+            include_dirs=INCLUDE,
+            optional=True,
+        ),
+        Extension(
+            "forkserve.process._greenlet_local",
+            sources=["forkserve/process/_greenlet_local.c"],
+            depends=MODULE,
             include_dirs=INCLUDE,
             optional=True,
         ),

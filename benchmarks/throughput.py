@@ -19,6 +19,8 @@ machine's load then hits every server alike):
   copy), forkserve (`-w 4`, plain dicts: its heap sharing is on by default
   on Python 3.12+), forkserve-noyield (the same with --no-yield-cpu: its
   four workers share the CPU by scheduler ticks, not in turns),
+  forkserve-geventlocal (the same with --no-c-local: Bottle's request and
+  response are gevent's greenlet-locals, not forkserve's C ones),
   forkserve-store (`-w 4`, PERSONDB_MODE=store) and forkserve-w0 (one
   process);
 - hello: benchmarks/apps/hello_app.py (13 bytes), GET / on keep-alive

@@ -50,8 +50,9 @@ def test_the_line_up_of_the_issue():
     lineup = servers.throughput_servers()
     persondb = {spec.name: (spec, workers) for spec, workers in lineup["persondb"]}
     assert list(persondb) == ["gunicorn", "uwsgi", "granian", "forkserve", "forkserve-noyield",
-                              "forkserve-store", "forkserve-w0"]
+                              "forkserve-geventlocal", "forkserve-store", "forkserve-w0"]
     assert "--no-yield-cpu" in persondb["forkserve-noyield"][0].command("python", 4, None)
+    assert "--no-c-local" in persondb["forkserve-geventlocal"][0].command("python", 4, None)
     granian = persondb["granian"][0].command("python", 4, None)
     assert granian[:3] == ["python", "-m", "granian"]
     assert "--workers" in granian and granian[granian.index("--workers") + 1] == "4"

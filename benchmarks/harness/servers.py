@@ -299,6 +299,10 @@ def throughput_servers():
                         "sharing the CPU by scheduler ticks)", "dict",
                         _forkserve(stats=False, extra=("--no-yield-cpu",)), requires=forkserve,
                         needs_fd=False), 4),
+            (ServerSpec("forkserve-geventlocal", "forkserve, plain dicts, --no-c-local "
+                        "(Bottle's request and response in gevent's greenlet-locals)", "dict",
+                        _forkserve(stats=False, extra=("--no-c-local",)), requires=forkserve,
+                        needs_fd=False), 4),
             (ServerSpec("forkserve-store", "forkserve, PERSONDB_MODE=store", "store",
                         _forkserve(stats=False),
                         requires=forkserve + ("from forkserve.store import Store",),

@@ -2,7 +2,8 @@
 
 1. gc.disable() and the exit hook (cow.begin_load), before anything loads.
 2. Bind every address (a port in use fails now, not after a long load).
-3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports.
+3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports,
+   and threading.local made forkserve's C greenlet-local (unless --no-c-local).
 4. Import the application: its dataset loads here, once, in the master.
 5. --warmup requests (forkserve.process.warmup) and the pre_freeze hook, then
    (unless --no-share-heap, and where it was checked) the heap is made
@@ -25,8 +26,9 @@ import traceback
 from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import ignored, loader
-from forkserve.process import (env_settings, generation_protocol, gevent_servers, privileges,
-                               progress, signals, sockets, source_watch, warmup)
+from forkserve.process import (env_settings, generation_protocol, gevent_servers,
+                               greenlet_local, privileges, progress, signals, sockets,
+                               source_watch, warmup)
 from forkserve.process.hooks import install as install_hooks
 
 __all__ = ["run"]
@@ -158,6 +160,7 @@ def _load(cfg):
     if not cfg.no_monkey_patch:
         from gevent import monkey
         monkey.patch_all()
+        greenlet_local.install(cfg.c_local)
     try:
         with progress.loading(cfg.app, cfg.load_progress_interval):
             return loader.load(cfg.app)
