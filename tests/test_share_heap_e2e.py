@@ -200,3 +200,16 @@ def test_warmup_takes_only_url_paths(run_server, tmp_path):
     server = run_server("--warmup", "products", wait=False)
     assert server.wait_exit() == exits.CONFIG_ERROR
     assert "'products' is not a URL path; give one that starts with /" in server.log()
+
+
+@pytest.mark.parametrize("workers", ["1", "0"])
+def test_a_serving_process_imports_nothing_after_the_heap_is_shared(run_server, workers):
+    """Every module a worker (or -w 0) runs is imported before the master
+    shares its heap and freezes it: one imported later stays mortal, and each
+    worker copies the pages its reference counts are on. The app answers
+    with what its process imported since the post_freeze hook."""
+    server = run_server("-w", workers, "-c", "late_imports.conf.py", app="late_imports:app")
+    for _ in range(2):  # the second answers after a whole request has been served
+        status, late = server.get("/")
+        assert status == 200
+    assert late == "", f"imported after the heap was shared: {late.split()}"

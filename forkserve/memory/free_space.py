@@ -47,6 +47,13 @@ Invariants and their reasons:
 
 import dataclasses
 import logging
+import tracemalloc  # read before each take; imported with this module (the
+                    # master's, before it shares its heap), not at the first fork
+
+try:  # the take itself, in C: where it is not built, nothing is taken
+    from forkserve.memory import _free_space as _EXTENSION
+except ImportError:
+    _EXTENSION = None
 
 __all__ = ["BUDGET", "Allocators", "Taken", "before_fork", "read_allocators", "refusal"]
 
@@ -103,11 +110,7 @@ def refusal(allocators):
 
 
 def _extension():
-    try:
-        from forkserve.memory import _free_space
-    except ImportError:
-        return None
-    return _free_space
+    return _EXTENSION
 
 
 def read_allocators():
@@ -115,7 +118,6 @@ def read_allocators():
     extension = _extension()
     if extension is None:
         return Allocators(extension=False)
-    import tracemalloc  # here: only a master about to take imports it
     return Allocators(extension=True, allocator=extension.allocator(),
                       tracing=tracemalloc.is_tracing(), glibc_malloc=extension.glibc_malloc())
 

@@ -4,7 +4,9 @@
 2. Bind every address (a port in use fails now, not after a long load).
 3. gevent.monkey.patch_all() unless --no-monkey-patch, before the app's imports,
    and threading.local made forkserve's C greenlet-local (unless --no-c-local).
-4. Import the application: its dataset loads here, once, in the master.
+4. Import the application: its dataset loads here, once, in the master; then
+   every module a worker runs (gevent_servers.preload, _serving_type), so that
+   all of them are shared with the heap.
 5. --warmup requests (forkserve.process.warmup) and the pre_freeze hook, then
    (unless --no-share-heap, and where it was checked) the heap is made
    immortal but for what finalisers need (forkserve.memory.heap);
@@ -29,6 +31,7 @@ from forkserve.config import ignored, loader
 from forkserve.process import (env_settings, generation_protocol, gevent_servers,
                                greenlet_local, privileges, progress, signals, sockets,
                                source_watch, warmup)
+from forkserve.http.stats import StatsEndpoint
 from forkserve.process.hooks import install as install_hooks
 
 __all__ = ["run"]
@@ -80,6 +83,7 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
             if app is None:
                 return exits.APP_LOAD_ERROR
         gevent_servers.preload()
+        serving = _serving_type(cfg)  # imported before the heap is shared, as the above
         source_watch.install(cfg, role)
         if cfg.warmup:
             warmup.run(app, cfg.warmup)
@@ -92,8 +96,9 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
         if cfg.pid and not role.supervised:  # the supervisor keeps the pid file
             pidfile = write_pidfile(cfg.pid)  # before "Listening at", which waiters read
         _listen(cfg, listeners, stats_listener)
-        return hooks.on_exit(_serve(cfg, app, listeners, app_name, stats_listener, role,
-                                    hooks))
+        stats = StatsEndpoint(stats_listener) if stats_listener is not None else None
+        return hooks.on_exit(serving(cfg, app, listeners, app_name, role, stats=stats,
+                                     hooks=hooks).run())
     except exits.HaltServer as halt:
         log.error("%s", halt.reason)
         return halt.status
@@ -198,14 +203,17 @@ def _listen(cfg, listeners, stats_listener):
                  sockets.describe(stats_listener))
 
 
-def _serve(cfg, app, listeners, app_name, stats_listener, role, hooks):
-    from forkserve.http.stats import StatsEndpoint
-    stats = StatsEndpoint(stats_listener) if stats_listener is not None else None
+def _serving_type(cfg):
+    """The class that serves: the master, or with -w 0 the single server.
+
+    Imported, with everything it imports, before the heap is shared: a
+    module imported after it stays mortal, and every worker copies the pages
+    its reference counts are on (about 1 MiB a worker for these)."""
     if cfg.workers == 0:
         from forkserve.process.single import SingleServer
-        return SingleServer(cfg, app, listeners, app_name, role, stats=stats, hooks=hooks).run()
+        return SingleServer
     from forkserve.process.master import Master
-    return Master(cfg, app, listeners, app_name, role, stats=stats, hooks=hooks).run()
+    return Master
 
 
 def write_pidfile(path):

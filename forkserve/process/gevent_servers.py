@@ -22,6 +22,7 @@ def preload():
     """
     import gevent.event  # noqa: F401
     import gevent.pool  # noqa: F401
+    import gevent.threadpool  # noqa: F401  (the hub's, made in the worker: imports pprint)
 
     import forkserve.http.accesslog  # noqa: F401
     import forkserve.http.body  # noqa: F401
