@@ -24,6 +24,8 @@ from forkserve.config import settings
 from forkserve.process import greenlet_local
 
 C_LOCAL, WHY_NOT = greenlet_local.c_local()
+if C_LOCAL is not None:
+    from forkserve.process._greenlet_local import greenlets
 GEVENT_LOCAL = f"{gevent.local.local.__module__}.{gevent.local.local.__qualname__}"
 needs_c = pytest.mark.skipif(C_LOCAL is None, reason=f"no C local: {WHY_NOT}")
 KINDS = [pytest.param(gevent.local.local, id="gevent"),
@@ -174,7 +176,7 @@ def test_a_greenlets_attributes_go_when_the_greenlet_is_freed(local):
     del greenlet
     assert watched[0]() is None
     if local is C_LOCAL:
-        assert shared._forkserve_greenlets() == 1  # the main greenlet's
+        assert greenlets(shared) == 1  # the main greenlet's
 
 
 @pytest.mark.parametrize("local", KINDS)
@@ -261,7 +263,7 @@ def test_the_c_local_costs_less_than_gevents_per_read():
     first = shared.__dict__
     for _ in range(3):
         assert shared.x == 1
-    assert shared.__dict__ is first and shared._forkserve_greenlets() == 1
+    assert shared.__dict__ is first and greenlets(shared) == 1
 
 
 INSTALL = """

@@ -287,14 +287,19 @@ local_setattro(Local *self, PyObject *name, PyObject *value)
 }
 
 static PyObject *
-local_count(Local *self, PyObject *Py_UNUSED(ignored))
+greenlets(PyObject *Py_UNUSED(module), PyObject *local)
 {
-    return PyLong_FromSsize_t(self->dicts != NULL ? PyDict_GET_SIZE(self->dicts) : 0);
+    if (!PyObject_TypeCheck(local, &Local_Type)) {
+        PyErr_SetString(PyExc_TypeError, "greenlets() takes a local");
+        return NULL;
+    }
+    PyObject *dicts = ((Local *)local)->dicts;
+    return PyLong_FromSsize_t(dicts != NULL ? PyDict_GET_SIZE(dicts) : 0);
 }
 
-static PyMethodDef local_methods[] = {
-    {"_forkserve_greenlets", (PyCFunction)local_count, METH_NOARGS,
-     "How many greenlets have a dict here (for tests)."},
+static PyMethodDef module_methods[] = {
+    {"greenlets", greenlets, METH_O,
+     "greenlets(local): how many greenlets have attributes in it (for tests)."},
     {NULL},
 };
 
@@ -316,7 +321,6 @@ static PyTypeObject Local_Type = {
     .tp_clear = (inquiry)local_clear,
     .tp_getattro = (getattrofunc)local_getattro,
     .tp_setattro = (setattrofunc)local_setattro,
-    .tp_methods = local_methods,
     .tp_getset = local_getset,
     .tp_dictoffset = offsetof(Local, dict),
     .tp_weaklistoffset = offsetof(Local, weakreflist),
@@ -376,7 +380,7 @@ static struct PyModuleDef module_def = MODULE_DEF(
     "forkserve.process._greenlet_local",
     "threading.local, one namespace per greenlet, in C "
     "(forkserve.process.greenlet_local).",
-    NULL);
+    module_methods);
 
 PyMODINIT_FUNC
 PyInit__greenlet_local(void)
