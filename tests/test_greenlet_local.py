@@ -343,3 +343,89 @@ def test_a_workers_concurrent_requests_each_keep_their_own_locals(run_server, ar
         assert "threading.local: forkserve's C local" in log
     else:
         assert "threading.local: gevent's" in log
+
+
+@pytest.mark.parametrize("local", KINDS)
+def test_what_bypasses_the_local_finds_no_greenlets_attributes(local):
+    """object.__getattribute__ and inspect.getattr_static skip the local's
+    own lookup: they must not find the attributes of whichever greenlet
+    touched it last."""
+    import inspect
+    shared = local()
+    shared.user = "main's"
+    in_greenlet(lambda: setattr(shared, "user", "another greenlet's"))
+    with pytest.raises(AttributeError):
+        object.__getattribute__(shared, "user")
+    assert inspect.getattr_static(shared, "user", None) is None
+    assert shared.user == "main's"
+
+
+@needs_c
+def test_a_local_a_finaliser_brings_back_still_drops_dead_greenlets_attributes():
+    """The collector clears weak references to a local in a cycle before
+    running finalisers; one that keeps the local must not leave it handing
+    a dead greenlet's attributes to a new greenlet at the same address."""
+    kept = []
+
+    class Request(C_LOCAL):
+        def __del__(self):
+            kept.append(self)
+
+    request = Request()
+    request.me = request  # a cycle, through the main greenlet's dict
+    del request
+    gc.collect()
+    request = kept.pop()
+    seen = []
+    for n in range(200):
+        def handle(n=n):
+            previous = getattr(request, "user", None)
+            request.user = n
+            return previous
+        runner = greenlet.greenlet(handle)
+        seen.append(runner.switch())
+        del runner, handle
+    assert seen == [None] * 200
+    assert greenlets(request) == 1  # the main greenlet's
+    del request.me  # the cycle, for the collector's next run
+
+
+@needs_c
+def test_a_collection_while_a_greenlet_first_touches_the_local_runs_init_once():
+    """On 3.11 an allocation may collect garbage, whose finaliser may touch
+    the local in the same greenlet before its first touch has finished
+    (gevent's local then runs __init__ twice, and loses the finaliser's
+    write)."""
+    local = C_LOCAL
+    inits = []
+
+    class Request(local):
+        def __init__(self):
+            inits.append(greenlet.getcurrent())
+
+    shared = Request()
+
+    class Garbage:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            shared.from_finaliser = True
+
+    def first_touch():
+        Garbage()
+        shared.a = 1
+        return greenlet.getcurrent()
+
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    try:
+        gc.set_threshold(1)
+        runners = [greenlet.greenlet(first_touch).switch() for _ in range(50)]
+    finally:
+        gc.set_threshold(*threshold)
+        if not enabled:
+            gc.disable()
+    assert len(inits) == 51  # the creator's, then one per greenlet
+    assert len(set(map(id, inits))) == 51
+    del runners

@@ -3,31 +3,40 @@
  * (forkserve.process.greenlet_local says when it is used and why).
  *
  * A `local` keeps, for each greenlet that has touched it, a dict of that
- * greenlet's attributes. Before every attribute read, write or delete it
- * makes the dict of the greenlet that runs the object's own dict (the
- * tp_dictoffset slot) and then does what object does: so descriptors,
+ * greenlet's attributes. For each attribute read, write or delete it puts
+ * the running greenlet's dict in the object's own dict slot (tp_dictoffset),
+ * does what object does, and empties the slot again: so descriptors,
  * __dict__, subclasses and their __slots__ (shared by every greenlet, as
- * in threading.local) behave as on any object. Python 2's thread-local
- * worked the same way.
+ * in threading.local) behave as on any object, and what bypasses the
+ * local's own lookup (object.__getattribute__, inspect.getattr_static)
+ * finds no greenlet's attributes, as on CPython's and gevent's locals.
  *
  * Invariants:
- * - `dicts` maps a greenlet's address (an int) to a 2-tuple: a weak
- *   reference to the greenlet, whose callback drops the entry when the
- *   greenlet is freed, and the greenlet's dict. The callback holds the
- *   local only weakly, so neither keeps the other alive (workers run with
- *   the collector off: a cycle here would be a leak).
- * - `dict` is a strong reference to the dict of the greenlet at `owner`
+ * - The registry's `dicts` maps a greenlet's address (an int) to a 2-tuple:
+ *   a weak reference to the greenlet, whose callback drops the entry when
+ *   the greenlet is freed, and the greenlet's dict. The callbacks hold the
+ *   registry, not the local: they keep working for a local a finaliser
+ *   brought back after the collector cleared its weak references. The
+ *   cycle registry -> entry -> weakref -> callback -> registry is broken
+ *   when the local is cleared or freed (the registry's dicts emptied):
+ *   workers run without the collector.
+ * - `cached` is a strong reference to the dict of the greenlet at `owner`
  *   (an address, never dereferenced), or NULL with `owner` NULL. The
- *   callback clears both before the entry goes, so an address reused by a
+ *   callback clears both before its entry goes, so an address reused by a
  *   new greenlet never finds the dead one's dict.
+ * - The slot holds a strong reference, or NULL; select() fills it last,
+ *   after anything that may run Python code (a new entry's allocations may
+ *   collect garbage on 3.11, a subclass's __init__ may switch greenlets),
+ *   and after looking again for the running greenlet's entry.
  * - A dict is made, and a subclass's __init__ run with the arguments the
  *   local was made with, the first time a greenlet touches the local; if
  *   that __init__ raises, the entry is dropped and the next touch tries
- *   again.
+ *   again (as CPython's threading.local does).
  * - The running greenlet comes from greenlet's C API (its capsule,
- *   greenlet._C_API, slot GREENLET_GETCURRENT), checked at import against
- *   greenlet.getcurrent(), and to return a new reference: the module does
- *   not import where either differs.
+ *   greenlet._C_API, slot GREENLET_GETCURRENT), used only with a greenlet
+ *   major version this was checked against (CHECKED_GREENLET_MAJORS) and
+ *   once it gave greenlet.getcurrent() as a new reference at import: the
+ *   module does not import otherwise, and gevent's local stays.
  */
 #include "_module.h"
 #include <stddef.h>  /* offsetof */
@@ -35,64 +44,89 @@
 /* greenlet.h: #define PyGreenlet_GetCurrent_NUM 4, a stable part of its C
  * API since greenlet 0.4 (a new reference to the running greenlet). */
 #define GREENLET_GETCURRENT 4
+/* The greenlet releases whose greenlet.h was read for that slot. */
+#define CHECKED_GREENLET_MAJORS "1, 2 and 3"
+#define CHECKED_GREENLET_MAJOR(major) ((major) >= 1 && (major) <= 3)
 
 typedef PyObject *(*getcurrent_fn)(void);
 static getcurrent_fn greenlet_getcurrent;
 
+typedef struct Local Local;
+
 typedef struct {
     PyObject_HEAD
-    PyObject *dict;        /* the running greenlet's dict: tp_dictoffset */
-    void *owner;           /* whose dict `dict` is */
     PyObject *dicts;       /* {address: (weakref to greenlet, dict)} */
+    Local *local;          /* whose (borrowed), NULL once it is freed */
+} Registry;
+
+struct Local {
+    PyObject_HEAD
+    PyObject *slot;        /* tp_dictoffset: see the invariants */
+    void *owner;           /* whose dict `cached` is */
+    PyObject *cached;
+    Registry *registry;
     PyObject *args;        /* what __init__ gets in each new greenlet */
     PyObject *kwargs;
-    PyObject *self_ref;    /* a weak reference to this local */
     PyObject *weakreflist;
-} Local;
+};
 
 static PyTypeObject Local_Type;
+static PyTypeObject Registry_Type;
 
-/* The object a weak reference points to, as a new reference (NULL, no
- * error, when it is gone). */
-static PyObject *
-weakref_target(PyObject *ref)
+/* --- the registry: what the weakref callbacks hold --- */
+
+static int
+registry_traverse(Registry *self, visitproc visit, void *arg)
 {
-#if PY_VERSION_HEX >= 0x030D0000
-    PyObject *target;
-    if (PyWeakref_GetRef(ref, &target) < 0) {
-        PyErr_Clear();
-        return NULL;
-    }
-    return target;
-#else
-    PyObject *target = PyWeakref_GetObject(ref);
-    if (target == NULL || target == Py_None) {
-        PyErr_Clear();
-        return NULL;
-    }
-    Py_INCREF(target);
-    return target;
-#endif
+    Py_VISIT(self->dicts);
+    return 0;
 }
 
-/* The weakref callback of one greenlet's entry: `data` is (weak reference
- * to the local, the greenlet's address). */
+static int
+registry_clear(Registry *self)
+{
+    Py_CLEAR(self->dicts);
+    return 0;
+}
+
+static void
+registry_dealloc(Registry *self)
+{
+    PyObject_GC_UnTrack(self);
+    registry_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject Registry_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "forkserve.process._greenlet_local.Registry",
+    .tp_basicsize = sizeof(Registry),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)registry_traverse,
+    .tp_clear = (inquiry)registry_clear,
+    .tp_dealloc = (destructor)registry_dealloc,
+};
+
+static void
+forget_owner(Local *local)
+{
+    local->owner = NULL;
+    Py_CLEAR(local->cached);
+}
+
+/* The weakref callback of one greenlet's entry: `data` is (registry, the
+ * greenlet's address). */
 static PyObject *
 release(PyObject *data, PyObject *Py_UNUSED(greenlet_ref))
 {
-    Local *self = (Local *)weakref_target(PyTuple_GET_ITEM(data, 0));
-    if (self == NULL) {
-        Py_RETURN_NONE;
-    }
+    Registry *registry = (Registry *)PyTuple_GET_ITEM(data, 0);
     PyObject *key = PyTuple_GET_ITEM(data, 1);
-    if (self->owner == PyLong_AsVoidPtr(key)) {
-        self->owner = NULL;
-        Py_CLEAR(self->dict);
+    if (registry->local != NULL && registry->local->owner == PyLong_AsVoidPtr(key)) {
+        forget_owner(registry->local);
     }
-    if (self->dicts != NULL && PyDict_DelItem(self->dicts, key) < 0) {
+    if (registry->dicts != NULL && PyDict_DelItem(registry->dicts, key) < 0) {
         PyErr_Clear();  /* already gone: the local was cleared */
     }
-    Py_DECREF(self);
     Py_RETURN_NONE;
 }
 
@@ -102,7 +136,7 @@ static PyMethodDef release_def = {"release", (PyCFunction)release, METH_O, NULL}
 static PyObject *
 new_entry(Local *self, PyObject *greenlet, PyObject *key)
 {
-    PyObject *data = PyTuple_Pack(2, self->self_ref, key);
+    PyObject *data = PyTuple_Pack(2, (PyObject *)self->registry, key);
     if (data == NULL) {
         return NULL;
     }
@@ -128,85 +162,116 @@ new_entry(Local *self, PyObject *greenlet, PyObject *key)
 }
 
 static void
-make_current(Local *self, void *owner, PyObject *dict)
+set_slot(Local *self, PyObject *dict)
 {
-    PyObject *old = self->dict;
-    Py_INCREF(dict);
-    self->dict = dict;
-    self->owner = owner;
+    PyObject *old = self->slot;
+    Py_XINCREF(dict);
+    self->slot = dict;
     Py_XDECREF(old);
 }
 
-/* Make the running greenlet's dict the local's own: 0, or -1 with an
+static void
+drop_entry(Local *self, PyObject *key, void *greenlet)
+{
+    if (self->owner == greenlet) {
+        forget_owner(self);
+    }
+    if (PyDict_DelItem(self->registry->dicts, key) < 0) {
+        PyErr_Clear();
+    }
+}
+
+/* Fill the slot with the running greenlet's dict: 0, or -1 with an
  * exception set. `init` says whether a new greenlet's dict gets the
  * subclass's __init__ (not while the local itself is being made). */
 static int
 select_dict(Local *self, int init)
 {
-    PyObject *greenlet = greenlet_getcurrent();
-    if (greenlet == NULL) {
-        return -1;
-    }
-    if ((void *)greenlet == self->owner) {
-        Py_DECREF(greenlet);
-        return 0;
-    }
-    if (self->dicts == NULL) {  /* cleared by the collector */
-        Py_DECREF(greenlet);
-        PyErr_SetString(PyExc_RuntimeError, "the local was cleared");
-        return -1;
-    }
-    PyObject *key = PyLong_FromVoidPtr(greenlet);
-    if (key == NULL) {
-        Py_DECREF(greenlet);
-        return -1;
-    }
-    int result = -1;
-    PyObject *entry = PyDict_GetItemWithError(self->dicts, key);
-    if (entry != NULL) {
-        make_current(self, greenlet, PyTuple_GET_ITEM(entry, 1));
-        result = 0;
-        goto done;
-    }
-    if (PyErr_Occurred()) {
-        goto done;
-    }
-    entry = new_entry(self, greenlet, key);
-    if (entry == NULL) {
-        goto done;
-    }
-    if (PyDict_SetItem(self->dicts, key, entry) < 0) {
+    for (;;) {
+        PyObject *greenlet = greenlet_getcurrent();
+        if (greenlet == NULL) {
+            return -1;
+        }
+        if ((void *)greenlet == self->owner) {
+            Py_DECREF(greenlet);
+            set_slot(self, self->cached);
+            return 0;
+        }
+        if (self->registry->dicts == NULL) {  /* cleared by the collector */
+            Py_DECREF(greenlet);
+            PyErr_SetString(PyExc_RuntimeError, "the local was cleared");
+            return -1;
+        }
+        PyObject *key = PyLong_FromVoidPtr(greenlet);
+        if (key == NULL) {
+            Py_DECREF(greenlet);
+            return -1;
+        }
+        PyObject *entry = PyDict_GetItemWithError(self->registry->dicts, key);
+        if (entry != NULL) {
+            /* Frees nothing: the old cached dict has its entry too. */
+            PyObject *old = self->cached;
+            self->cached = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+            self->owner = greenlet;
+            Py_XDECREF(old);
+            Py_DECREF(key);
+            Py_DECREF(greenlet);
+            set_slot(self, self->cached);
+            return 0;
+        }
+        if (PyErr_Occurred()) {
+            goto failed;
+        }
+        /* Its allocations may run a collection, and so finalisers that
+         * touch this local: look again before adding ours. */
+        entry = new_entry(self, greenlet, key);
+        if (entry == NULL) {
+            goto failed;
+        }
+        PyObject *found = PyDict_GetItemWithError(self->registry->dicts, key);
+        if (found != NULL || PyErr_Occurred()) {
+            Py_DECREF(entry);
+            Py_DECREF(key);
+            Py_DECREF(greenlet);
+            if (found == NULL) {
+                return -1;
+            }
+            continue;  /* one made meanwhile: select it */
+        }
+        int stored = PyDict_SetItem(self->registry->dicts, key, entry);
         Py_DECREF(entry);
-        goto done;
-    }
-    make_current(self, greenlet, PyTuple_GET_ITEM(entry, 1));
-    Py_DECREF(entry);
-    result = 0;
-    initproc tp_init = Py_TYPE(self)->tp_init;
-    if (init && tp_init != PyBaseObject_Type.tp_init) {
-        /* The subclass's __init__ may switch greenlets, which select their
-         * own dicts: select ours again once it returns. */
-        if (tp_init((PyObject *)self, self->args, self->kwargs) < 0) {
-            PyObject *type, *value, *traceback;
-            PyErr_Fetch(&type, &value, &traceback);
-            if (self->owner == (void *)greenlet) {
-                self->owner = NULL;
-                Py_CLEAR(self->dict);
-            }
-            if (PyDict_DelItem(self->dicts, key) < 0) {
-                PyErr_Clear();
-            }
-            PyErr_Restore(type, value, traceback);
-            result = -1;
+        if (stored < 0) {
+            goto failed;
         }
-        else {
-            result = select_dict(self, 0);
+        initproc tp_init = Py_TYPE(self)->tp_init;
+        if (init && tp_init != PyBaseObject_Type.tp_init) {
+            /* __init__ reads and writes through select_dict itself, and may
+             * switch greenlets: ours is selected again once it returns. */
+            if (tp_init((PyObject *)self, self->args, self->kwargs) < 0) {
+#if PY_VERSION_HEX >= 0x030C0000
+                PyObject *raised = PyErr_GetRaisedException();
+                drop_entry(self, key, greenlet);
+                PyErr_SetRaisedException(raised);
+#else
+                PyObject *type, *value, *traceback;
+                PyErr_Fetch(&type, &value, &traceback);
+                drop_entry(self, key, greenlet);
+                PyErr_Restore(type, value, traceback);
+#endif
+                goto failed;
+            }
         }
+        Py_DECREF(key);
+        Py_DECREF(greenlet);
+        /* and round again: the entry is found, or made again if __init__
+         * or a finaliser dropped it */
+        init = 0;
+        continue;
+    failed:
+        Py_DECREF(key);
+        Py_DECREF(greenlet);
+        return -1;
     }
-done:
-    Py_DECREF(key);
-    Py_DECREF(greenlet);
-    return result;
 }
 
 static PyObject *
@@ -223,32 +288,42 @@ local_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     self->args = Py_NewRef(args);
     self->kwargs = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
-    self->dicts = PyDict_New();
-    self->self_ref = PyWeakref_NewRef((PyObject *)self, NULL);
-    if (self->kwargs == NULL || self->dicts == NULL || self->self_ref == NULL ||
+    self->registry = PyObject_GC_New(Registry, &Registry_Type);
+    if (self->registry != NULL) {
+        self->registry->local = self;
+        self->registry->dicts = PyDict_New();
+        PyObject_GC_Track(self->registry);
+    }
+    if (self->kwargs == NULL || self->registry == NULL || self->registry->dicts == NULL ||
         select_dict(self, 0) < 0) {
         Py_DECREF(self);
         return NULL;
     }
+    set_slot(self, NULL);
     return (PyObject *)self;
 }
 
 static int
 local_traverse(Local *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->dict);
-    Py_VISIT(self->dicts);
+    Py_VISIT(self->slot);
+    Py_VISIT(self->cached);
+    Py_VISIT(self->registry);
     Py_VISIT(self->args);
     Py_VISIT(self->kwargs);
     return 0;
 }
 
+/* Everything but the registry itself, which stays (emptied) until the
+ * local is freed: a finaliser may still touch a cleared local. */
 static int
 local_clear(Local *self)
 {
-    self->owner = NULL;
-    Py_CLEAR(self->dict);
-    Py_CLEAR(self->dicts);
+    forget_owner(self);
+    Py_CLEAR(self->slot);
+    if (self->registry != NULL && self->registry->dicts != NULL) {
+        PyDict_Clear(self->registry->dicts);
+    }
     Py_CLEAR(self->args);
     Py_CLEAR(self->kwargs);
     return 0;
@@ -257,15 +332,17 @@ local_clear(Local *self)
 static void
 local_dealloc(Local *self)
 {
-    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->weakreflist != NULL) {
         PyObject_ClearWeakRefs((PyObject *)self);
     }
     local_clear(self);
-    Py_CLEAR(self->self_ref);
+    if (self->registry != NULL) {
+        self->registry->local = NULL;
+        Py_CLEAR(self->registry);
+    }
     /* A Python subclass's dealloc drops the type's reference after this. */
-    type->tp_free((PyObject *)self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *
@@ -274,7 +351,9 @@ local_getattro(Local *self, PyObject *name)
     if (select_dict(self, 1) < 0) {
         return NULL;
     }
-    return PyObject_GenericGetAttr((PyObject *)self, name);
+    PyObject *value = PyObject_GenericGetAttr((PyObject *)self, name);
+    set_slot(self, NULL);
+    return value;
 }
 
 static int
@@ -283,7 +362,9 @@ local_setattro(Local *self, PyObject *name, PyObject *value)
     if (select_dict(self, 1) < 0) {
         return -1;
     }
-    return PyObject_GenericSetAttr((PyObject *)self, name, value);
+    int result = PyObject_GenericSetAttr((PyObject *)self, name, value);
+    set_slot(self, NULL);
+    return result;
 }
 
 static PyObject *
@@ -293,7 +374,7 @@ greenlets(PyObject *Py_UNUSED(module), PyObject *local)
         PyErr_SetString(PyExc_TypeError, "greenlets() takes a local");
         return NULL;
     }
-    PyObject *dicts = ((Local *)local)->dicts;
+    PyObject *dicts = ((Local *)local)->registry->dicts;
     return PyLong_FromSsize_t(dicts != NULL ? PyDict_GET_SIZE(dicts) : 0);
 }
 
@@ -322,24 +403,70 @@ static PyTypeObject Local_Type = {
     .tp_getattro = (getattrofunc)local_getattro,
     .tp_setattro = (setattrofunc)local_setattro,
     .tp_getset = local_getset,
-    .tp_dictoffset = offsetof(Local, dict),
+    .tp_dictoffset = offsetof(Local, slot),
     .tp_weaklistoffset = offsetof(Local, weakreflist),
 };
 
-/* greenlet_getcurrent from greenlet's capsule, and the check that it is
- * what greenlet.getcurrent() returns. */
+/* greenlet's major version, or -1 with an exception set. */
+static long
+greenlet_major(PyObject *module)
+{
+    PyObject *version = PyObject_GetAttrString(module, "__version__");
+    if (version == NULL) {
+        return -1;
+    }
+    PyObject *parts = PyUnicode_Check(version) ? PyUnicode_Split(version, NULL, 0) : NULL;
+    Py_DECREF(version);
+    long major = -1;
+    if (parts != NULL) {
+        PyObject *dot = PyUnicode_FromString(".");
+        PyObject *first = PyList_GET_SIZE(parts) ? PyList_GET_ITEM(parts, 0) : NULL;
+        PyObject *numbers = dot != NULL && first != NULL ?
+            PyUnicode_Split(first, dot, 1) : NULL;
+        if (numbers != NULL) {
+            PyObject *number = PyLong_FromUnicodeObject(PyList_GET_ITEM(numbers, 0), 10);
+            major = number != NULL ? PyLong_AsLong(number) : -1;
+            Py_XDECREF(number);
+        }
+        Py_XDECREF(numbers);
+        Py_XDECREF(dot);
+        Py_DECREF(parts);
+    }
+    if (major < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ImportError, "greenlet.__version__ does not start with a number");
+    }
+    return major;
+}
+
+/* greenlet_getcurrent from greenlet's capsule, once greenlet's version is
+ * one that was checked, and the check that it gives what
+ * greenlet.getcurrent() returns, as a new reference. */
 static int
 bind_greenlet(void)
 {
-    void **api = (void **)PyCapsule_Import("greenlet._C_API", 0);
-    if (api == NULL) {
-        return -1;
-    }
-    greenlet_getcurrent = (getcurrent_fn)api[GREENLET_GETCURRENT];
     PyObject *module = PyImport_ImportModule("greenlet");
     if (module == NULL) {
         return -1;
     }
+    long major = greenlet_major(module);
+    if (major < 0) {
+        Py_DECREF(module);
+        return -1;
+    }
+    if (!CHECKED_GREENLET_MAJOR(major)) {
+        Py_DECREF(module);
+        PyErr_Format(PyExc_ImportError,
+                     "greenlet %ld is not one whose C API this was checked against "
+                     "(greenlet " CHECKED_GREENLET_MAJORS ")", major);
+        return -1;
+    }
+    void **api = (void **)PyCapsule_Import("greenlet._C_API", 0);
+    if (api == NULL) {
+        Py_DECREF(module);
+        return -1;
+    }
+    greenlet_getcurrent = (getcurrent_fn)api[GREENLET_GETCURRENT];
     PyObject *expected = PyObject_CallMethod(module, "getcurrent", NULL);
     Py_DECREF(module);
     if (expected == NULL) {
@@ -365,7 +492,8 @@ bind_greenlet(void)
 static int
 fill(PyObject *module)
 {
-    if (bind_greenlet() < 0 || PyType_Ready(&Local_Type) < 0) {
+    if (bind_greenlet() < 0 || PyType_Ready(&Registry_Type) < 0 ||
+        PyType_Ready(&Local_Type) < 0) {
         return -1;
     }
     Py_INCREF(&Local_Type);

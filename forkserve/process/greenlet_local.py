@@ -10,8 +10,8 @@ app took 15.1 µs a call under patch_all() against 13.1 with CPython's
 local (one process, 30,000 calls; docs/benchmarks.md).
 
 `install` puts forkserve's local (_greenlet_local.c: a dict per greenlet,
-swapped in as the object's own before each attribute access) where gevent
-put its own, so the application's imports see it. It is a switch
+made the object's own for each attribute access, and only for it) where
+gevent put its own, so the application's imports see it. It is a switch
 (--no-c-local), and where it does not apply (the C extension not built or
 turned off by FORKSERVE_NO_C, greenlet's C API not what it checked at
 import, gevent not patched) nothing changes and the log says why.
@@ -24,8 +24,11 @@ Invariants:
 - The C local behaves as threading.local does per thread, per greenlet:
   attributes, __dict__, a subclass's __init__ run again with the same
   arguments in each greenlet that first touches it, __slots__ shared; a
-  greenlet's attributes go when the greenlet is freed (tests/
-  test_greenlet_local.py runs the same checks on gevent's and on this).
+  greenlet's attributes go when the greenlet is freed, also for a local a
+  finaliser kept after the collector found it in a cycle; what bypasses the
+  local's lookup (object.__getattribute__) finds no greenlet's attributes
+  (tests/test_greenlet_local.py runs the same checks on gevent's and on
+  this).
 """
 
 import logging
