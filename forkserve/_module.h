@@ -1,6 +1,6 @@
 /* forkserve/_module.h: the one way forkserve's C extensions
- * (memory/_immortal, memory/_whywalk, memory/_free_space, http/_h1) are
- * built as modules.
+ * (memory/_immortal, memory/_whywalk, memory/_free_space, http/_h1,
+ * process/_greenlet_local) are built as modules.
  *
  * Invariants:
  * - Single-phase init and no per-module state (m_size -1): what a module

@@ -1,8 +1,10 @@
 """Which of forkserve's optional C extensions are used.
 
 Each extension (forkserve/memory/_immortal.c, _whywalk.c, _free_space.c,
-forkserve/http/_h1.c and _h1_connection.c) is the fast path of Python code that remains, and is
-built only where a compiler is present (setup.py marks them optional). One
+forkserve/http/_h1.c and _h1_connection.c) is the fast path of Python code that remains;
+forkserve/process/_greenlet_local.c stands in for gevent's own local,
+which remains. They are built only where a compiler is present (setup.py
+marks them optional). One
 switch turns them all off: FORKSERVE_NO_C set to a non-empty value, read
 where an extension is looked up, so tests and a user chasing a bug can run
 the pure-Python code on a tree that has them built.

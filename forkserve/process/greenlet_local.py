@@ -6,8 +6,9 @@ as it must be where every connection is a greenlet. That class costs
 about 80 ns an attribute read where CPython's thread local costs 30, and
 frameworks read their request context from such locals many times a
 request: Bottle's `request` and `response` are, and PersonDB's Bottle
-app took 15.1 µs a call under patch_all() against 13.1 with CPython's
-local (one process, 30,000 calls; docs/benchmarks.md).
+app took 15.0-15.7 µs a call under patch_all() against 12.9-13.3 with
+this local and 13.0-13.1 with CPython's own (one process, 30,000 calls;
+benchmarks/results/throughput/instructions.md).
 
 `install` puts forkserve's local (_greenlet_local.c: a dict per greenlet,
 made the object's own for each attribute access, and only for it) where
