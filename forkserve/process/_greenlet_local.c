@@ -176,7 +176,7 @@ drop_entry(Local *self, PyObject *key, void *greenlet)
     if (self->owner == greenlet) {
         forget_owner(self);
     }
-    if (PyDict_DelItem(self->registry->dicts, key) < 0) {
+    if (self->registry->dicts != NULL && PyDict_DelItem(self->registry->dicts, key) < 0) {
         PyErr_Clear();
     }
 }
@@ -226,6 +226,11 @@ select_dict(Local *self, int init)
          * touch this local: look again before adding ours. */
         entry = new_entry(self, greenlet, key);
         if (entry == NULL) {
+            goto failed;
+        }
+        if (self->registry->dicts == NULL) {  /* that collection cleared it */
+            Py_DECREF(entry);
+            PyErr_SetString(PyExc_RuntimeError, "the local was cleared");
             goto failed;
         }
         PyObject *found = PyDict_GetItemWithError(self->registry->dicts, key);
