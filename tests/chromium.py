@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from forkserve_testing import missing
+
 __all__ = ["Browser", "ChromiumError", "MISSING", "find"]
 
 MISSING = ("chromium is not installed: apt-get update && apt-get install -y chromium "
@@ -41,9 +43,7 @@ def require(pytest):
     """The executable; skip with MISSING where it is absent, fail instead in CI (CI=true)."""
     executable = find()
     if executable is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(MISSING)
-        pytest.skip(MISSING)
+        missing(pytest, MISSING)
     return executable
 
 

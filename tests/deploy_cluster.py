@@ -27,7 +27,7 @@ import time
 import urllib.request
 
 from forkserve.store.shards import shard_of
-from forkserve_testing import ServerProcess, poll
+from forkserve_testing import ServerProcess, missing, poll
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "examples" / "deploy"
@@ -55,11 +55,8 @@ def uwsgi_params():
 
 def require_nginx(pytest):
     """Skip with NGINX_MISSING on a laptop without nginx; fail in CI (CI=true)."""
-    if nginx_binary():
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(NGINX_MISSING)
-    pytest.skip(NGINX_MISSING)
+    if not nginx_binary():
+        missing(pytest, NGINX_MISSING)
 
 
 # -- forkserve instances -------------------------------------------------------

@@ -21,6 +21,14 @@ def ctrl_c_reaches_it():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def missing(pytest, message):
+    """A tool a test needs is absent: skip with `message`, or fail with it in
+    CI (CI=true), where .ci/run installs every such tool."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def poll(predicate, timeout=10.0, interval=0.05, message="condition"):
     """Call predicate until it returns a true value; fail after timeout."""
     deadline = time.monotonic() + timeout

@@ -6,7 +6,6 @@ tick. What that does to latency benchmarks/throughput.py measures
 (forkserve against forkserve-noyield); here, that the call is made where
 it is on and not where it is off."""
 
-import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 
 from forkserve.config import settings
 from forkserve.process.cpu_turns import take_turns
-from forkserve_testing import poll
+from forkserve_testing import missing, poll
 
 
 def test_the_loop_yields_before_it_polls_and_never_keeps_itself_running():
@@ -76,9 +75,7 @@ def traced(pid, requests):
 def need_strace():
     """Skip on a machine without strace; fail in CI (CI=true), where .ci/run installs it."""
     if shutil.which("strace") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("strace is missing: apt-get install strace (.ci/run installs it)")
-        pytest.skip("needs strace (apt-get install strace)")
+        missing(pytest, "strace is missing: apt-get install strace (.ci/run installs it)")
 
 
 @pytest.mark.e2e

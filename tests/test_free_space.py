@@ -21,6 +21,7 @@ import pytest
 from forkserve.config import settings
 from forkserve.memory import free_space
 from forkserve.memory.free_space import Allocators
+from forkserve_testing import missing
 
 needs_extension = pytest.mark.skipif(free_space._extension() is None,
                                      reason="forkserve.memory._free_space is not built")
@@ -185,11 +186,9 @@ JEMALLOC_MISSING = ("Debian's libjemalloc2 is not installed; this test preloads 
 def _jemalloc():
     """The path of libjemalloc.so.2: skip without it, fail in CI (CI=true)."""
     found = glob.glob("/usr/lib/*/libjemalloc.so.2") + glob.glob("/usr/lib/libjemalloc.so.2")
-    if found:
-        return found[0]
-    if os.environ.get("CI") == "true":
-        pytest.fail(JEMALLOC_MISSING)
-    pytest.skip(JEMALLOC_MISSING)
+    if not found:
+        missing(pytest, JEMALLOC_MISSING)
+    return found[0]
 
 
 def _served(run_server, *args, **kwargs):

@@ -429,3 +429,18 @@ def test_a_collection_while_a_greenlet_first_touches_the_local_runs_init_once():
     assert len(inits) == 51  # the creator's, then one per greenlet
     assert len(set(map(id, inits))) == 51
     del runners
+
+
+@needs_c
+@pytest.mark.parametrize("version, why", [
+    ("4.0.0", "greenlet 4 is not one whose C API this was checked against"),
+    ("dev", "greenlet.__version__ does not start with a number"),
+])
+def test_a_greenlet_nobody_checked_keeps_gevents_local_and_says_why(version, why):
+    code = (f"import greenlet; greenlet.__version__ = {version!r}\n"
+            "from forkserve.process import greenlet_local\n"
+            "print(greenlet_local.c_local()[1])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert why in result.stdout

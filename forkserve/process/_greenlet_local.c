@@ -412,31 +412,22 @@ static PyTypeObject Local_Type = {
     .tp_weaklistoffset = offsetof(Local, weakreflist),
 };
 
-/* greenlet's major version, or -1 with an exception set. */
+/* greenlet's major version (what its __version__ starts with), or -1
+ * with an exception set. */
 static long
 greenlet_major(PyObject *module)
 {
     PyObject *version = PyObject_GetAttrString(module, "__version__");
-    if (version == NULL) {
-        return -1;
-    }
-    PyObject *parts = PyUnicode_Check(version) ? PyUnicode_Split(version, NULL, 0) : NULL;
-    Py_DECREF(version);
-    long major = -1;
-    if (parts != NULL) {
-        PyObject *dot = PyUnicode_FromString(".");
-        PyObject *first = PyList_GET_SIZE(parts) ? PyList_GET_ITEM(parts, 0) : NULL;
-        PyObject *numbers = dot != NULL && first != NULL ?
-            PyUnicode_Split(first, dot, 1) : NULL;
-        if (numbers != NULL) {
-            PyObject *number = PyLong_FromUnicodeObject(PyList_GET_ITEM(numbers, 0), 10);
-            major = number != NULL ? PyLong_AsLong(number) : -1;
-            Py_XDECREF(number);
-        }
-        Py_XDECREF(numbers);
-        Py_XDECREF(dot);
-        Py_DECREF(parts);
-    }
+    PyObject *dot = PyUnicode_FromString(".");
+    PyObject *parts = version != NULL && dot != NULL && PyUnicode_Check(version) ?
+        PyUnicode_Split(version, dot, 1) : NULL;
+    PyObject *number = parts != NULL ? PyLong_FromUnicodeObject(PyList_GET_ITEM(parts, 0), 10)
+                                     : NULL;
+    long major = number != NULL ? PyLong_AsLong(number) : -1;
+    Py_XDECREF(number);
+    Py_XDECREF(parts);
+    Py_XDECREF(dot);
+    Py_XDECREF(version);
     if (major < 0) {
         PyErr_Clear();
         PyErr_SetString(PyExc_ImportError, "greenlet.__version__ does not start with a number");
@@ -469,6 +460,8 @@ bind_greenlet(void)
     void **api = (void **)PyCapsule_Import("greenlet._C_API", 0);
     if (api == NULL) {
         Py_DECREF(module);
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ImportError, "greenlet has no C API capsule (greenlet._C_API)");
         return -1;
     }
     greenlet_getcurrent = (getcurrent_fn)api[GREENLET_GETCURRENT];

@@ -33,7 +33,6 @@ Invariants:
 """
 
 import logging
-import os
 import sys
 
 from forkserve import cext
@@ -48,14 +47,8 @@ NAMES = (("threading", "local"), ("_thread", "_local"), ("_threading_local", "lo
 
 def c_local():
     """(forkserve's C local type, None), or (None, why it is not used)."""
-    if os.environ.get(cext.NO_C_ENV):
-        return None, f"{cext.NO_C_ENV} is set"
-    try:
-        from forkserve.process import _greenlet_local
-    except (ImportError, AttributeError) as exc:  # not built, or greenlet's C API
-        # is missing (AttributeError) or failed the check at import
-        return None, f"the C local did not import: {exc}"
-    return _greenlet_local.local, None
+    module, why_not = cext.c_extension_or_why("forkserve.process._greenlet_local")
+    return (module.local, None) if module is not None else (None, why_not)
 
 
 def install(enabled):
