@@ -22,6 +22,7 @@ import pytest
 
 from forkserve.config import settings
 from forkserve.process import greenlet_local
+from forkserve_testing import poll
 
 C_LOCAL, WHY_NOT = greenlet_local.c_local()
 if C_LOCAL is not None:
@@ -177,6 +178,35 @@ def test_a_greenlets_attributes_go_when_the_greenlet_is_freed(local):
     assert watched[0]() is None
     if local is C_LOCAL:
         assert greenlets(shared) == 1  # the main greenlet's
+
+
+@pytest.mark.parametrize("local", KINDS)
+def test_a_finished_greenlets_attributes_go_even_when_they_hold_the_greenlet(local):
+    """A connection's greenlet stores its request in a local, and the request
+    leads back to the greenlet (its socket, its handler): the greenlet is
+    never freed while the local holds its attributes. They go when it
+    finishes, as gevent's local and CPython's (at a thread's end) drop
+    them. The collector would not: they are reachable from the local."""
+    shared = local()
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        def keep():
+            shared.me = gevent.getcurrent()
+
+        watched = []
+        for _ in range(3):
+            greenlet = gevent.spawn(keep)
+            watched.append(weakref.ref(greenlet))
+            greenlet.join()
+            del greenlet
+        gevent.sleep(0)  # their link callbacks run
+        assert [ref() for ref in watched] == [None] * 3
+        if local is C_LOCAL:
+            assert greenlets(shared) == 1  # the main greenlet's (it made the local)
+    finally:
+        if gc_was:
+            gc.enable()
 
 
 @pytest.mark.parametrize("local", KINDS)
@@ -343,6 +373,26 @@ def test_a_workers_concurrent_requests_each_keep_their_own_locals(run_server, ar
         assert "threading.local: forkserve's C local" in log
     else:
         assert "threading.local: gevent's" in log
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("args", [pytest.param((), id="c", marks=needs_c),
+                                  pytest.param(("--no-c-local",), id="gevent")])
+def test_a_worker_frees_each_closed_connections_greenlet(run_server, args):
+    """Each request keeps its environ in a local (as Bottle does), which
+    leads back to its connection's greenlet; 40 connections, one request
+    each, must leave no greenlet that a collection cannot free."""
+    server = run_server("-w", "1", *args, app="greenlet_locals:app")
+
+    def alive():
+        status, body = server.get("/greenlets")
+        assert status == 200, body
+        return int(body)
+
+    before = alive()
+    assert [server.get(f"/1/r{n}")[0] for n in range(40)] == [200] * 40
+    poll(lambda: alive() <= before, message=f"40 closed connections' greenlets to be freed "
+                                            f"(alive before: {before})")
 
 
 @pytest.mark.parametrize("local", KINDS)

@@ -14,12 +14,15 @@
  * Invariants:
  * - The registry's `dicts` maps a greenlet's address (an int) to a 2-tuple:
  *   a weak reference to the greenlet, whose callback drops the entry when
- *   the greenlet is freed, and the greenlet's dict. The callbacks hold the
+ *   the greenlet is freed, and the greenlet's dict. A gevent Greenlet's
+ *   entry goes when it finishes (the same callback, rawlinked), as gevent's
+ *   local does: its dict may lead back to it (a request, its connection),
+ *   and then it is never freed. The callbacks hold the
  *   registry, not the local: they keep working for a local a finaliser
  *   brought back after the collector cleared its weak references. The
  *   cycle registry -> entry -> weakref -> callback -> registry is broken
- *   when the local is cleared or freed (the registry's dicts emptied):
- *   workers run without the collector.
+ *   when the local is cleared or freed (the registry's dicts emptied): a
+ *   worker may run without the collector (--worker-gc off).
  * - `cached` is a strong reference to the dict of the greenlet at `owner`
  *   (an address, never dereferenced), or NULL with `owner` NULL. The
  *   callback clears both before its entry goes, so an address reused by a
@@ -50,6 +53,9 @@
 
 typedef PyObject *(*getcurrent_fn)(void);
 static getcurrent_fn greenlet_getcurrent;
+/* gevent.Greenlet, and "rawlink" (its finish callbacks) */
+static PyTypeObject *gevent_greenlet_type;
+static PyObject *rawlink_name;
 
 typedef struct Local Local;
 
@@ -114,8 +120,9 @@ forget_owner(Local *local)
     Py_CLEAR(local->cached);
 }
 
-/* The weakref callback of one greenlet's entry: `data` is (registry, the
- * greenlet's address). */
+/* The callback of one greenlet's entry, from its weak reference (the
+ * greenlet is freed) or, for a gevent Greenlet, from its rawlink (it has
+ * finished): `data` is (registry, the greenlet's address). */
 static PyObject *
 release(PyObject *data, PyObject *Py_UNUSED(greenlet_ref))
 {
@@ -146,10 +153,22 @@ new_entry(Local *self, PyObject *greenlet, PyObject *key)
         return NULL;
     }
     PyObject *ref = PyWeakref_NewRef(greenlet, callback);
-    Py_DECREF(callback);
     if (ref == NULL) {
+        Py_DECREF(callback);
         return NULL;
     }
+    /* A gevent Greenlet's attributes go when it finishes: they may lead
+     * back to it (a request, its socket), and then it is never freed. */
+    if (PyObject_TypeCheck(greenlet, gevent_greenlet_type)) {
+        PyObject *linked = PyObject_CallMethodOneArg(greenlet, rawlink_name, callback);
+        if (linked == NULL) {
+            Py_DECREF(callback);
+            Py_DECREF(ref);
+            return NULL;
+        }
+        Py_DECREF(linked);
+    }
+    Py_DECREF(callback);
     PyObject *dict = PyDict_New();
     if (dict == NULL) {
         Py_DECREF(ref);
@@ -487,10 +506,33 @@ bind_greenlet(void)
     return 0;
 }
 
+/* gevent.Greenlet, whose finish drops its attributes. */
+static int
+bind_gevent(void)
+{
+    PyObject *gevent = PyImport_ImportModule("gevent");
+    if (gevent == NULL) {
+        return -1;
+    }
+    PyObject *type = PyObject_GetAttrString(gevent, "Greenlet");
+    Py_DECREF(gevent);
+    if (type == NULL) {
+        return -1;
+    }
+    if (!PyType_Check(type)) {
+        Py_DECREF(type);
+        PyErr_SetString(PyExc_ImportError, "gevent.Greenlet is not a type");
+        return -1;
+    }
+    gevent_greenlet_type = (PyTypeObject *)type;  /* kept for the process's life */
+    rawlink_name = PyUnicode_InternFromString("rawlink");
+    return rawlink_name != NULL ? 0 : -1;
+}
+
 static int
 fill(PyObject *module)
 {
-    if (bind_greenlet() < 0 || PyType_Ready(&Registry_Type) < 0 ||
+    if (bind_greenlet() < 0 || bind_gevent() < 0 || PyType_Ready(&Registry_Type) < 0 ||
         PyType_Ready(&Local_Type) < 0) {
         return -1;
     }

@@ -25,7 +25,8 @@ Invariants:
 - The C local behaves as threading.local does per thread, per greenlet:
   attributes, __dict__, a subclass's __init__ run again with the same
   arguments in each greenlet that first touches it, __slots__ shared; a
-  greenlet's attributes go when the greenlet is freed, also for a local a
+  greenlet's attributes go when it finishes (a gevent Greenlet, as with
+  gevent's local: they may lead back to it) or is freed, also for a local a
   finaliser kept after the collector found it in a cycle; what bypasses the
   local's lookup (object.__getattribute__) finds no greenlet's attributes
   (tests/test_greenlet_local.py runs the same checks on gevent's and on
