@@ -188,11 +188,14 @@ class Handler:
                 if each is not None:
                     each.close()
             self.transport.close()
-            # wsgi.errors (an ErrorStream) refers back to this handler: drop the
-            # environ so the connection is freed now, not by a collection that
-            # may never come (a -w 0 process with --worker-gc off, a master-
-            # frozen heap); an environ the application kept keeps its stream.
-            self.base_env = self.http.environ_base = None
+            # wsgi.errors (an ErrorStream, in the base environ and in the last
+            # request's) refers back to this handler, the responder's bound
+            # methods to it, the transport's throw to this greenlet: drop them
+            # so the connection is freed now, not by a collection that may
+            # never come (--worker-gc off, a master-frozen heap); an environ
+            # the application kept keeps its stream.
+            self.responder.close()
+            self.base_env = self.http.environ_base = self.http.request = None
 
     def abort(self):
         """Shut the connection down (the server's close_now)."""

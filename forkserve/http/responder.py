@@ -44,9 +44,16 @@ class Responder:
         self.headers = ()
         self.headers_sent = False
         self._fatal = None
-        # bound once: the application gets the same callables on every request
+        # bound once: the application gets the same callables on every
+        # request (a cycle through self, broken by close())
         self._start_response = self.start_response
         self._write = self.write
+
+    def close(self):
+        """The connection has ended: drop the bound methods that refer back to
+        this responder, so it (and its transport) is freed without a
+        collection."""
+        self._start_response = self._write = None
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info:

@@ -156,6 +156,7 @@ class Transport:
         self.reader.close()
         sock.close()
         self.socket = None
+        self.throw = None  # the greenlet's, which refers back here
 
     def _linger_read(self):
         sock = self.socket

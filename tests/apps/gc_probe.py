@@ -1,7 +1,9 @@
 """What the serving process's collector sees, for the garbage tests.
 
-  /handlers   how many HTTP connection handlers are alive (found by gc):
-              the one serving this request, plus any left uncollected
+  /handlers   how many HTTP connections are alive (found by gc): the most
+              of any one of a connection's objects (its handler, transport,
+              reader, responder, its finished greenlet): the one serving this
+              request, plus any left uncollected
   /threshold  gc.get_threshold() of the serving process, space-separated
   /promote    leave a cycle behind that first survived a collection of the
               young generations: garbage in the oldest generation
@@ -9,7 +11,13 @@
   /leftovers  how many cycles /promote left are still alive
 """
 
+import collections
 import gc
+
+import gevent
+
+#: the classes of which each connection makes one
+PER_CONNECTION = {"Handler", "Transport", "Reader", "Responder"}
 
 
 class Leftover:
@@ -37,9 +45,12 @@ def app(environ, start_response):
     elif environ["PATH_INFO"] == "/leftovers":
         body = str(Leftover.alive)
     elif environ["PATH_INFO"] == "/handlers":
-        body = str(sum(1 for obj in gc.get_objects()
-                       if type(obj).__module__ == "forkserve.http.handler"
-                       and type(obj).__name__ == "Handler"))
+        alive = collections.Counter(
+            type(obj).__name__ for obj in gc.get_objects()
+            if type(obj).__module__.startswith("forkserve.http.") and
+            type(obj).__name__ in PER_CONNECTION or
+            isinstance(obj, gevent.Greenlet) and obj.dead)
+        body = str(max(alive.values(), default=0))
     elif environ["PATH_INFO"] == "/threshold":
         body = " ".join(str(n) for n in gc.get_threshold())
     else:
