@@ -182,11 +182,11 @@ def test_a_greenlets_attributes_go_when_the_greenlet_is_freed(local):
 
 @pytest.mark.parametrize("local", KINDS)
 def test_a_finished_greenlets_attributes_go_even_when_they_hold_the_greenlet(local):
-    """A connection's greenlet stores its request in a local, and the request
-    leads back to the greenlet (its socket, its handler): the greenlet is
-    never freed while the local holds its attributes. They go when it
-    finishes, as gevent's local and CPython's (at a thread's end) drop
-    them. The collector would not: they are reachable from the local."""
+    """A greenlet stores in a local what leads back to it (a request that
+    keeps its greenlet, for a timeout or a kill): the greenlet is never
+    freed while the local holds its attributes. They go when it finishes,
+    as gevent's local and CPython's (at a thread's end) drop them. The
+    collector would not: they are reachable from the local."""
     shared = local()
     gc_was = gc.isenabled()
     gc.disable()
@@ -207,6 +207,34 @@ def test_a_finished_greenlets_attributes_go_even_when_they_hold_the_greenlet(loc
     finally:
         if gc_was:
             gc.enable()
+
+
+@pytest.mark.parametrize("local", KINDS)
+def test_a_greenlet_that_lives_on_keeps_no_callback_of_a_local_that_is_gone(local):
+    """A long-lived greenlet (a kept-alive connection) that touches locals
+    made and dropped as it goes (one per object, as some libraries make
+    them) holds none of their finish callbacks; nor, with the C local, of
+    an entry dropped because its __init__ failed."""
+
+    class Failing(local):
+        def __init__(self):
+            raise ValueError("no")
+
+    failing = Failing.__new__(Failing)  # its __init__ runs in each greenlet that touches it
+
+    def touch_and_drop():
+        for _ in range(3):
+            made = local()
+            made.value = 1
+            del made
+        if local is C_LOCAL:
+            with pytest.raises(ValueError):
+                failing.value
+        answer.set(gevent.getcurrent().has_links())
+
+    answer = gevent.event.AsyncResult()  # not join(): that would link to it
+    gevent.spawn(touch_and_drop)
+    assert answer.get(timeout=10) is False
 
 
 @pytest.mark.parametrize("local", KINDS)
@@ -379,9 +407,9 @@ def test_a_workers_concurrent_requests_each_keep_their_own_locals(run_server, ar
 @pytest.mark.parametrize("args", [pytest.param((), id="c", marks=needs_c),
                                   pytest.param(("--no-c-local",), id="gevent")])
 def test_a_worker_frees_each_closed_connections_greenlet(run_server, args):
-    """Each request keeps its environ in a local (as Bottle does), which
-    leads back to its connection's greenlet; 40 connections, one request
-    each, must leave no greenlet that a collection cannot free."""
+    """Each request keeps its environ and its greenlet in a local; 40
+    connections, one request each, must leave no greenlet that a
+    collection cannot free."""
     server = run_server("-w", "1", *args, app="greenlet_locals:app")
 
     def alive():

@@ -12,12 +12,14 @@
  * finds no greenlet's attributes, as on CPython's and gevent's locals.
  *
  * Invariants:
- * - The registry's `dicts` maps a greenlet's address (an int) to a 2-tuple:
+ * - The registry's `dicts` maps a greenlet's address (an int) to a 3-tuple:
  *   a weak reference to the greenlet, whose callback drops the entry when
- *   the greenlet is freed, and the greenlet's dict. A gevent Greenlet's
- *   entry goes when it finishes (the same callback, rawlinked), as gevent's
- *   local does: its dict may lead back to it (a request, its connection),
- *   and then it is never freed. The callbacks hold the
+ *   the greenlet is freed, the greenlet's dict, and the same callback if
+ *   it is also rawlinked to the greenlet, else None. A gevent Greenlet's
+ *   entry goes when it finishes (that rawlink), as gevent's local does: its
+ *   dict may lead back to it, and then it is never freed. An entry dropped
+ *   otherwise (its __init__ failed, the local cleared or freed) unlinks its
+ *   callback, so a greenlet that lives on gathers none. The callbacks hold the
  *   registry, not the local: they keep working for a local a finaliser
  *   brought back after the collector cleared its weak references. The
  *   cycle registry -> entry -> weakref -> callback -> registry is broken
@@ -53,9 +55,9 @@
 
 typedef PyObject *(*getcurrent_fn)(void);
 static getcurrent_fn greenlet_getcurrent;
-/* gevent.Greenlet, and "rawlink" (its finish callbacks) */
+/* gevent.Greenlet, and the names of its finish callbacks' methods */
 static PyTypeObject *gevent_greenlet_type;
-static PyObject *rawlink_name;
+static PyObject *rawlink_name, *unlink_name;
 
 typedef struct Local Local;
 
@@ -139,7 +141,88 @@ release(PyObject *data, PyObject *Py_UNUSED(greenlet_ref))
 
 static PyMethodDef release_def = {"release", (PyCFunction)release, METH_O, NULL};
 
-/* A new entry for `greenlet` at `key`: (weakref, new dict). */
+/* The exception being raised, taken out and put back as it was: Python
+ * code (unlink) must not run with one set. */
+typedef struct {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *raised;
+#else
+    PyObject *type, *value, *traceback;
+#endif
+} SavedError;
+
+static void
+save_error(SavedError *saved)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    saved->raised = PyErr_GetRaisedException();
+#else
+    PyErr_Fetch(&saved->type, &saved->value, &saved->traceback);
+#endif
+}
+
+static void
+restore_error(SavedError *saved)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(saved->raised);
+#else
+    PyErr_Restore(saved->type, saved->value, saved->traceback);
+#endif
+}
+
+/* Take the finish callback `link` back from `greenlet` (its unlink), so a
+ * greenlet that lives on does not gather one per local it touched; as
+ * gevent's local does. A failure is reported, not raised: the entry goes
+ * anyway. No exception may be set. */
+static void
+unlink_from(PyObject *greenlet, PyObject *link)
+{
+    PyObject *done = PyObject_CallMethodOneArg(greenlet, unlink_name, link);
+    if (done == NULL) {
+        PyErr_WriteUnraisable(link);
+    }
+    Py_XDECREF(done);
+}
+
+/* unlink_from for an entry's greenlet, if it is alive and was linked. */
+static void
+unlink_entry(PyObject *entry)
+{
+    PyObject *link = PyTuple_GET_ITEM(entry, 2);
+    if (link == Py_None) {
+        return;
+    }
+    PyObject *greenlet;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyWeakref_GetRef(PyTuple_GET_ITEM(entry, 0), &greenlet) < 0) {
+        PyErr_WriteUnraisable(link);
+        return;
+    }
+#else
+    greenlet = PyWeakref_GetObject(PyTuple_GET_ITEM(entry, 0));
+    greenlet = greenlet != NULL && greenlet != Py_None ? Py_NewRef(greenlet) : NULL;
+#endif
+    if (greenlet != NULL) {  /* else it is gone, and its links with it */
+        unlink_from(greenlet, link);
+        Py_DECREF(greenlet);
+    }
+}
+
+/* Unlink each entry of `entries` (a list), keeping any exception set. */
+static void
+unlink_entries(PyObject *entries)
+{
+    SavedError saved;
+    save_error(&saved);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
+        unlink_entry(PyList_GET_ITEM(entries, i));
+    }
+    restore_error(&saved);
+}
+
+/* A new entry for `greenlet` at `key`: (weakref, new dict, the finish
+ * callback linked to a gevent Greenlet or None). */
 static PyObject *
 new_entry(Local *self, PyObject *greenlet, PyObject *key)
 {
@@ -158,7 +241,8 @@ new_entry(Local *self, PyObject *greenlet, PyObject *key)
         return NULL;
     }
     /* A gevent Greenlet's attributes go when it finishes: they may lead
-     * back to it (a request, its socket), and then it is never freed. */
+     * back to it (a request that keeps it), and then it is never freed. */
+    PyObject *link = Py_None;
     if (PyObject_TypeCheck(greenlet, gevent_greenlet_type)) {
         PyObject *linked = PyObject_CallMethodOneArg(greenlet, rawlink_name, callback);
         if (linked == NULL) {
@@ -167,16 +251,19 @@ new_entry(Local *self, PyObject *greenlet, PyObject *key)
             return NULL;
         }
         Py_DECREF(linked);
+        link = callback;
     }
-    Py_DECREF(callback);
     PyObject *dict = PyDict_New();
-    if (dict == NULL) {
-        Py_DECREF(ref);
-        return NULL;
-    }
-    PyObject *entry = PyTuple_Pack(2, ref, dict);
+    PyObject *entry = dict != NULL ? PyTuple_Pack(3, ref, dict, link) : NULL;
+    Py_XDECREF(dict);
     Py_DECREF(ref);
-    Py_DECREF(dict);
+    Py_DECREF(callback);
+    if (entry == NULL && link != Py_None) {
+        SavedError saved;
+        save_error(&saved);
+        unlink_from(greenlet, link);
+        restore_error(&saved);
+    }
     return entry;
 }
 
@@ -189,15 +276,37 @@ set_slot(Local *self, PyObject *dict)
     Py_XDECREF(old);
 }
 
+/* Drop `key`'s entry (its __init__ failed), with the exception taken out
+ * by the caller. */
 static void
 drop_entry(Local *self, PyObject *key, void *greenlet)
 {
     if (self->owner == greenlet) {
         forget_owner(self);
     }
-    if (self->registry->dicts != NULL && PyDict_DelItem(self->registry->dicts, key) < 0) {
+    PyObject *dicts = self->registry->dicts;
+    PyObject *entry = dicts != NULL ? PyDict_GetItemWithError(dicts, key) : NULL;
+    if (entry == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    Py_INCREF(entry);
+    if (PyDict_DelItem(dicts, key) < 0) {
         PyErr_Clear();
     }
+    unlink_entry(entry);
+    Py_DECREF(entry);
+}
+
+/* Drop a new entry that was not stored, keeping the exception set if any. */
+static void
+discard_entry(PyObject *entry)
+{
+    SavedError saved;
+    save_error(&saved);
+    unlink_entry(entry);
+    restore_error(&saved);
+    Py_DECREF(entry);
 }
 
 /* Fill the slot with the running greenlet's dict: 0, or -1 with an
@@ -248,13 +357,13 @@ select_dict(Local *self, int init)
             goto failed;
         }
         if (self->registry->dicts == NULL) {  /* that collection cleared it */
-            Py_DECREF(entry);
+            discard_entry(entry);
             PyErr_SetString(PyExc_RuntimeError, "the local was cleared");
             goto failed;
         }
         PyObject *found = PyDict_GetItemWithError(self->registry->dicts, key);
         if (found != NULL || PyErr_Occurred()) {
-            Py_DECREF(entry);
+            discard_entry(entry);  /* (found is only compared with NULL after) */
             Py_DECREF(key);
             Py_DECREF(greenlet);
             if (found == NULL) {
@@ -262,26 +371,20 @@ select_dict(Local *self, int init)
             }
             continue;  /* one made meanwhile: select it */
         }
-        int stored = PyDict_SetItem(self->registry->dicts, key, entry);
-        Py_DECREF(entry);
-        if (stored < 0) {
+        if (PyDict_SetItem(self->registry->dicts, key, entry) < 0) {
+            discard_entry(entry);
             goto failed;
         }
+        Py_DECREF(entry);
         initproc tp_init = Py_TYPE(self)->tp_init;
         if (init && tp_init != PyBaseObject_Type.tp_init) {
             /* __init__ reads and writes through select_dict itself, and may
              * switch greenlets: ours is selected again once it returns. */
             if (tp_init((PyObject *)self, self->args, self->kwargs) < 0) {
-#if PY_VERSION_HEX >= 0x030C0000
-                PyObject *raised = PyErr_GetRaisedException();
+                SavedError saved;
+                save_error(&saved);
                 drop_entry(self, key, greenlet);
-                PyErr_SetRaisedException(raised);
-#else
-                PyObject *type, *value, *traceback;
-                PyErr_Fetch(&type, &value, &traceback);
-                drop_entry(self, key, greenlet);
-                PyErr_Restore(type, value, traceback);
-#endif
+                restore_error(&saved);
                 goto failed;
             }
         }
@@ -346,7 +449,15 @@ local_clear(Local *self)
     forget_owner(self);
     Py_CLEAR(self->slot);
     if (self->registry != NULL && self->registry->dicts != NULL) {
+        PyObject *entries = PyDict_Values(self->registry->dicts);
         PyDict_Clear(self->registry->dicts);
+        if (entries != NULL) {
+            unlink_entries(entries);  /* after the clear: it runs Python code */
+            Py_DECREF(entries);
+        }
+        else {
+            PyErr_WriteUnraisable((PyObject *)self);  /* no memory: links stay */
+        }
     }
     Py_CLEAR(self->args);
     Py_CLEAR(self->kwargs);
@@ -526,7 +637,8 @@ bind_gevent(void)
     }
     gevent_greenlet_type = (PyTypeObject *)type;  /* kept for the process's life */
     rawlink_name = PyUnicode_InternFromString("rawlink");
-    return rawlink_name != NULL ? 0 : -1;
+    unlink_name = PyUnicode_InternFromString("unlink");
+    return rawlink_name != NULL && unlink_name != NULL ? 0 : -1;
 }
 
 static int

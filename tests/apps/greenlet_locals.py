@@ -4,8 +4,9 @@ GET /N/PATH: the request stores PATH in a threading.local and in a
 subclass's instance, then waits until N requests hold theirs at once (so
 every one of them set its value before any reads it back), then answers
 "<type of threading.local> <PATH read back> <the subclass's PATH>".
-The local also keeps the request's environ, as Bottle's does: it leads
-back to the connection's greenlet.
+The local also keeps the request's environ, as Bottle's does, and its
+greenlet, as an app that may kill or time it out does: the local's
+attributes then lead back to the connection's greenlet.
 
 GET /greenlets: how many gevent Greenlets are alive in this worker after
 a collection (one that only the collector frees is not counted).
@@ -37,6 +38,7 @@ def app(environ, start_response):
     _, count, path = environ["PATH_INFO"].split("/", 2)
     context.path = path
     context.environ = environ
+    context.greenlet = gevent.getcurrent()
     request.path = path.upper()
     arrived = gevent.event.Event()
     waiting.append(arrived)
