@@ -187,15 +187,19 @@ class Handler:
             for each in (self._head_timer, self._idle_timer):
                 if each is not None:
                     each.close()
-            self.transport.close()
-            # wsgi.errors (an ErrorStream, in the base environ and in the last
-            # request's) refers back to this handler, the responder's bound
-            # methods to it, the transport's throw to this greenlet: drop them
-            # so the connection is freed now, not by a collection that may
-            # never come (--worker-gc off, a master-frozen heap); an environ
-            # the application kept keeps its stream.
-            self.responder.close()
-            self.base_env = self.http.environ_base = self.http.request = None
+            try:
+                self.transport.close()
+            finally:
+                # Two cycles: wsgi.errors (an ErrorStream, in the base environ
+                # and in the last request's) refers back to this handler, and
+                # the responder's bound methods to the responder. Break them
+                # so the connection is freed now, not by a collection that may
+                # never come (--worker-gc off, a master-frozen heap); an
+                # environ the application kept keeps its stream (which no
+                # longer leads to this greenlet: the transport dropped its
+                # throw).
+                self.responder.close()
+                self.base_env = self.http.environ_base = self.http.request = None
 
     def abort(self):
         """Shut the connection down (the server's close_now)."""

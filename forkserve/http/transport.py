@@ -156,7 +156,8 @@ class Transport:
         self.reader.close()
         sock.close()
         self.socket = None
-        self.throw = None  # the greenlet's, which refers back here
+        self.throw = None  # the greenlet's: what still holds this transport (an
+        # environ the application kept) does not keep the greenlet
 
     def _linger_read(self):
         sock = self.socket
