@@ -209,18 +209,6 @@ unlink_entry(PyObject *entry)
     }
 }
 
-/* Unlink each entry of `entries` (a list), keeping any exception set. */
-static void
-unlink_entries(PyObject *entries)
-{
-    SavedError saved;
-    save_error(&saved);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
-        unlink_entry(PyList_GET_ITEM(entries, i));
-    }
-    restore_error(&saved);
-}
-
 /* A new entry for `greenlet` at `key`: (weakref, new dict, the finish
  * callback linked to a gevent Greenlet or None). */
 static PyObject *
@@ -257,13 +245,13 @@ new_entry(Local *self, PyObject *greenlet, PyObject *key)
     PyObject *entry = dict != NULL ? PyTuple_Pack(3, ref, dict, link) : NULL;
     Py_XDECREF(dict);
     Py_DECREF(ref);
-    Py_DECREF(callback);
     if (entry == NULL && link != Py_None) {
         SavedError saved;
         save_error(&saved);
         unlink_from(greenlet, link);
         restore_error(&saved);
     }
+    Py_DECREF(callback);
     return entry;
 }
 
@@ -449,15 +437,21 @@ local_clear(Local *self)
     forget_owner(self);
     Py_CLEAR(self->slot);
     if (self->registry != NULL && self->registry->dicts != NULL) {
+        SavedError saved;  /* a dealloc may run while an exception is raised */
+        save_error(&saved);
         PyObject *entries = PyDict_Values(self->registry->dicts);
         PyDict_Clear(self->registry->dicts);
         if (entries != NULL) {
-            unlink_entries(entries);  /* after the clear: it runs Python code */
+            /* after the clear: unlink runs Python code */
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
+                unlink_entry(PyList_GET_ITEM(entries, i));
+            }
             Py_DECREF(entries);
         }
         else {
             PyErr_WriteUnraisable((PyObject *)self);  /* no memory: links stay */
         }
+        restore_error(&saved);
     }
     Py_CLEAR(self->args);
     Py_CLEAR(self->kwargs);
