@@ -15,7 +15,7 @@ import pytest
 
 from forkserve.config import settings
 from forkserve.process.cpu_turns import take_turns
-from forkserve_testing import missing, poll
+from forkserve_testing import missing
 
 
 def test_the_loop_yields_before_it_polls_and_never_keeps_itself_running():
