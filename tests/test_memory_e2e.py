@@ -107,6 +107,27 @@ def test_stats_endpoint_serves_json_and_prometheus_text(run_server):
     assert {row["pid"] for row in json.loads(out.stdout)["processes"]} == set(rows)
 
 
+def test_a_workers_count_in_the_stats_is_every_request_its_app_answered(run_server):
+    # A worker stores its count in the scoreboard before its loop next polls,
+    # not after each request: once it waits for the next one, the master's
+    # figure is the app's own count, exactly.
+    server = run_server("-w", "1", "--stats", "127.0.0.1:0", app="hog:app")
+    [worker] = server.wait_workers(1)
+    for _ in range(6):
+        server.get("/")
+    seen = int(server.get("/seen")[1])
+    port = _stats_port(server)
+    counts = []
+
+    def published():
+        rows = json.loads(_fetch(port, "/json")[2])["processes"]
+        counts.append(next(row["requests"] for row in rows if row["pid"] == worker))
+        return counts[-1] == seen
+
+    poll(published, message=f"the stats to count the app's {seen} requests")
+    assert all(count <= seen for count in counts), (counts, seen)
+
+
 def _check_prometheus(text):
     sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"'
                         r'(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? -?[0-9.e+-]+$')

@@ -12,6 +12,9 @@ Invariants:
   field; a reader may see fields from two different moments, which is fine
   for heartbeats and counters.
 - `beat` is CLOCK_MONOTONIC seconds, which every process on the host shares.
+- `requests` is stored by the worker's loop before each poll, not per request
+  (forkserve.process.worker): a reader sees every request answered before
+  the worker last waited for I/O.
 - `span` (one word after the last slot) is one more than the highest slot
   the master ever prepared: workers reading their peers' loads
   (forkserve.process.balance) stop there instead of at `capacity`.
@@ -68,7 +71,7 @@ class Scoreboard:
         #: own (a test injects one; a worker's monotonic clock is the master's)
         self.clock = clock
         self._mem = mmap.mmap(-1, self.capacity * _SLOT_SIZE + 8)  # + span
-        #: the same memory as native 8-byte words: count_request() runs per request
+        #: the same memory as native 8-byte words, for the stores of a worker's loop
         self._words = memoryview(self._mem).cast("Q")
 
     # --- master side ---
@@ -93,8 +96,8 @@ class Scoreboard:
     def set_state(self, index, state):
         struct.pack_into("=q", self._mem, index * _SLOT_SIZE + _STATE, state)
 
-    def count_request(self, index):
-        self._words[(index * _SLOT_SIZE + _REQUESTS) >> 3] += 1
+    def set_requests(self, index, served):
+        self._words[(index * _SLOT_SIZE + _REQUESTS) >> 3] = served
 
     def set_connections(self, index, open_now, accepted):
         words, at = self._words, (index * _SLOT_SIZE + _CONNECTIONS) >> 3

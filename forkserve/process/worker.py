@@ -80,6 +80,7 @@ class Worker(Loop):
         #: gone (SIGKILL), the worker stops rather than serve with no master
         self.parent = self.master_pid = os.getpid()
         self.requests = 0
+        self._publisher = None  # the loop's watcher that stores `requests` in the slot
         self.servers = []
         self.stop_state = StopState()  # a TERM, an INT or QUIT, or the master gone
         self.clock = time.monotonic
@@ -189,9 +190,16 @@ class Worker(Loop):
     def boot_servers(self):
         admission = None if self.cfg.no_balance else Admission(
             self.scoreboard, self.index, original("select", "select"), time.monotonic)
+        # A request only adds one to `requests` unless a limit must be checked
+        # after it; the scoreboard gets the count before the loop next polls.
+        checked = self.max_requests or self.memory_limit is not None
         self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
-                                    on_request=self._count_request, hooks=self.hooks,
-                                    admission=admission)
+                                    on_request=self._count_and_check if checked
+                                    else self._count_request,
+                                    hooks=self.hooks, admission=admission)
+        from gevent import get_hub
+        self._publisher = get_hub().loop.prepare(ref=False)  # unreferenced: it keeps no loop
+        self._publisher.start(self._publish_requests)
         for server in self.servers:
             server.start()
         # Logged before the master can see READY: a log shows a replacement
@@ -278,7 +286,12 @@ class Worker(Loop):
 
     def _count_request(self):
         self.requests += 1
-        self.scoreboard.count_request(self.index)
+
+    def _publish_requests(self):
+        self.scoreboard.set_requests(self.index, self.requests)
+
+    def _count_and_check(self):
+        self.requests += 1
         if self.retiring:
             return
         if self.max_requests and self.requests == self.max_requests:

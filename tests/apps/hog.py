@@ -7,6 +7,8 @@
   /gc          the gc thresholds this worker runs with
   /hold?PATH   create PATH.held, then answer once the file at PATH exists
                (keeps a request in flight)
+  /seen        how many requests this process's app was called with, this
+               one included
 """
 
 import gc
@@ -15,9 +17,12 @@ import os
 import time
 
 _held = []
+_seen = 0
 
 
 def app(environ, start_response):
+    global _seen
+    _seen += 1
     path = environ["PATH_INFO"]
     if path == "/alloc":
         megabytes = int(environ.get("QUERY_STRING") or "10")
@@ -43,6 +48,6 @@ def app(environ, start_response):
         deadline = time.monotonic() + 60
         while not os.path.exists(environ["QUERY_STRING"]) and time.monotonic() < deadline:
             time.sleep(0.05)  # cooperative under gevent: other requests go on
-    body = str(os.getpid()).encode()
+    body = str(_seen if path == "/seen" else os.getpid()).encode()
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
     return [body]
