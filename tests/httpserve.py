@@ -27,6 +27,7 @@ from gevent.event import Event  # noqa: E402
 
 from forkserve.http.handler import Handler, Limits  # noqa: E402
 from forkserve.http.server import Server  # noqa: E402
+from forkserve.http.transport import Outbox  # noqa: E402
 
 ENVIRON_KEYS = ("RAW_URI", "REQUEST_URI", "SERVER_NAME", "SERVER_PORT", "SERVER_SOFTWARE", "SERVER_PROTOCOL",
                 "REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "REMOTE_ADDR",
@@ -200,6 +201,8 @@ def main():
     parser.add_argument("--drain-timeout", type=float, default=5.0)
     parser.add_argument("--unix", help="listen on this AF_UNIX path instead of 127.0.0.1")
     parser.add_argument("--server-name")
+    parser.add_argument("--batch-responses", type=int, default=0,
+                        help="1: write whole responses at the end of the loop's pass (an Outbox)")
     for field in Limits.__dataclass_fields__.values():
         parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default),
                             default=field.default)
@@ -220,7 +223,9 @@ def main():
     SERVER = server = Server(listener, checked(app), worker_connections=args.worker_connections,
                              limits=limits, on_request=count_request, access_log=access_log,
                              server_name=args.server_name,
-                             error_log=file_logger("test.error", args.error_log))
+                             error_log=file_logger("test.error", args.error_log),
+                             outbox=Outbox(gevent.get_hub().loop) if args.batch_responses
+                             else None)
     server.handler_class = ProbeHandler
     server.start()
     print("PORT", 0 if args.unix else listener.getsockname()[1], flush=True)

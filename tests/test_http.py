@@ -444,9 +444,11 @@ def test_expect_100_continue_is_owed_until_the_first_body_read():
 e2e = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    live = LiveServer(tmp_path_factory.mktemp("http"), **LIMITS)
+@pytest.fixture(scope="module", params=[0, 1], ids=["direct", "batched"])
+def server(tmp_path_factory, request):
+    """The test server, writing each whole response as it is made, and
+    (`batched`) at the end of its loop's pass (--batch-responses)."""
+    live = LiveServer(tmp_path_factory.mktemp("http"), batch_responses=request.param, **LIMITS)
     yield live
     live.stop()
 

@@ -107,7 +107,7 @@ class Responder:
                     if whole is not None:
                         self.code = http.code
                         self.headers_sent = True
-                        self.transport.send(whole)
+                        self.transport.send_response(whole)
                     else:
                         self._send_whole(data)
                 else:

@@ -78,7 +78,7 @@ class Server:
                  access_log=None, error_log=None, multiprocess=True,
                  on_request=None, server_name=None, pool=None, access_format=None,
                  access_sink=None, proxy=None, admission=None, sendfile=True,
-                 connection_class=Connection, allowed_peers=None):
+                 connection_class=Connection, allowed_peers=None, outbox=None):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.process.sockets first")
@@ -102,6 +102,9 @@ class Server:
         self.proxy = proxy if proxy is not None else ProxyPolicy()
         #: send wsgi.file_wrapper's regular files with os.sendfile() (the sendfile setting)
         self.sendfile = sendfile
+        #: the process's transport.Outbox, which writes whole responses at the
+        #: end of the loop's pass (--batch-responses), or None
+        self.outbox = outbox
         self.logger = error_log if error_log is not None else logging.getLogger("forkserve.error")
         self.on_request = on_request
         self.loop = get_hub().loop

@@ -1,12 +1,18 @@
 """The socket side of one connection: reads, sends bounded by send_timeout,
-timers that interrupt a wait on the client, and the lingering close.
+timers that interrupt a wait on the client, and the lingering close; and a
+process's Outbox, which writes whole responses at the end of the event
+loop's pass (--batch-responses).
 forkserve.http.handler drives a forkserve.http.protocol.Connection with it.
 
 Invariants: a timer only ever interrupts a wait on this connection's socket
 (it is armed just around the wait and stopped right after, with no switch in
 between), so it never fires inside application code; a send that the client
 does not let finish within send_timeout, or that fails because the client is
-gone, becomes ClientDisconnected and the connection is closed.
+gone, becomes ClientDisconnected and the connection is closed. A response
+held in the Outbox is written, in one write(2), before the loop next polls,
+and the greenlet that holds it waits until then: what the write did (a
+short write's rest, an error) is then dealt with in that greenlet exactly
+as if it had written itself.
 """
 
 import errno
@@ -14,11 +20,12 @@ import os
 from socket import SHUT_RDWR, SHUT_WR
 
 from gevent import getcurrent, get_hub
+from gevent.hub import Waiter
 from gevent.socket import wait_write
 
 from forkserve.http.h1 import ClientDisconnected
 
-__all__ = ["Transport", "Reader", "Expired", "READ_BUFFER", "GONE_ERRNOS", "timer"]
+__all__ = ["Transport", "Reader", "Outbox", "Expired", "READ_BUFFER", "GONE_ERRNOS", "timer"]
 
 #: Bytes read from the socket at a time.
 READ_BUFFER = 16384
@@ -49,9 +56,10 @@ class Transport:
     a moment first: set it when the client's request was not read to its end.
     """
 
-    def __init__(self, sock, loop, send_timeout):
+    def __init__(self, sock, loop, send_timeout, outbox=None):
         self.socket = sock
         self.loop = loop
+        self.outbox = outbox  # the process's Outbox with --batch-responses, else None
         self._fd = sock.fileno()
         self.reader = Reader(self._fd, loop)
         self.linger = False
@@ -100,6 +108,20 @@ class Transport:
             if ex.errno not in GONE_ERRNOS:
                 raise
             raise ClientDisconnected("client went away during the response") from ex
+        if sent < len(data):
+            self.guarded(self.socket.sendall, memoryview(data)[sent:])
+
+    def send_response(self, data):
+        """Send a whole response, `data`, as send() does; with an Outbox,
+        written with the other responses of the loop's pass, at its end."""
+        outbox = self.outbox
+        if outbox is None:
+            return self.send(data)
+        sent = outbox.hold(self._fd, data)
+        if type(sent) is not int:
+            if sent.errno not in GONE_ERRNOS:
+                raise sent
+            raise ClientDisconnected("client went away during the response") from sent
         if sent < len(data):
             self.guarded(self.socket.sendall, memoryview(data)[sent:])
 
@@ -210,6 +232,55 @@ class Reader:
 
     def close(self):
         self._readable.close()
+
+
+class Outbox:
+    """Whole responses held until the event loop's pass ends, then written
+    back to back, one write(2) each (--batch-responses).
+
+    Every response written wakes the client if it sleeps waiting for one. A
+    load generator or a proxy that answers quickly is asleep again before
+    the next response, so a process that writes each response as it is made
+    wakes it once per request, and on a virtual machine a wake-up on another
+    CPU is an interrupt through the hypervisor: on a 2-vCPU VM, 9-10 µs of
+    the writing process's CPU per PersonDB request (perf: the kernel's
+    sock_def_readable). Written together, the responses of one pass wake it
+    once. A response waits at most for the rest of its pass.
+    """
+
+    def __init__(self, loop):
+        self._loop = loop
+        self._held = []  # (fd, data, waiter) in the order held
+
+    def hold(self, fd, data):
+        """Hold `data` for `fd` until the pass ends; the count write(2) took,
+        or the OSError it raised. Called from the connection's greenlet."""
+        held = self._held
+        if not held:
+            # gevent runs its callbacks before the loop polls
+            self._loop.run_callback(self.write_held)
+        waiter = Waiter()
+        held.append((fd, data, waiter))
+        try:
+            return waiter.get()
+        except BaseException:  # killed while held: the response is not written
+            self._held = [entry for entry in self._held if entry[2] is not waiter]
+            raise
+
+    def write_held(self):
+        """Write what is held now (from the hub: a prepare watcher, a callback),
+        and hand each holder its result."""
+        held, self._held = self._held, []
+        results = []
+        for fd, data, _ in held:
+            try:
+                results.append(os.write(fd, data))
+            except BlockingIOError:
+                results.append(0)
+            except OSError as ex:
+                results.append(ex)
+        for (_, _, waiter), sent in zip(held, results):
+            waiter.switch(sent)
 
 
 def timer(loop, seconds):

@@ -9,7 +9,7 @@ import os
 
 from forkserve import logs
 
-__all__ = ["preload", "make_servers", "gevent_socket"]
+__all__ = ["preload", "make_servers", "outbox_for", "gevent_socket"]
 
 
 def preload():
@@ -38,10 +38,23 @@ def preload():
     import forkserve.process.balance  # noqa: F401
 
 
-def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admission=None):
+def outbox_for(cfg):
+    """The process's forkserve.http.transport.Outbox with --batch-responses,
+    else None. Made after fork, on the process's own hub."""
+    if not cfg.batch_responses:
+        return None
+    from gevent import get_hub
+
+    from forkserve.http.transport import Outbox
+    return Outbox(get_hub().loop)
+
+
+def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admission=None,
+                 outbox=None):
     """One gevent WSGI server per listening socket, configured from settings,
     serving the application wrapped in `hooks` (pre_request/post_request);
-    `admission` (forkserve.process.balance) decides when they accept."""
+    `admission` (forkserve.process.balance) decides when they accept; the
+    process's `outbox` (outbox_for) writes their whole responses."""
     from gevent.pool import Pool
 
     from forkserve.http.accesslog import AccessFormat
@@ -75,7 +88,8 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
                    error_log=logs.error_log, multiprocess=multiprocess,
                    on_request=on_request, pool=pool, access_format=access_format,
                    access_sink=logs.access_sink(access_format),
-                   admission=admission, sendfile=cfg.sendfile, **speaks[protocol])
+                   admission=admission, sendfile=cfg.sendfile, outbox=outbox,
+                   **speaks[protocol])
             for listener, protocol in zip(listeners, protocols)]
 
 

@@ -37,7 +37,7 @@ from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
 from forkserve.process.driver import Driver
 from forkserve.process.generations import Generations
-from forkserve.process.gevent_servers import make_servers
+from forkserve.process.gevent_servers import make_servers, outbox_for
 from forkserve.process.signals import SINGLE_SIGNALS, SignalQueue
 from forkserve.process.stop_state import StopState
 
@@ -79,13 +79,16 @@ class SingleServer(Driver):
         # by the --worker-gc policy (the frozen heap is never examined)
         self.gc = workergc.apply(self.cfg.worker_gc)
         # takes turns on the CPU with other processes, as a worker does
-        self.cpu_turns = cpu_turns.take_turns(gevent.get_hub().loop) if self.cfg.yield_cpu \
-            else None
+        outbox = outbox_for(self.cfg)  # --batch-responses
+        self.cpu_turns = cpu_turns.take_turns(
+            gevent.get_hub().loop, before_yield=outbox and outbox.write_held) \
+            if self.cfg.yield_cpu else None
         # run on the event loop, not in a signal handler
         self.queue.install(SINGLE_SIGNALS, setter=signals.on_hub)
         signals.release()
         servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=False,
-                               on_request=self._count_request, hooks=self.hooks)
+                               on_request=self._count_request, hooks=self.hooks,
+                               outbox=outbox)
         for server in servers:
             server.start()
         log.info("Serving from a single process, pid %d (no workers)", os.getpid())

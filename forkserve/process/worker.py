@@ -8,7 +8,10 @@ A worker serves every listening socket with one gevent WSGI server each
 (a greenlet per connection), beats its scoreboard slot from its loop, the
 loop every forkserve process runs (forkserve.process.driver.Loop), so a
 blocked event loop stops the beat (the master then kills it), counts
-requests, and asks the master to recycle it when --max-requests is reached.
+requests (one add each, stored in its slot before its loop polls: a
+store and the limits' checks after each request cost 5% of hello world's
+instructions), and asks the master to recycle it when --max-requests is
+reached.
 Its signal handlers run on the hub and only enqueue, as in the master; the
 loop dispatches them, and stops when its master is gone. It ends only
 through cow.exit_process(): never into the master's code.
@@ -29,7 +32,7 @@ from forkserve.process import affinity, cpu_turns, privileges, procname, signals
 from forkserve.process.balance import Admission
 from forkserve.process.driver import Loop
 from forkserve.process.hooks import Hooks
-from forkserve.process.gevent_servers import make_servers
+from forkserve.process.gevent_servers import make_servers, outbox_for
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 from forkserve.process.signals import SignalQueue
 from forkserve.process.stop_state import StopState
@@ -161,8 +164,12 @@ class Worker(Loop):
         self.gc = workergc.apply(self.cfg.worker_gc,
                                  functools.partial(self.scoreboard.set_gc, self.index))
         #: the sched_yield() between batches (forkserve.process.cpu_turns), or None
-        self.cpu_turns = cpu_turns.take_turns(gevent.get_hub().loop) if self.cfg.yield_cpu \
-            else None
+        #: the Outbox that writes the loop's pass's responses at its end
+        #: (--batch-responses), or None
+        self.outbox = outbox_for(self.cfg)
+        self.cpu_turns = cpu_turns.take_turns(
+            gevent.get_hub().loop, before_yield=self.outbox and self.outbox.write_held) \
+            if self.cfg.yield_cpu else None
         self.queue.install(_HANDLED, setter=signals.on_hub)
         signals.release()  # blocked by the master across the fork; pending ones arrive now
         self._make_loop_pipe()
@@ -196,7 +203,8 @@ class Worker(Loop):
         self.servers = make_servers(self.cfg, self.app, self.listeners, multiprocess=True,
                                     on_request=self._count_and_check if checked
                                     else self._count_request,
-                                    hooks=self.hooks, admission=admission)
+                                    hooks=self.hooks, admission=admission,
+                                    outbox=self.outbox)
         from gevent import get_hub
         self._publisher = get_hub().loop.prepare(ref=False)  # unreferenced: it keeps no loop
         self._publisher.start(self._publish_requests)
