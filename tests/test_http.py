@@ -447,7 +447,7 @@ e2e = pytest.mark.e2e
 @pytest.fixture(scope="module", params=[0, 1], ids=["direct", "batched"])
 def server(tmp_path_factory, request):
     """The test server, writing each whole response as it is made, and
-    (`batched`) at the end of its loop's pass (--batch-responses)."""
+    (`batched`) at the end of its loop's pass (an Outbox, forkserve's default)."""
     live = LiveServer(tmp_path_factory.mktemp("http"), batch_responses=request.param, **LIMITS)
     yield live
     live.stop()

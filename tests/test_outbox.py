@@ -1,5 +1,5 @@
 """forkserve.http.transport.Outbox: whole responses written at the end of the
-event loop's pass (--batch-responses), on socket pairs in this process's hub."""
+event loop's pass (the batch_responses setting), on socket pairs in this process's hub."""
 
 import os
 import socket

@@ -103,7 +103,7 @@ class Server:
         #: send wsgi.file_wrapper's regular files with os.sendfile() (the sendfile setting)
         self.sendfile = sendfile
         #: the process's transport.Outbox, which writes whole responses at the
-        #: end of the loop's pass (--batch-responses), or None
+        #: end of the loop's pass (batch_responses), or None
         self.outbox = outbox
         self.logger = error_log if error_log is not None else logging.getLogger("forkserve.error")
         self.on_request = on_request

@@ -1,7 +1,7 @@
 """The socket side of one connection: reads, sends bounded by send_timeout,
 timers that interrupt a wait on the client, and the lingering close; and a
 process's Outbox, which writes whole responses at the end of the event
-loop's pass (--batch-responses).
+loop's pass (unless --no-batch-responses).
 forkserve.http.handler drives a forkserve.http.protocol.Connection with it.
 
 Invariants: a timer only ever interrupts a wait on this connection's socket
@@ -59,7 +59,7 @@ class Transport:
     def __init__(self, sock, loop, send_timeout, outbox=None):
         self.socket = sock
         self.loop = loop
-        self.outbox = outbox  # the process's Outbox with --batch-responses, else None
+        self.outbox = outbox  # the process's Outbox, None with --no-batch-responses
         self._fd = sock.fileno()
         self.reader = Reader(self._fd, loop)
         self.linger = False
@@ -236,7 +236,7 @@ class Reader:
 
 class Outbox:
     """Whole responses held until the event loop's pass ends, then written
-    back to back, one write(2) each (--batch-responses).
+    back to back, one write(2) each (the batch_responses setting).
 
     Every response written wakes the client if it sleeps waiting for one. A
     load generator or a proxy that answers quickly is asleep again before

@@ -11,7 +11,7 @@ on each other many times a millisecond.
 
 `take_turns` has the process call sched_yield() before its event loop
 polls, once TURN seconds of the loop's time have passed since it last did
-(and first write the responses its Outbox holds, with --batch-responses:
+(and first write the responses its Outbox holds, unless --no-batch-responses:
 they would otherwise wait for the other processes' turns):
 the next runnable process on the CPU then runs after a batch of requests
 instead of after a tick (hello world's p99 with the same 4 workers: 1.8-2.1

@@ -39,8 +39,8 @@ def preload():
 
 
 def outbox_for(cfg):
-    """The process's forkserve.http.transport.Outbox with --batch-responses,
-    else None. Made after fork, on the process's own hub."""
+    """The process's forkserve.http.transport.Outbox (batch_responses, on
+    unless --no-batch-responses), else None. Made after fork, on the process's own hub."""
     if not cfg.batch_responses:
         return None
     from gevent import get_hub

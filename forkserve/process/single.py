@@ -79,7 +79,7 @@ class SingleServer(Driver):
         # by the --worker-gc policy (the frozen heap is never examined)
         self.gc = workergc.apply(self.cfg.worker_gc)
         # takes turns on the CPU with other processes, as a worker does
-        outbox = outbox_for(self.cfg)  # --batch-responses
+        outbox = outbox_for(self.cfg)  # None with --no-batch-responses
         self.cpu_turns = cpu_turns.take_turns(
             gevent.get_hub().loop, before_yield=outbox and outbox.write_held) \
             if self.cfg.yield_cpu else None

@@ -84,6 +84,7 @@ class Worker(Loop):
         self.parent = self.master_pid = os.getpid()
         self.requests = 0
         self._publisher = None  # the loop's watcher that stores `requests` in the slot
+        self.outbox = None  # made after fork (init_process)
         self.servers = []
         self.stop_state = StopState()  # a TERM, an INT or QUIT, or the master gone
         self.clock = time.monotonic
@@ -163,10 +164,10 @@ class Worker(Loop):
         cow.check()
         self.gc = workergc.apply(self.cfg.worker_gc,
                                  functools.partial(self.scoreboard.set_gc, self.index))
-        #: the sched_yield() between batches (forkserve.process.cpu_turns), or None
         #: the Outbox that writes the loop's pass's responses at its end
-        #: (--batch-responses), or None
+        #: (batch_responses, on unless --no-batch-responses), or None
         self.outbox = outbox_for(self.cfg)
+        #: the sched_yield() between batches (forkserve.process.cpu_turns), or None
         self.cpu_turns = cpu_turns.take_turns(
             gevent.get_hub().loop, before_yield=self.outbox and self.outbox.write_held) \
             if self.cfg.yield_cpu else None
