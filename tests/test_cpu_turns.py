@@ -50,6 +50,18 @@ def test_it_yields_at_most_once_a_turn_of_time():
     assert all(b - a >= 0.05 for a, b in zip(calls, calls[1:])), calls
 
 
+def test_what_is_held_is_written_before_the_yield():
+    order = []
+    watcher = take_turns(gevent.get_hub().loop, lambda: order.append("yield"), turn=0,
+                         before_yield=lambda: order.append("write"))
+    try:
+        gevent.sleep(0.001)
+        gevent.sleep(0.001)
+    finally:
+        watcher.stop()
+    assert order[:2] == ["write", "yield"] and order == ["write", "yield"] * (len(order) // 2)
+
+
 def test_it_is_on_unless_turned_off():
     assert settings.parse(["app:app"], environ={}).yield_cpu is True
     assert settings.parse(["--no-yield-cpu", "app:app"], environ={}).yield_cpu is False

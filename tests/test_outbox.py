@@ -8,8 +8,10 @@ import gevent
 import gevent.socket
 import pytest
 
+from forkserve.config import settings
 from forkserve.http.h1 import ClientDisconnected
 from forkserve.http.transport import Outbox, Transport
+from forkserve.process.gevent_servers import outbox_for
 
 
 @pytest.fixture
@@ -105,3 +107,10 @@ def test_the_rest_of_a_short_write_is_sent_by_its_connection(pairs):
     gevent.spawn(transport.send_response, response).get(timeout=10)
     reader.get(timeout=10)
     assert bytes(received) == response
+
+
+def test_a_process_has_an_outbox_unless_turned_off():
+    assert isinstance(outbox_for(settings.parse(["app:app"], environ={})), Outbox)
+    assert outbox_for(settings.parse(["--no-batch-responses", "app:app"], environ={})) is None
+    assert outbox_for(settings.parse(["app:app"], environ={"FORKSERVE_BATCH_RESPONSES": "0"})) \
+        is None
