@@ -262,8 +262,8 @@ SETTINGS = (
                     "written wakes a client (a proxy, a load generator) asleep waiting for one, "
                     "and on a virtual machine waking a process on another CPU goes through the "
                     "hypervisor: 9-10 µs of the server's CPU per PersonDB request on a 2-vCPU VM. "
-                    "Written together, a pass's responses wake it once: PersonDB served 1.03-1.37x "
-                    "the requests at 8, 64 and 256 connections, p99 lower or level. "
+                    "Written together, a pass's responses wake it once: PersonDB served 1.03-1.35x "
+                    "the requests at 8, 64 and 256 connections, median p99 lower or level. "
                     "A response waits at most for the rest of its pass."),
     Setting("user", ("-u", "--user"), values.name_or_id, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",

@@ -78,8 +78,8 @@ class SingleServer(Driver):
         # this process serves as a worker does: it collects its own garbage
         # by the --worker-gc policy (the frozen heap is never examined)
         self.gc = workergc.apply(self.cfg.worker_gc)
-        # takes turns on the CPU with other processes, as a worker does
         outbox = outbox_for(self.cfg)  # None with --no-batch-responses
+        # takes turns on the CPU with other processes, as a worker does
         self.cpu_turns = cpu_turns.take_turns(
             gevent.get_hub().loop, before_yield=outbox and outbox.write_held) \
             if self.cfg.yield_cpu else None
