@@ -1,5 +1,6 @@
 """forkserve.http.transport.Outbox: whole responses written at the end of the
-event loop's pass (the batch_responses setting), on socket pairs in this process's hub."""
+event loop's pass (the batch_responses setting), on socket pairs in this process's hub,
+and what a connection's Transport does with what their writes leave."""
 
 import os
 import socket
@@ -40,73 +41,110 @@ def _received(sock):
         return b""
 
 
+def _transport(sock, outbox, send_timeout=5.0):
+    return Transport(sock, gevent.get_hub().loop, send_timeout, outbox)
+
+
 def test_responses_held_in_one_pass_are_written_when_it_ends(pairs):
     outbox = Outbox(gevent.get_hub().loop)
     (a, a_peer), (b, b_peer) = pairs(2)
+    first, second = _transport(a, outbox), _transport(b, outbox)
     seen_during_the_pass = []
 
-    def second():
-        # runs in the same pass as first(), after it held its response
+    def answer_second():
+        # runs in the same pass as first's greenlet, after it held its response
         seen_during_the_pass.append(_received(a_peer))
-        return outbox.hold(b.fileno(), b"second")
+        second.send_response(b"second")
+        # it goes on without waiting for the write
+        seen_during_the_pass.append((_received(b_peer), first.held, second.held))
 
-    first = gevent.spawn(outbox.hold, a.fileno(), b"first")
-    other = gevent.spawn(second)
-    gevent.joinall([first, other], raise_error=True)
-    assert seen_during_the_pass == [b""]
-    assert (first.value, other.value) == (5, 6)  # write(2)'s counts, handed to each holder
+    gevent.joinall([gevent.spawn(first.send_response, b"first"), gevent.spawn(answer_second)],
+                   raise_error=True)
+    assert seen_during_the_pass == [b"", (b"", 1, 1)]
     assert (_received(a_peer), _received(b_peer)) == (b"first", b"second")
+    assert (first.held, second.held) == (0, 0)
 
 
 class _HeldLoop:
-    """A loop that keeps the callbacks it is given, to run when the test says."""
+    """A loop that keeps the callbacks it is given, to run when the test says,
+    and makes real watchers."""
 
     def __init__(self):
         self.callbacks = []
+        self.io = gevent.get_hub().loop.io
+        self.timer = gevent.get_hub().loop.timer
 
     def run_callback(self, callback):
         self.callbacks.append(callback)
 
 
-def test_a_holder_killed_before_the_pass_ends_has_nothing_written(pairs):
+def test_a_connection_that_closes_writes_what_it_holds_first_and_nothing_after(pairs):
     loop = _HeldLoop()
     outbox = Outbox(loop)
     [(ours, peer), (kept, kept_peer)] = pairs(2)
-    holder = gevent.spawn(outbox.hold, ours.fileno(), b"never")
-    other = gevent.spawn(outbox.hold, kept.fileno(), b"kept")
-    gevent.sleep(0)  # both hold and wait
-    holder.kill()  # through the hub: the flush has not run
-    [flush] = loop.callbacks  # queued by the first hold only
-    gevent.get_hub().loop.run_callback(flush)  # in the hub, as the loop runs it
-    assert other.get(timeout=5) == 4
+    closing, other = Transport(ours, loop, 5.0, outbox), Transport(kept, loop, 5.0, outbox)
+    closing.send_response(b"said")
+    other.send_response(b"kept")
+    closing.close()  # before the pass's end: what it holds goes out first
+    assert (_received(peer), _received(kept_peer)) == (b"said", b"")
+    [end_of_pass] = loop.callbacks  # queued by the first hold only
+    end_of_pass()
     assert (_received(peer), _received(kept_peer)) == (b"", b"kept")
 
 
-def test_a_failed_write_reaches_the_connection_as_a_disconnect(pairs):
+def test_a_failed_write_shuts_the_connection_and_its_next_send_is_a_disconnect(pairs):
     [(ours, peer)] = pairs(1)
-    peer.close()
-    transport = Transport(ours, gevent.get_hub().loop, 5.0, Outbox(gevent.get_hub().loop))
+    peer.shutdown(socket.SHUT_RD)  # our writes fail (EPIPE); the peer could still send
+    transport = _transport(ours, Outbox(gevent.get_hub().loop))
+    waiting = gevent.spawn(transport.reader.recv, True)  # as for the next request
+    gevent.spawn(transport.send_response, b"to nobody").get()
+    assert waiting.get(timeout=5) == b""  # woken at EOF by the shutdown
     with pytest.raises(ClientDisconnected):
-        gevent.spawn(transport.send_response, b"to nobody").get()
+        transport.send(b"more")
+    with pytest.raises(ClientDisconnected):
+        transport.send_response(b"more")
 
 
-def test_the_rest_of_a_short_write_is_sent_by_its_connection(pairs):
+def test_the_hub_writes_the_rest_of_a_short_write_and_what_follows_comes_after_it(pairs):
     [(ours, peer)] = pairs(1)
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    transport = Transport(ours, gevent.get_hub().loop, 5.0, Outbox(gevent.get_hub().loop))
+    transport = _transport(ours, Outbox(gevent.get_hub().loop))
     response = os.urandom(1 << 20)  # far more than the socket buffers take at once
     received = bytearray()
 
-    def read_all():
+    def read(count):
         from gevent.socket import wait_read
-        while len(received) < len(response):
+        while len(received) < count:
             wait_read(peer.fileno())
             received.extend(_received(peer))
 
-    reader = gevent.spawn(read_all)
-    gevent.spawn(transport.send_response, response).get(timeout=10)
+    transport.send_response(response)  # returns at once
+    transport.send_response(b"second")  # pipelined: held in the same pass
+    gevent.sleep(0)  # the pass ends: a short write, and "second" behind its rest
+    assert transport.held == 0 and transport._rest.endswith(b"second")
+    reader = gevent.spawn(read, len(response) + 6)
+    reader.get(timeout=10)  # no greenlet of the connection ran: the hub wrote the rest
+    assert bytes(received) == response + b"second" and transport._rest is None
+    del received[:]
+    # held again; and a send behind what the client has not taken yet waits for it
+    transport.send_response(response)
+    gevent.sleep(0)
+    reader = gevent.spawn(read, len(response) + 4)
+    transport.send(b"next")
     reader.get(timeout=10)
-    assert bytes(received) == response
+    assert bytes(received) == response + b"next"
+
+
+def test_what_a_connection_sends_or_streams_comes_after_what_it_holds(pairs):
+    [(ours, peer)] = pairs(1)
+    transport = _transport(ours, Outbox(gevent.get_hub().loop))
+    transport.send_response(b"held;")
+    transport.send(b"sent;")  # in the same pass: the held response goes out first
+    assert _received(peer) == b"held;sent;"
+    with open(__file__, "rb") as f:
+        transport.send_response(b"held;")
+        transport.sendfile(f.fileno(), 0, 7)
+    assert _received(peer) == b'held;"""fork'
 
 
 def test_a_process_has_an_outbox_unless_turned_off():
