@@ -264,7 +264,9 @@ SETTINGS = (
                     "hypervisor: 9-10 µs of the server's CPU per PersonDB request on a 2-vCPU VM. "
                     "Written together, a pass's responses wake it once: PersonDB served 1.03-1.35x "
                     "the requests at 8, 64 and 256 connections, median p99 lower or level. "
-                    "A response waits at most for the rest of its pass."),
+                    "A response waits at most for the rest of its pass, and its connection "
+                    "does not wait for the write: what it sends next, or its close, comes "
+                    "after it."),
     Setting("user", ("-u", "--user"), values.name_or_id, None,
             "Switch workers to this user (name or uid) after the sockets are bound.",
             metavar="USER", section="security"),
