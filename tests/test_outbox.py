@@ -152,3 +152,18 @@ def test_a_process_has_an_outbox_unless_turned_off():
     assert outbox_for(settings.parse(["--no-batch-responses", "app:app"], environ={})) is None
     assert outbox_for(settings.parse(["app:app"], environ={"FORKSERVE_BATCH_RESPONSES": "0"})) \
         is None
+
+
+def test_a_write_error_not_of_the_clients_doing_is_raised_by_close_once_the_socket_is_closed(pairs):
+    import errno
+    [(ours, peer), (gone, gone_peer)] = pairs(2)
+    transport = _transport(ours, Outbox(gevent.get_hub().loop))
+    transport.write_failed(OSError(errno.EIO, "as if the device failed"))
+    with pytest.raises(OSError) as raised:
+        transport.close()
+    assert raised.value.errno == errno.EIO and transport.socket is None
+    # the client's doing: nothing raised
+    transport = _transport(gone, Outbox(gevent.get_hub().loop))
+    transport.write_failed(OSError(errno.ECONNRESET, "reset"))
+    transport.close()
+    assert transport.socket is None

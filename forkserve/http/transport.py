@@ -182,14 +182,17 @@ class Transport:
 
     def write_failed(self, ex):
         """From the Outbox or the hub's writer: a write met `ex`. settle() raises
-        it; the connection is shut down now, so that a greenlet waiting for
-        the next request wakes."""
+        it (close() too, once the socket is closed, if it is not the client's
+        doing); the connection is shut down now, so that a greenlet waiting
+        for the next request wakes."""
         self._failure = ex
         self._rest = None
         if self._writable is not None:
             self._writable.stop()
-        if ex.errno in GONE_ERRNOS:
+        try:
             self.abort()
+        except OSError:  # the failure itself is what settle() reports
+            pass
 
     def _write_rest(self):
         rest = self._rest
@@ -241,11 +244,15 @@ class Transport:
         sock = self.socket
         if sock is None:
             return
+        error = None
         try:
-            if self.held or self._rest is not None:
+            if self.held or self._rest is not None or self._failure is not None:
                 self.settle()  # what was said goes out before the close
         except ClientDisconnected:
             self.linger = False  # nobody left to linger for
+        except OSError as ex:  # not the client's doing: raised once the socket is closed
+            self.linger = False
+            error = ex
         finally:
             if self._writable is not None:
                 self._writable.close()
@@ -268,6 +275,8 @@ class Transport:
         self.socket = None
         self.throw = None  # the greenlet's: what still holds this transport (an
         # environ the application kept) does not keep the greenlet
+        if error is not None:
+            raise error
 
     def _linger_read(self):
         sock = self.socket
