@@ -15,6 +15,7 @@ import pytest
 
 from forkserve.config import settings
 from forkserve.process.cpu_turns import take_turns
+from forkserve.process.gevent_servers import cpu_turns_for
 from forkserve_testing import missing
 
 
@@ -66,6 +67,31 @@ def test_it_is_on_unless_turned_off():
     assert settings.parse(["app:app"], environ={}).yield_cpu is True
     assert settings.parse(["--no-yield-cpu", "app:app"], environ={}).yield_cpu is False
     assert settings.parse(["app:app"], environ={"FORKSERVE_YIELD_CPU": "0"}).yield_cpu is False
+
+
+def test_a_process_takes_turns_unless_turned_off_and_writes_its_outbox_before_each():
+    class Outbox:
+        writes = 0
+
+        def write_held(self):
+            self.writes += 1
+
+    outbox = Outbox()
+    assert cpu_turns_for(settings.parse(["--no-yield-cpu", "app:app"], environ={}), outbox) is None
+    watcher = cpu_turns_for(settings.parse(["app:app"], environ={}), outbox)
+    try:
+        for _ in range(3):
+            gevent.sleep(0.002)  # each poll comes a turn (0.5 ms) after the last
+    finally:
+        watcher.stop()
+    assert outbox.writes >= 2
+    # without an Outbox (--no-batch-responses) it only yields
+    watcher = cpu_turns_for(settings.parse(["app:app"], environ={}), None)
+    try:
+        gevent.sleep(0.002)
+        gevent.sleep(0.002)
+    finally:
+        watcher.stop()
 
 
 def traced(pid, requests):

@@ -9,7 +9,7 @@ import os
 
 from forkserve import logs
 
-__all__ = ["preload", "make_servers", "outbox_for", "gevent_socket"]
+__all__ = ["preload", "make_servers", "outbox_for", "cpu_turns_for", "gevent_socket"]
 
 
 def preload():
@@ -47,6 +47,18 @@ def outbox_for(cfg):
 
     from forkserve.http.transport import Outbox
     return Outbox(get_hub().loop)
+
+
+def cpu_turns_for(cfg, outbox):
+    """The process's CPU turns (forkserve.process.cpu_turns; yield_cpu, on
+    unless --no-yield-cpu), writing what `outbox` holds before each yield,
+    else None. Made after fork, on the process's own hub."""
+    if not cfg.yield_cpu:
+        return None
+    from gevent import get_hub
+
+    from forkserve.process.cpu_turns import take_turns
+    return take_turns(get_hub().loop, before_yield=outbox and outbox.write_held)
 
 
 def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admission=None,

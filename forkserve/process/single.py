@@ -30,14 +30,14 @@ import gevent.select
 
 from forkserve.memory import cow, model, workergc
 from forkserve import exits, logs
-from forkserve.process import cpu_turns, generation_protocol, procname, signals, source_watch, threads
+from forkserve.process import generation_protocol, procname, signals, source_watch, threads
 from forkserve.process.actions import Announce
 from forkserve.process.handover import Handover
 from forkserve.process.hooks import Hooks
 from forkserve.process.unpatched import original
 from forkserve.process.driver import Driver
 from forkserve.process.generations import Generations
-from forkserve.process.gevent_servers import make_servers, outbox_for
+from forkserve.process.gevent_servers import cpu_turns_for, make_servers, outbox_for
 from forkserve.process.signals import SINGLE_SIGNALS, SignalQueue
 from forkserve.process.stop_state import StopState
 
@@ -80,9 +80,7 @@ class SingleServer(Driver):
         self.gc = workergc.apply(self.cfg.worker_gc)
         outbox = outbox_for(self.cfg)  # None with --no-batch-responses
         # takes turns on the CPU with other processes, as a worker does
-        self.cpu_turns = cpu_turns.take_turns(
-            gevent.get_hub().loop, before_yield=outbox and outbox.write_held) \
-            if self.cfg.yield_cpu else None
+        self.cpu_turns = cpu_turns_for(self.cfg, outbox)
         # run on the event loop, not in a signal handler
         self.queue.install(SINGLE_SIGNALS, setter=signals.on_hub)
         signals.release()

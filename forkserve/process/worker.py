@@ -28,11 +28,11 @@ import traceback
 
 from forkserve.memory import cow, limit, procfs, render, workergc
 from forkserve import exits, logs
-from forkserve.process import affinity, cpu_turns, privileges, procname, signals
+from forkserve.process import affinity, privileges, procname, signals
 from forkserve.process.balance import Admission
 from forkserve.process.driver import Loop
 from forkserve.process.hooks import Hooks
-from forkserve.process.gevent_servers import make_servers, outbox_for
+from forkserve.process.gevent_servers import cpu_turns_for, make_servers, outbox_for
 from forkserve.process.scoreboard import READY, RETIRE, STOPPING, heartbeat_interval
 from forkserve.process.signals import SignalQueue
 from forkserve.process.stop_state import StopState
@@ -168,9 +168,7 @@ class Worker(Loop):
         #: (batch_responses, on unless --no-batch-responses), or None
         self.outbox = outbox_for(self.cfg)
         #: the sched_yield() between batches (forkserve.process.cpu_turns), or None
-        self.cpu_turns = cpu_turns.take_turns(
-            gevent.get_hub().loop, before_yield=self.outbox and self.outbox.write_held) \
-            if self.cfg.yield_cpu else None
+        self.cpu_turns = cpu_turns_for(self.cfg, self.outbox)
         self.queue.install(_HANDLED, setter=signals.on_hub)
         signals.release()  # blocked by the master across the fork; pending ones arrive now
         self._make_loop_pipe()
