@@ -8,6 +8,7 @@ worker shares them, and each worker builds its gevent servers with
 import os
 
 from forkserve import logs
+from forkserve.process.cpu_turns import take_turns
 
 __all__ = ["preload", "make_servers", "outbox_for", "cpu_turns_for", "gevent_socket"]
 
@@ -57,7 +58,6 @@ def cpu_turns_for(cfg, outbox):
         return None
     from gevent import get_hub
 
-    from forkserve.process.cpu_turns import take_turns
     return take_turns(get_hub().loop, before_yield=outbox and outbox.write_held)
 
 
