@@ -1,5 +1,6 @@
 """The Locust plugin leaves no server behind, whatever the sequence of Ctrl-C."""
 
+import csv
 import importlib.util
 import os
 import re
@@ -101,3 +102,24 @@ def test_memory_samples_are_kept_without_csv(tmp_path):
         rows = samples.read().splitlines()
     os.unlink(path.group(1))
     assert rows[0].startswith("time,") and any(",total," in row for row in rows[1:])
+
+
+def test_every_memory_sample_under_load_carries_figures_taken_since_the_one_before(tmp_path):
+    """The server's counts move with Locust's from sample to sample: the stats
+    endpoint's own pace (slower under load) does not make them stale."""
+    prefix = tmp_path / "run"
+    locust = _locust("-t", "16s", "--csv", str(prefix))
+    try:
+        output = locust.communicate(timeout=120)[0]
+    finally:
+        kill_group(locust, 10)
+    assert locust.returncode == 0, output
+    with open(tmp_path / "run_memory.csv", newline="") as samples:
+        totals = [row for row in csv.DictReader(samples)
+                  if row["role"] == "total" and int(row["users"]) > 0]
+    counts = [int(row["server_requests"]) for row in totals]
+    moved = sum(after != before for before, after in zip(counts, counts[1:]))
+    assert len(counts) >= 6 and moved >= 0.8 * (len(counts) - 1), counts
+    last = totals[-1]
+    assert abs(counts[-1] - int(last["locust_requests"])) <= 0.2 * int(last["locust_requests"]), \
+        (counts, last["locust_requests"])

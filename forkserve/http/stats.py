@@ -3,7 +3,8 @@
   GET /         the live dashboard, an HTML page (forkserve.http.dashboard)
                 that draws /history; the JSON report instead for a client
                 that asks for JSON only (Accept: application/json)
-  GET /json     the memory report as JSON (forkserve.memory.report_json.to_json)
+  GET /json     the memory report as JSON (forkserve.memory.report_json.to_json);
+                ?max_age=SECONDS for figures at most that old (also /metrics)
   GET /history  memory and request rate over time as JSON
                 (forkserve.memory.history); ?since=EPOCH for newer points only
   GET /metrics  the same figures in the Prometheus text format
@@ -22,7 +23,8 @@ supervision; the same turn takes the history's samples when they are due.
 A report makes the kernel walk every process's pages, so /json and
 /metrics answer with the latest sample (`StatsEndpoint.latest_report`): a
 report is read at the history's pace (at most `History.max_share` of the
-loop's time), however often the endpoint is scraped.
+loop's time), however often the endpoint is scraped; a scrape that gives
+`max_age` gets a fresh one sooner (`History.due`).
 """
 
 import json
@@ -57,8 +59,10 @@ def _always():
 def respond(method: str, path: str, make_report, ready=_always, *, accept="", history=None):
     """Decide the answer to a stats request: (status line, content type, body bytes).
 
-    `ready()` says whether the server serves now (GET /health); `accept` is
-    the request's Accept header; `history` the History behind /history."""
+    `make_report(max_age)` gives the report, at most `max_age` seconds old
+    (None: the latest sample's); `ready()` says whether the server serves
+    now (GET /health); `accept` is the request's Accept header; `history`
+    the History behind /history."""
     path, _, query = path.partition("?")
     if method not in ("GET", "HEAD"):
         return "405 Method Not Allowed", "text/plain", b"only GET is served here\n"
@@ -68,15 +72,22 @@ def respond(method: str, path: str, make_report, ready=_always, *, accept="", hi
         if ready():
             return "200 OK", "text/plain", b"ready\n"
         return "503 Service Unavailable", "text/plain", b"not serving (starting or stopping)\n"
-    if path == "/json" or path == "/" and _wants_json_only(accept):
-        body = json.dumps(report_json.to_json(make_report()), indent=1).encode() + b"\n"
-        return "200 OK", "application/json", body
+    wants_json = path == "/json" or path == "/" and _wants_json_only(accept)
+    if wants_json or path == "/metrics":
+        try:
+            max_age = _seconds(query, "max_age")
+        except ValueError:
+            return ("400 Bad Request", "text/plain",
+                    b"max_age= takes seconds, as in /json?max_age=2\n")
+        report = make_report(max_age)
+        if wants_json:
+            body = json.dumps(report_json.to_json(report), indent=1).encode() + b"\n"
+            return "200 OK", "application/json", body
+        return "200 OK", _PROMETHEUS_TYPE, render.to_prometheus(report).encode()
     if path == "/":
         return "200 OK", "text/html; charset=utf-8", dashboard.page()
     if path == "/history":
         return _history(query, history or History())
-    if path == "/metrics":
-        return "200 OK", _PROMETHEUS_TYPE, render.to_prometheus(make_report()).encode()
     return ("404 Not Found", "text/plain",
             b"forkserve stats: try / (the dashboard), /json (the report), /history, "
             b"/metrics (Prometheus) or /health\n")
@@ -87,10 +98,16 @@ def _wants_json_only(accept):
     return "application/json" in types and "text/html" not in types
 
 
+def _seconds(query, name):
+    """The number `name=` gives in the query string, or None (ValueError
+    if it is not a number)."""
+    value = urllib.parse.parse_qs(query).get(name)
+    return float(value[0]) if value else None
+
+
 def _history(query, history):
-    since = urllib.parse.parse_qs(query).get("since")
     try:
-        since = float(since[0]) if since else None
+        since = _seconds(query, "since")
     except ValueError:
         return ("400 Bad Request", "text/plain",
                 b"since= takes epoch seconds, as in /history?since=1764100000.5\n")
@@ -98,12 +115,16 @@ def _history(query, history):
     return "200 OK", "application/json", body
 
 
-def sample(history, make_report, clock=time.monotonic):
-    """Add a report to the history if one is due (cheap when not)."""
+def sample(history, make_report, clock=time.monotonic, cpu_clock=time.process_time,
+           max_age=None):
+    """Add a report to the history if one is due (cheap when not); see
+    History.due for `max_age`. Its cost is the CPU time it took this
+    process, whatever the load (see forkserve.memory.history)."""
     started = clock()
-    if history.due(started):
+    if history.due(started, max_age):
+        spent = cpu_clock()
         history.add(make_report())
-        history.sampled(started, clock())
+        history.sampled(started, cpu_clock() - spent)
 
 
 def _http_response(method, path, make_report, ready, accept, history) -> bytes:
@@ -141,10 +162,10 @@ class StatsEndpoint:
     def all_filenos(self):
         return [self.listener.fileno()] + list(self.clients)
 
-    def latest_report(self, make_report):
+    def latest_report(self, make_report, max_age=None):
         """The latest sample's report; `make_report()` read (and added to the
-        history) first if a sample is due."""
-        sample(self.history, make_report, self.clock)
+        history) first if a sample is due (see History.due for `max_age`)."""
+        sample(self.history, make_report, self.clock, max_age=max_age)
         return self.history.latest
 
     def service(self, readable, writable, make_report, ready=_always):
@@ -197,8 +218,9 @@ class StatsEndpoint:
             if request is PEER_CLOSED:
                 self._close(client)
                 return
-            client.outbuf = _http_response(request.method, request.target,
-                                           lambda: self.latest_report(make_report), ready,
+            def report(max_age):
+                return self.latest_report(make_report, max_age)
+            client.outbuf = _http_response(request.method, request.target, report, ready,
                                            request.headers.get("HTTP_ACCEPT", ""), self.history)
         self._write(client)
 

@@ -149,7 +149,9 @@ class MemorySampler:
 
     def __init__(self, environment, stats_address, interval, csv_path):
         self.environment = environment
-        self.url = f"http://{stats_address}/json"
+        # Figures taken since the sample before: the endpoint otherwise
+        # answers at its own pace, which may be slower than ours.
+        self.url = f"http://{stats_address}/json?max_age={interval / 2:g}"
         self.interval = interval
         self.csv_path = csv_path
         self.first = None

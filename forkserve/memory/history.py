@@ -16,6 +16,14 @@ Invariants, and why:
   due `max(min_interval, cost / max_share)` seconds after one that took
   `cost`: every second for a small server, every few seconds for a big one,
   so sampling never takes more than `max_share` of the master's time.
+  `cost` is the CPU time the sample took (the reader's own and the kernel's
+  walks on its behalf), not the wall time: under load the master waits for
+  a CPU, and charging that wait to the sample spaced a busy server's
+  samples 14 s apart where they cost 30 ms.
+- A client that asks for figures at most `max_age` seconds old (the Locust
+  plugin, every 2 s) gets a fresh sample when the latest is older, at most
+  `max_demand_share` of the master's time: sooner than the history's own
+  pace, never without bound.
 - A process is a series by what survives churn, as in Prometheus
   (render.series_labels): "master", "worker 1", "worker 2 g3" under a
   supervisor. A recycled worker's replacement continues its number's
@@ -131,6 +139,8 @@ class History:
     min_interval = 1.0
     #: the largest part of the sampler's time a sample may take (see above)
     max_share = 0.02
+    #: the same for samples a client asks for (`due(now, max_age)`)
+    max_demand_share = 0.1
 
     def __init__(self, **tunables):
         for name, value in tunables.items():
@@ -144,6 +154,8 @@ class History:
         self.series = {}  # label: {"role", "worker", "generation"}, of the kept points
         self.interval = self.min_interval
         self.next_due = -math.inf
+        self.sampled_at = -math.inf  # monotonic time the latest sample was started
+        self.cost = 0.0  # CPU seconds the latest sample took
         self.last = None  # (time, {label: (pid, generation)} of workers, {pid: requests})
         #: the newest report added: the stats endpoint serves it as the
         #: current one until the next sample is due
@@ -153,14 +165,24 @@ class History:
 
     # -- when to sample --
 
-    def due(self, now):
-        """Whether a sample is due at monotonic time now."""
-        return now >= self.next_due
+    def due(self, now, max_age=None):
+        """Whether a sample is due at monotonic time now: at the history's
+        pace, or sooner for a client that wants figures at most `max_age`
+        seconds old."""
+        if now >= self.next_due:
+            return True
+        if max_age is None:
+            return False
+        age = now - self.sampled_at
+        return age > max_age and age >= max(self.min_interval,
+                                            self.cost / self.max_demand_share)
 
-    def sampled(self, started, finished):
-        """Record that a sample was read from monotonic `started` to `finished`."""
-        cost = max(0.0, finished - started)
-        self.interval = max(self.min_interval, cost / self.max_share)
+    def sampled(self, started, cost):
+        """Record that a sample started at monotonic `started` and took
+        `cost` seconds of CPU."""
+        self.cost = max(0.0, cost)
+        self.sampled_at = started
+        self.interval = max(self.min_interval, self.cost / self.max_share)
         self.next_due = started + self.interval
 
     # -- what was sampled --
