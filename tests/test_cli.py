@@ -79,6 +79,16 @@ def test_print_config_says_where_each_value_came_from(tmp_path):
     assert any("post_fork" in line for line in lines if line.startswith("# server hooks"))
 
 
+def test_print_config_shows_a_umask_in_octal(tmp_path):
+    (tmp_path / "uwsgi.ini").write_text("[uwsgi]\nmodule = a:b\nchmod-socket = 666\n")
+    lines = effective.render(parse(["--ini", str(tmp_path / "uwsgi.ini")], environ={},
+                                   cwd=str(tmp_path))).splitlines()
+    assert [line.split("#")[0].strip() for line in lines if line.startswith("umask")] == [
+        "umask = 0o111"]
+    lines = effective.render(parse(["a:b"], environ={}, cwd=str(tmp_path))).splitlines()
+    assert any(line.startswith("umask = 0o000 ") for line in lines)
+
+
 def test_print_config_exits_zero_without_serving(tmp_path):
     result = forkserve_cli("--print-config", "-w", "2", "no_such_module:app", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -148,13 +148,30 @@ def test_repeated_options_accumulate_or_replace_as_in_uwsgi():
 
 
 def test_switches_that_change_nothing_are_warned_once_with_the_reason():
-    result = translate("enable-threads = true\nthunder-lock\nsingle-interpreter = 1\n"
-                       "enable-threads = true\nlazy-apps = true\nmaster = true\nvacuum = true\n"
+    result = translate("enable-threads = false\nthunder-lock\nsingle-interpreter = 0\n"
+                       "enable-threads = false\nlazy-apps = true\nmaster = true\nvacuum = true\n"
                        "need-app\nstrict = true\n")
     assert not result.errors and result.values == {}
     assert [w.split(": ", 1)[1].split(" =")[0] for w in result.warnings] == [
         "enable-threads", "thunder-lock", "single-interpreter", "lazy-apps"]
     assert "line 3: thunder-lock = : ignored: no effect" in result.warnings[1]
+
+
+def test_options_set_to_what_forkserve_does_anyway_are_silent():
+    result = translate("lazy-apps = false\nlazy = no\nenable-threads\nsingle-interpreter = 1\n"
+                       "log-master = true\noffload-threads = 0\nreuse-port = false\n"
+                       "max-worker-lifetime = 0\nstats-http\n")
+    assert not result.errors and result.warnings == []
+    assert "lazy-apps = : ignored" in translate("lazy-apps").warnings[0]  # a switch alone: on
+
+
+def test_gunicorn_and_uwsgi_values_that_ask_nothing_follow_one_rule():
+    from forkserve.config import gunicorn
+    assert gunicorn.translate("preload_app", True) == (None, None)
+    assert gunicorn.translate("preload_app", "true") == (None, None)
+    assert gunicorn.translate("preload_app", False)[1].startswith("preload_app = False has no")
+    assert not translate("lazy-apps = off").warnings
+    assert translate("lazy-apps = on").warnings
 
 
 def test_reload_on_rss_says_once_that_private_memory_is_limited():
@@ -269,12 +286,14 @@ def test_uwsgi_long_flags_are_split_from_forkserve_s_own():
 def test_a_uwsgi_command_line_runs_as_forkserve_settings(tmp_path):
     cfg = settings.parse(["--socket", "/run/a.sock", "--http-socket", ":8080", "--module",
                           "shop.wsgi", "--master", "--processes", "3", "--harakiri", "20",
-                          "--enable-threads", "-b", "127.0.0.1:9000"], environ={},
+                          "--enable-threads", "--thunder-lock", "-b", "127.0.0.1:9000"],
+                         environ={},
                          cwd=str(tmp_path))
     assert cfg.app == "shop.wsgi:application" and cfg.workers == 3 and cfg.timeout == 20
     assert cfg.bind == ["127.0.0.1:9000", "uwsgi:unix:/run/a.sock", "http::8080"]
     assert any("harakiri = 20" in w for w in cfg.warnings)
-    assert any("enable-threads = true: ignored" in w for w in cfg.warnings)
+    assert any("thunder-lock = true: ignored" in w for w in cfg.warnings)
+    assert not any("enable-threads" in w for w in cfg.warnings)  # what forkserve does anyway
 
 
 def test_uwsgi_flags_override_the_ini_and_their_problems_are_listed_together(ini, tmp_path):

@@ -40,6 +40,8 @@ import inspect
 import textwrap
 import types
 
+from forkserve.config.values import one_of
+
 __all__ = ["Row", "ROWS", "BY_NAME", "HOOKS", "FORKSERVE_HOOKS", "translate",
            "settings_from_file", "add_arguments", "table", "DEST_PREFIX"]
 
@@ -325,31 +327,6 @@ class Refused(ValueError):
     """A Gunicorn setting forkserve cannot honour; the message says why and what to do."""
 
 
-def _same(value, harmless) -> bool:
-    for candidate in harmless:
-        if isinstance(candidate, bool) or candidate is None:
-            text = str(value).strip().lower() if isinstance(value, str) else value
-            if candidate is None and value in (None, "", "none"):
-                return True
-            if isinstance(candidate, bool) and text in ((True, "1", "true", "yes", "on")
-                                                        if candidate else
-                                                        (False, "0", "false", "no", "off")):
-                return True
-        elif isinstance(candidate, int) and not isinstance(value, bool):
-            if isinstance(value, int):  # an IntEnum such as ssl.CERT_NONE too
-                if int(value) == candidate:
-                    return True
-                continue
-            try:
-                if int(str(value).strip()) == candidate:
-                    return True
-            except ValueError:
-                pass
-        elif candidate == value or (isinstance(value, str) and candidate == value.strip()):
-            return True
-    return False
-
-
 def translate(name: str, value):
     """What Gunicorn setting `name` = `value` asks of forkserve:
     ((forkserve setting, value) or None, a warning or None). None and None:
@@ -360,12 +337,12 @@ def translate(name: str, value):
         return (row.target, value), None
     if row.kind == "hook":
         raise Refused(f"{name} is a server hook: define it as a function in a config file")
-    if _same(value, row.harmless):
+    if one_of(value, row.harmless):
         return None, None
     shown = "a function" if callable(value) else repr(value)
     if row.kind == "ignored":
         return None, f"{name} = {shown} has no effect under forkserve: {row.note}"
-    if _same(value, row.warned):
+    if one_of(value, row.warned):
         return None, f"{name} = {shown} has no effect under forkserve: {row.warning}"
     raise Refused(f"forkserve does not support {name} = {shown}: {row.note}")
 

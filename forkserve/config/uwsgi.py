@@ -14,9 +14,11 @@ uWSGI reads it (repeated keys, `%(name)` and the common magic placeholders,
   warned    no effect under forkserve, for the reason the note gives (logged
             once at start);
   refused   behaviour a user relies on that forkserve cannot give: starting
-            is an error that names the option, says why and what to do,
-            except for a value in `harmless`, which asks nothing forkserve
-            does differently.
+            is an error that names the option, says why and what to do.
+
+A value in `harmless` (what forkserve does anyway, as lazy-apps = false)
+asks for nothing forkserve does differently: no note, no warning, no error,
+by the same rule as Gunicorn's side (forkserve.config.values.one_of).
 
 An option that is not in the table is an error too (uWSGI's own `strict`),
 unless it is a variable the file uses in a `%(name)` placeholder. Every
@@ -35,6 +37,8 @@ import re
 import socket
 import time
 from typing import Callable
+
+from forkserve.config.values import one_of
 
 __all__ = ["Option", "OPTIONS", "BY_NAME", "Translation", "translate", "translate_flags",
            "split_flags", "is_switch", "parse_ini",
@@ -195,8 +199,8 @@ def _mapped(name, apply, note, aliases=()):
     return Option(name, "mapped", note, apply, aliases)
 
 
-def _warned(name, note, aliases=()):
-    return Option(name, "warned", note, _switch_or_any, aliases)
+def _warned(name, note, aliases=(), harmless=()):
+    return Option(name, "warned", note, _switch_or_any, aliases, harmless)
 
 
 def _refused(name, note, aliases=(), harmless=()):
@@ -237,7 +241,7 @@ OPTIONS = (
             "always: that is how workers share its memory. What lazy-apps guards against "
             "(connections or threads opened at import and shared across fork) is not guarded "
             "here: open them lazily or in a post_fork hook (Django opens database connections "
-            "per request, so it is safe).", aliases=("lazy",)),
+            "per request, so it is safe).", aliases=("lazy",), harmless=(False,)),
     _refused("paste", "forkserve loads MODULE:APP: write a module whose application is "
              "paste.deploy.loadapp('config:...'), and name it in module ="),
     _refused("mount", "one application per server: mount it under a prefix with SCRIPT_NAME "
@@ -273,9 +277,10 @@ OPTIONS = (
             "send_timeout (--header-timeout...)."),
     _warned("http-keepalive", "forkserve's HTTP listeners keep connections alive (keep_alive, "
             "5 s) unless --keep-alive 0."),
-    _warned("so-keepalive", "TCP keep-alive probes are the kernel's defaults here."),
+    _warned("so-keepalive", "TCP keep-alive probes are the kernel's defaults here.",
+            harmless=(False,)),
     _warned("reuse-port", "workers share the master's listening sockets; no SO_REUSEPORT is "
-            "needed to restart (HUP reloads without closing them)."),
+            "needed to restart (HUP reloads without closing them).", harmless=(False,)),
     _refused("shared-socket", "bind the address with socket =, http-socket = or http ="),
     _refused("https", _TLS, aliases=("https-socket", "ssl-socket")),
     _refused("http2", _TLS),
@@ -295,13 +300,14 @@ OPTIONS = (
     _warned("threads", "forkserve workers are gevent: concurrent requests in a worker are "
             "greenlets, up to worker_connections (the gevent option)."),
     _warned("enable-threads", "no effect: Python threads run in forkserve workers (the GIL is "
-            "never disabled)."),
+            "never disabled).", harmless=(True,)),
     _warned("thunder-lock", "no effect: forkserve's workers balance accept() between them "
             "(--no-balance to race)."),
-    _warned("single-interpreter", "no effect: forkserve runs one interpreter per process."),
+    _warned("single-interpreter", "no effect: forkserve runs one interpreter per process.",
+            harmless=(True,)),
     _honoured("strict", _switch_on, "Always so: an unknown option is an error."),
     _warned("offload-threads", "forkserve sends files with sendfile() from the worker's event "
-            "loop."),
+            "loop.", harmless=(0,)),
     _warned("cheaper", "forkserve runs a fixed number of workers (processes); TTIN and TTOU "
             "add or remove one.", aliases=("cheaper-algo", "cheaper-initial", "cheaper-step",
                                            "cheaper-overload", "cheaper-rss-limit-soft",
@@ -319,7 +325,7 @@ OPTIONS = (
     _mapped("max-requests-delta", _set("max_requests_jitter", lambda value: _number(value)),
             "A random 0..N added per worker (uWSGI adds N times the worker's number)."),
     _warned("max-worker-lifetime", "forkserve does not recycle workers by age: use "
-            "max-requests or reload-on-rss (max_worker_memory)."),
+            "max-requests or reload-on-rss (max_worker_memory).", harmless=(0,)),
     _mapped("reload-on-rss", _megabytes, "forkserve limits private memory, not RSS: a worker "
             "is recycled gracefully when its private anonymous memory passes this many MiB "
             "(max_worker_memory); pages shared with the master do not count.",
@@ -350,7 +356,7 @@ OPTIONS = (
               "'forkserve: master/worker N'."),
     _honoured("procname-prefix", _procname, "The process-title prefix (name).",
             aliases=("procname-prefix-spaced",)),
-    _warned("honour-stdin", "forkserve workers read no stdin."),
+    _warned("honour-stdin", "forkserve workers read no stdin.", harmless=(False,)),
     # --- files, logging, stats ---
     _honoured("pidfile", _set("pid"), "The master's PID, written at start, removed on exit.",
               aliases=("pidfile2", "safe-pidfile", "safe-pidfile2")),
@@ -363,7 +369,7 @@ OPTIONS = (
                      "log-ioerror")),
     _warned("log-format", "forkserve's access log uses Gunicorn's atoms (access_log_format).",
             aliases=("logformat", "log-date", "logdate", "log-micros")),
-    _warned("log-master", "forkserve's master writes the log itself."),
+    _warned("log-master", "forkserve's master writes the log itself.", harmless=(True,)),
     _warned("log-reopen", "forkserve reopens its log files on USR1."),
     _warned("log-maxsize", "forkserve does not rotate its logs: rotate with logrotate "
             "(copytruncate) or send USR1 after moving them."),
@@ -371,7 +377,7 @@ OPTIONS = (
     _mapped("stats", _stats, "forkserve's stats server: HTTP with a dashboard at /, "
             "JSON at /json and Prometheus text at /metrics, not uWSGI's stats JSON (uwsgitop "
             "does not read it).", aliases=("stats-server",)),
-    _warned("stats-http", "forkserve's stats server always speaks HTTP."),
+    _warned("stats-http", "forkserve's stats server always speaks HTTP.", harmless=(True,)),
     _warned("memory-report", "forkserve reports memory with --stats and --memory-log-interval."),
     _refused("master-fifo", "forkserve is controlled by signals: HUP reloads, TERM stops, "
              "TTIN/TTOU change the workers (docs/signals.md)."),
@@ -527,8 +533,11 @@ def _apply(read, referenced, context, errors, where):
                               "docs/uwsgi.md for what forkserve does with each option (a value "
                               "only used in %(" + key + ") placeholders is fine)")
             continue
+        # a switch given alone (lazy-apps =, --lazy-apps) is on, as in uWSGI
+        harmless = one_of(value if value.strip() or not is_switch(option) else "true",
+                          option.harmless)
         if option.kind == "refused":
-            if value.strip().lower() in [str(v).lower() for v in option.harmless]:
+            if harmless:
                 continue
             errors.append(f"{line}: {key} is not supported by forkserve: {option.note}")
             continue
@@ -543,7 +552,7 @@ def _apply(read, referenced, context, errors, where):
         warning = changes.pop("_warn", None)
         if warning:
             warnings.append(f"{line}: {warning}")
-        if option.kind in ("mapped", "warned") and option.name not in notes:
+        if option.kind in ("mapped", "warned") and option.name not in notes and not harmless:
             notes[option.name] = f"{line}: {key} = {value}: " + (
                 option.note if option.kind == "mapped" else "ignored: " + option.note)
         for setting, setting_value in changes.items():
@@ -679,7 +688,9 @@ def table():
     lines = ["| uWSGI option | forkserve | What happens |", "|---|---|---|"]
     for option in OPTIONS:
         names = ", ".join(f"`{name}`" for name in (option.name, *option.aliases))
-        lines.append(f"| {names} | {option.kind} | {option.note} |")
+        shown = ", ".join(str(value).lower() for value in option.harmless)
+        note = f"{option.note} Silent for {shown}." if shown else option.note
+        lines.append(f"| {names} | {option.kind} | {note} |")
     return "\n".join(lines)
 
 

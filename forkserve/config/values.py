@@ -11,7 +11,7 @@ __all__ = [
     "ConfigError", "Findings", "allowed_addresses", "bind_list", "cpu_affinity", "cpu_count",
     "default_workers", "env_list", "flag", "json_mapping", "log_format", "log_level", "mapping",
     "name_or_id", "path_list", "proxy_protocol", "reload_engine", "scheme_headers", "seconds",
-    "text", "umask", "whole"]
+    "text", "umask", "whole", "one_of"]
 
 
 class ConfigError(Exception):
@@ -35,6 +35,34 @@ class Findings:
         """Raise one ConfigError naming every error, carrying the warnings."""
         if self.errors:
             raise ConfigError("\n".join(self.errors), self.warnings)
+
+
+def one_of(value, candidates) -> bool:
+    """Whether a Gunicorn or uWSGI value (typed, or as a config file spells
+    it) is one of `candidates`: a value that asks for what forkserve does
+    anyway, so that neither side warns about it (one rule for both)."""
+    for candidate in candidates:
+        if isinstance(candidate, bool) or candidate is None:
+            text = str(value).strip().lower() if isinstance(value, str) else value
+            if candidate is None and value in (None, "", "none"):
+                return True
+            if isinstance(candidate, bool) and text in ((True, "1", "true", "yes", "on")
+                                                        if candidate else
+                                                        (False, "0", "false", "no", "off")):
+                return True
+        elif isinstance(candidate, int) and not isinstance(value, bool):
+            if isinstance(value, int):  # an IntEnum such as ssl.CERT_NONE too
+                if int(value) == candidate:
+                    return True
+                continue
+            try:
+                if int(str(value).strip()) == candidate:
+                    return True
+            except ValueError:
+                pass
+        elif candidate == value or (isinstance(value, str) and candidate == value.strip()):
+            return True
+    return False
 
 
 # --- value converters: text (or a config-file value) in, a typed value out ---
