@@ -326,7 +326,7 @@ def test_the_c_local_costs_less_than_gevents_per_read():
 
 INSTALL = """
 import json, logging, sys
-logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stdout)
 from gevent import monkey
 {patch}
 import threading, _thread, _threading_local
@@ -391,7 +391,8 @@ def concurrent_gets(server, count):
 ])
 def test_a_workers_concurrent_requests_each_keep_their_own_locals(run_server, args, kind):
     env = {} if kind is not None else {"FORKSERVE_NO_C": "1"}
-    server = run_server("-w", "1", *args, app="greenlet_locals:app", env=env)
+    server = run_server("-w", "1", "--log-level", "debug", *args, app="greenlet_locals:app",
+                        env=env)
     answers = concurrent_gets(server, 8)
     assert threading.active_count() == 1
     expected_kind = kind or GEVENT_LOCAL

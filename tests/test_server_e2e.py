@@ -21,6 +21,15 @@ def test_requests_are_served_by_n_distinct_worker_pids(run_server):
     assert len(set(pids)) == 3
 
 
+def test_the_first_log_line_names_the_version_and_the_application_and_no_internals(run_server):
+    import forkserve
+    server = run_server("-w", "1")
+    first = server.log().splitlines()[0]
+    assert f"[INFO] Starting forkserve {forkserve.__version__} serving basic:app (Python " \
+        in first, first
+    assert "threading.local" not in server.log()  # an implementation detail: DEBUG
+
+
 def test_worker_killed_with_sigkill_is_replaced_and_serving_continues(run_server):
     server = run_server("-w", "2")
     before = server.wait_workers(2)

@@ -22,9 +22,11 @@ cow.exit_process(status).
 
 import logging
 import os
+import platform
 import sys
 import traceback
 
+import forkserve
 from forkserve.memory import cow
 from forkserve import exits, logs
 from forkserve.config import ignored, loader
@@ -51,6 +53,9 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     status = _prepare(cfg)
     if status is not None:
         return status
+    # the first line, as Gunicorn's "Starting gunicorn X": what runs, and what it serves
+    log.info("Starting forkserve %s serving %s (Python %s)", forkserve.__version__,
+             app_name or cfg.app or "an application", platform.python_version())
     hooks = install_hooks(cfg)
     if cfg.share_heap:  # asked for by name: refuse rather than start without it
         from forkserve.memory import heap

@@ -56,11 +56,11 @@ def install(enabled):
     """Put the C local where gevent's is (see the module's docstring);
     returns the names replaced, and logs what was done or why not."""
     if not enabled:
-        log.info("threading.local: gevent's (--no-c-local)")
+        log.debug("threading.local: gevent's (--no-c-local)")
         return []
     local, why_not = c_local()
     if local is None:
-        log.info("threading.local: gevent's (%s)", why_not)
+        log.debug("threading.local: gevent's (%s)", why_not)
         return []
     import gevent.local
     replaced = []
@@ -70,8 +70,8 @@ def install(enabled):
             setattr(module, name, local)
             replaced.append(f"{module_name}.{name}")
     if replaced:
-        log.info("threading.local: forkserve's C local, one namespace per greenlet, in %s "
+        log.debug("threading.local: forkserve's C local, one namespace per greenlet, in %s "
                  "(--no-c-local keeps gevent's)", ", ".join(replaced))
     else:
-        log.info("threading.local: left as it is (gevent did not patch it)")
+        log.debug("threading.local: left as it is (gevent did not patch it)")
     return replaced
