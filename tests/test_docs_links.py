@@ -84,6 +84,12 @@ def test_readme_is_a_front_page_that_links_every_docs_page():
     assert not unlinked, f"docs pages the README does not link: {unlinked}"
 
 
+def test_readme_says_on_its_first_screen_what_forkserve_needs():
+    first_screen = " ".join((ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:60])
+    for needed in ("Linux only", "/proc", "CPython 3.12"):
+        assert needed in first_screen, f"README.md's first 60 lines must say {needed!r}"
+
+
 def test_anchors_follow_githubs_rule():
     text = "# Why\n## Seeing it: the memory reporter\n### `forkserve.share(data)` (3.12+)\n## Why\n"
     assert list(anchors(text)) == [
