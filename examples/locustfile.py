@@ -8,7 +8,7 @@ Against any server already running the app (forkserve, Gunicorn, uWSGI...):
 Or let the run start forkserve itself and record its memory next to Locust's
 stats (copy-on-write under load, in one command; see forkserve.integrations.locust):
 
-    PERSONDB_CSV=people.csv locust -f examples/locustfile.py --headless \\
+    PERSONDB_CSV=out/people.csv locust -f examples/locustfile.py --headless \\
         -u 50 -r 50 -t 60s --csv out/cow --forkserve-app examples.persondb.app:app
 
 Which emails exist (the list is never fetched from the server):

@@ -19,7 +19,10 @@ directory first on PATH (as an activated virtualenv would be):
   while it serves, then it gets Ctrl-C (SIGINT) and must exit 0 having
   stopped nginx;
 - `curl` gets `-f`, so an HTTP error fails the command;
-- any other command must exit 0 within its time bound.
+- any other command must exit 0 within its time bound;
+- after every command `git status` is as clean as before: what a documented
+  command writes (generated data, logs, a virtualenv) lands outside the
+  clone or in a git-ignored folder.
 
 QUICK lists the options made smaller so the page runs in seconds (fewer
 rows, shorter load tests); NOT_RUN lists each command this test cannot run,
@@ -59,7 +62,7 @@ NOT_RUN = [
      "installs units into /etc: needs root on a systemd host (tests/test_deploy_manifests.py "
      "verifies the units with systemd-analyze)"),
     (r"^systemctl ", "needs root and systemd as PID 1"),
-    (r"^pip install -e '\.\[bench\]'",
+    (r"^pip install -e '\.\[locust\]'",
      "installs into the environment the tests run in, whose test extras already hold locust"),
     (r"^examples/deploy/rolling-reload 127\.0\.0\.1:9100 ",
      "needs three instances already serving stats at fixed addresses; this test runs the "
@@ -168,7 +171,7 @@ class Server:
             self.documented = [8000]
         self.stats_documented = stats
         session.stop_servers_on(self.documented + stats)
-        self.log = session.directory / f"server-{len(session.servers)}.log"
+        self.log = session.scratch / f"server-{len(session.servers)}.log"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(["bash", "-c", self.command], cwd=session.directory,
                                             env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -217,8 +220,9 @@ class Session:
         self.directory = directory
         self.servers = []
         self.ran = []
-        tmp = directory / "tmp"
-        tmp.mkdir()
+        self.scratch = directory.parent / "scratch"  # outside the clone: logs, TMPDIR
+        tmp = self.scratch / "tmp"
+        tmp.mkdir(parents=True)
         bin_dir = os.path.dirname(sys.executable)
         self.env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", TMPDIR=str(tmp),
                         PYTHONDONTWRITEBYTECODE="1")
@@ -254,6 +258,13 @@ class Session:
                 self.run_local(part)
             else:
                 self.run_to_the_end(self.addresses(part))
+            self.assert_clone_clean(part)
+
+    def assert_clone_clean(self, command):
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                                cwd=self.directory, capture_output=True, text=True, check=True)
+        assert not status.stdout, (f"`{command}` left files in the clone (write them outside "
+                                   f"it or in a git-ignored folder):\n{status.stdout[:2000]}")
 
     def run_to_the_end(self, command):
         if program_and_arguments(command)[0] == "curl":
@@ -266,7 +277,7 @@ class Session:
         self.ran.append(command)
 
     def run_local(self, command):
-        output = self.directory / "run-local.out"
+        output = self.scratch / "run-local.out"
         with open(output, "wb") as out:
             process = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=self.directory,
                                        env=self.env, stdout=out, stderr=subprocess.STDOUT,
@@ -299,6 +310,11 @@ def scratch_copy(target):
         path = target / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    # A clone, as a user has it: its .gitignore applies, and `git status`
+    # shows what a command leaves behind.
+    git = ["git", "-c", "user.name=docs", "-c", "user.email=docs@localhost"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the clone"]):
+        subprocess.run(git + command, cwd=target, check=True, capture_output=True)
     return target
 
 

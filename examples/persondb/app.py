@@ -1,7 +1,7 @@
 """PersonDB: an employee directory held in memory and served by email.
 
     forkserve -w 4 examples.persondb.app:app                  # small demo dataset
-    PERSONDB_CSV=people.csv PERSONDB_MODE=store forkserve -w 4 examples.persondb.app:app
+    PERSONDB_CSV=out/people.csv PERSONDB_MODE=store forkserve -w 4 examples.persondb.app:app
 
 The dataset is loaded when this module is imported, so under a pre-fork
 server that preloads the app (forkserve always does; ``gunicorn --preload``)

@@ -1,6 +1,6 @@
 """Generate a synthetic PersonDB: one employee directory row per person, as CSV.
 
-    python -m examples.persondb.generate --rows 300000 -o people.csv
+    python -m examples.persondb.generate --rows 300000 -o out/people.csv
 
 Every row is a pure function of ``(seed, index)``: the generator streams rows
 to the file one at a time (millions of rows never sit in memory together),

@@ -27,7 +27,7 @@ server's stop causes no failures. At the end it prints the last reading in
 
 Copy-on-write under load, in one command (from the repository root):
 
-    PERSONDB_CSV=people.csv PERSONDB_MODE=dict \\
+    PERSONDB_CSV=out/people.csv PERSONDB_MODE=dict \\
     locust -f examples/locustfile.py --headless -u 50 -r 50 -t 60s \\
         --csv out/cow --forkserve-app examples.persondb.app:app
 
