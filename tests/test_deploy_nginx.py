@@ -8,16 +8,17 @@ instead when CI=true (.ci/run installs nginx).
 
 import json
 import re
+import subprocess
 import urllib.parse
 
 import pytest
 
 from deploy_cluster import (
-    DEPLOY, SHARDS, Instance, Load, Nginx, emails_by_shard, require_nginx, rolling_reload,
+    DEPLOY, ROOT, SHARDS, Instance, Load, Nginx, emails_by_shard, require_nginx, rolling_reload,
     start_instances,
 )
 from forkserve.store.shards import shard_of, split_clients_block
-from forkserve_testing import poll
+from forkserve_testing import ServerProcess, poll
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -208,3 +209,68 @@ def test_rolling_reload_of_every_shard_through_nginx_fails_no_request(cluster, p
         assert "supervisor" in roles
         assert {p["generation"] for p in instance.stats()["processes"]
                 if p["role"] != "supervisor"} == {2}
+
+
+# -- one application behind nginx, with TLS (docs/deployment.md) -------------------
+
+ONE_APP_SECTION = "## One application behind nginx, with TLS"
+APPS = ROOT / "tests" / "apps"
+
+
+def one_app_server_block():
+    """The ```nginx block of docs/deployment.md's one-application section."""
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    section = text.split(ONE_APP_SECTION, 1)[1].split("\n## ", 1)[0]
+    return re.search(r"^```nginx\n(.*?)^```", section, re.MULTILINE | re.DOTALL).group(1)
+
+
+def self_signed_certificate(directory, name):
+    """(certificate, key) for `name`, made by the openssl command line."""
+    certificate, key = directory / f"{name}.pem", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=DNS:{name}", "-keyout", str(key), "-out",
+                    str(certificate)], check=True, capture_output=True)
+    return certificate, key
+
+
+def test_the_one_application_tls_example_serves_https_through_nginx(tmp_path):
+    certificate, key = self_signed_certificate(tmp_path, "app.example.com")
+    server = ServerProcess(["-w", "1", "--forwarded-allow-ips", "127.0.0.1"],
+                           app="proxied:app", cwd=APPS, log_dir=tmp_path)
+    nginx = None
+    try:
+        server.wait_listening()
+
+        def site(listen):
+            unix, tcp = listen
+            block = one_app_server_block()
+            for documented, real in (
+                    ("server 127.0.0.1:8000;", f"server 127.0.0.1:{server.port};"),
+                    ("listen 443 ssl;", f"listen {tcp} ssl;"),
+                    ("/etc/ssl/certs/app.example.com.pem", str(certificate)),
+                    ("/etc/ssl/private/app.example.com.key", str(key))):
+                assert documented in block, f"docs/deployment.md's block has no {documented!r}"
+                block = block.replace(documented, real)
+            # the harness's readiness probe (a 404 on the unix socket), then the example
+            return f"server {{ listen {unix}; return 404; }}\n{block}"
+        nginx = Nginx(tmp_path, site, tcp=True).start()
+
+        def ask(path):
+            url = f"https://app.example.com:{nginx.port}{path}"
+            done = subprocess.run(["curl", "-sS", "--fail", "--cacert", str(certificate),
+                                   "--resolve", f"app.example.com:{nginx.port}:127.0.0.1", url],
+                                  capture_output=True, text=True, timeout=30)
+            assert done.returncode == 0, done.stderr + nginx.log()
+            return json.loads(done.stdout)
+        answers = [ask(f"/{n}") for n in range(6)]  # a new client connection each
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        server.kill_group()
+    first = answers[0]
+    assert first["wsgi.url_scheme"] == "https"  # X-Forwarded-Proto, from a trusted address
+    assert first["HTTP_HOST"] == "app.example.com"
+    assert first["HTTP_X_FORWARDED_FOR"] == "127.0.0.1" and first["REMOTE_ADDR"] == "127.0.0.1"
+    # upstream keep-alive: nginx reuses its connections to forkserve across clients
+    assert len({answer["REMOTE_PORT"] for answer in answers}) <= 2, answers
