@@ -95,7 +95,7 @@ def test_without_sharing_a_worker_runs_the_master_objects_finalisers(run_server,
 @needs_immortal
 def test_with_sharing_the_master_objects_finalisers_run_in_the_worker_that_drops_them(
         run_server, tmp_path):
-    server, witness = _safety_server(run_server, tmp_path)
+    server, witness = _safety_server(run_server, tmp_path, "--log-level", "debug")
     log = server.log()
     assert SHARED.search(log), log
     kept = re.search(r"kept mortal, so their finalisers still run: ([\d,]+) objects", log)

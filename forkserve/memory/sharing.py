@@ -121,24 +121,32 @@ class ShareReport:
     skipped: dict = dataclasses.field(default_factory=dict)
 
     def __str__(self):
+        kept = self.kept_mortal()
+        return f"{self.headline()}; {kept}" if kept else self.headline()
+
+    def headline(self):
+        """What was shared, and what was not: the report without the objects
+        kept mortal."""
         size = f"({self.bytes / 1e6:,.1f} MB) in {self.seconds:.2f} s"
         if not self.immortal:
             return (f"cached hashes of {self.objects:,} objects {size}: "
                     "not immortal on this interpreter")
         skipped = sum(self.skipped.values())
         if skipped:
-            text = (f"shared {self.objects:,} objects {size}; NOT shared: {skipped:,} "
+            return (f"shared {self.objects:,} objects {size}; NOT shared: {skipped:,} "
                     f"objects of kinds share() does not go into ({_by_type(self.skipped)})")
-        else:
-            text = f"shared {self.objects:,} objects {size}"
+        return f"shared {self.objects:,} objects {size}"
+
+    def kept_mortal(self):
+        """The objects kept mortal for their finalisers, by type ("" if none)."""
         mortal = sum(self.mortal.values())
-        if mortal:
-            text += f"; kept mortal, so their finalisers still run: {mortal:,} objects"
-            seeds = sum(self.seeds.values())
-            if seeds:
-                text += f", {seeds:,} that run code when they die ({_by_type(self.seeds, shown=8)})"
-            text += f" and what holds them ({_by_type(self.mortal)})"
-        return text
+        if not self.immortal or not mortal:
+            return ""
+        text = f"kept mortal, so their finalisers still run: {mortal:,} objects"
+        seeds = sum(self.seeds.values())
+        if seeds:
+            text += f", {seeds:,} that run code when they die ({_by_type(self.seeds, shown=8)})"
+        return text + f" and what holds them ({_by_type(self.mortal)})"
 
 
 def _by_type(counts, shown=4):

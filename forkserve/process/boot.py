@@ -193,8 +193,10 @@ def _share_heap(cfg, warmed):
                  "(gc.freeze still keeps collections off the master's objects)", reason)
         return
     # A warm-up's cyclic garbage is collected first (heap.share_heap says why).
-    log.info("Heap sharing: %s (--no-share-heap turns it off)",
-             heap.share_heap(collect_first=warmed))
+    report = heap.share_heap(collect_first=warmed)
+    log.info("Heap sharing: %s (--no-share-heap turns it off)", report.headline())
+    if report.kept_mortal():  # which finalisers are kept working: a detail, for debugging
+        log.debug("Heap sharing: %s", report.kept_mortal())
 
 
 def _listen(cfg, listeners, stats_listener):
