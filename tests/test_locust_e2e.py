@@ -1,4 +1,5 @@
-"""The Locust plugin leaves no server behind, whatever the sequence of Ctrl-C."""
+"""The Locust plugin leaves no server behind, whatever the sequence of Ctrl-C,
+and its memory samples under load carry figures read since the one before."""
 
 import csv
 import importlib.util
