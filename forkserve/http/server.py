@@ -96,8 +96,9 @@ class Server:
         #: request's head began) for `seconds` and no `now` (default: the
         #: line, to access_log at INFO)
         self.access_format = access_format if access_format is not None else AccessFormat()
-        self.access_sink = None if access_log is None else (
-            access_sink if access_sink is not None else self._log_access)
+        # (an access_sink without an access_log: statsd's, forkserve.statsd)
+        self.access_sink = access_sink if access_sink is not None else (
+            None if access_log is None else self._log_access)
         #: what a proxy in front may say (forwarded_allow_ips, PROXY protocol)
         self.proxy = proxy if proxy is not None else ProxyPolicy()
         #: send wsgi.file_wrapper's regular files with os.sendfile() (the sendfile setting)

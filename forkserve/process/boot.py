@@ -48,6 +48,9 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     # settings with no effect: given ones, then this run's (before Role takes systemd's variables)
     moot = cfg.warnings + ignored.check(cfg, os.environ, os.getpid())
     role = role or generation_protocol.Role.from_environ()
+    if cfg.daemon and not role.supervised and not cfg.check_config:
+        from forkserve.process import daemon
+        daemon.detach(cfg.enable_stdio_inheritance)
     status = _prepare(cfg)
     if status is not None:
         return status

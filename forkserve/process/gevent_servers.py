@@ -6,6 +6,7 @@ worker shares them, and each worker builds its gevent servers with
 """
 
 import os
+import time
 
 from forkserve import logs
 from forkserve.process.cpu_turns import take_turns
@@ -99,10 +100,27 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
                    error_log=logs.error_log, multiprocess=multiprocess,
                    on_request=on_request, pool=pool, access_format=access_format,
-                   access_sink=logs.access_sink(access_format),
+                   access_sink=_request_sink(access, access_format),
                    admission=admission, sendfile=cfg.sendfile, outbox=outbox,
                    **speaks[protocol])
             for listener, protocol in zip(listeners, protocols)]
+
+
+def _request_sink(access, access_format):
+    """What sees each request: the access log's sink (with an access log) and
+    statsd's metrics (with statsd_host), or None."""
+    from forkserve import statsd
+    sink = logs.access_sink(access_format) if access is not None else None
+    if statsd.client is None:
+        return sink
+    count = statsd.client.request
+    clock = time.perf_counter
+
+    def counted(environ, request_line, status, response_headers, sent, started):
+        count(status, clock() - started)
+        if sink is not None:
+            sink(environ, request_line, status, response_headers, sent, started)
+    return counted
 
 
 def gevent_socket(listener):
