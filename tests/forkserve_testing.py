@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
+LISTENING = re.compile(r"Listening at: https?://127\.0\.0\.1:(\d+)")  # https: certfile
 
 
 def ctrl_c_reaches_it():

@@ -341,7 +341,8 @@ SETTINGS = (
                     "find the master by --pid. Under systemd or another supervisor, leave it "
                     "off."),
     Setting("enable_stdio_inheritance", ("-R", "--enable-stdio-inheritance"), values.flag,
-            False, "With --daemon, keep stdout and stderr instead of /dev/null.", kind="flag", in_help=False),
+            False, "With --daemon, keep stdout and stderr instead of /dev/null.", kind="flag",
+            in_help=False),
     Setting("certfile", ("--certfile",), values.text, None,
             "Serve TLS on HTTP listeners with this certificate.", metavar="FILE",
             section="security",
@@ -366,7 +367,9 @@ SETTINGS = (
     Setting("suppress_ragged_eofs", ("--suppress-ragged-eofs",), values.flag, True,
             "Treat a client's close without TLS close_notify as an end of file.",
             kind="flag", section="security",
-            details="Off: such a close is an error for the connection (logged at debug).", in_help=False),
+            details="Off (config file or environment): such a close ends the connection "
+                    "as a reset, so a request body cut short by it is not served.",
+            in_help=False),
     Setting("raw_env", ("-e", "--env"), values.env_list, lambda: [],
             "Set an environment variable (KEY=VALUE) before the application loads. Repeat "
             "for several.", metavar="KEY=VALUE", kind="append"),

@@ -31,6 +31,7 @@ from forkserve.config import ignored, loader
 from forkserve.process import (env_settings, generation_protocol, gevent_servers,
                                greenlet_local, privileges, progress, signals, sockets,
                                source_watch, warmup)
+from forkserve.http import tls
 from forkserve.http.stats import StatsEndpoint
 from forkserve.process.hooks import install as install_hooks
 
@@ -61,6 +62,11 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
         if refused:
             _complain(refused)
             return exits.CONFIG_ERROR
+    try:  # the certificate and key are read here, in the master, and again by a reload
+        tls.load(cfg, cfg.hooks.get("ssl_context"))
+    except tls.TLSError as exc:
+        _complain(str(exc))
+        return exits.CONFIG_ERROR
     app_name = app_name or cfg.app or "app"
     if cfg.config:  # the one file read, named so a stray ./gunicorn.conf.py is noticed
         log.info("Config file read: %s (%s)", cfg.config, cfg.sources["config"])
@@ -199,6 +205,8 @@ def _listen(cfg, listeners, stats_listener):
     speaks = sockets.protocols(cfg.bind, cfg.protocol, len(listeners))
     for listener, protocol in zip(listeners, speaks):
         listener.listen(cfg.backlog)
+        if tls.context is not None and protocol == "http":
+            protocol = "https"  # as Gunicorn says it
         log.info("Listening at: %s (%d)", sockets.describe(listener, protocol), os.getpid())
     if stats_listener is not None:
         stats_listener.listen(16)

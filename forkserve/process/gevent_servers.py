@@ -35,6 +35,7 @@ def preload():
     import forkserve.http.proxy  # noqa: F401
     import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
+    import forkserve.http.tls  # noqa: F401
     import forkserve.http.transport  # noqa: F401
     import forkserve.http.uwsgi  # noqa: F401
     import forkserve.process.balance  # noqa: F401
@@ -92,7 +93,10 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
     app = hooks.wrap_app(app)  # pre_request / post_request
     # a uwsgi listener's peer is the trusted proxy: its vars say the client and
     # the scheme (forkserve.http.uwsgi), no header or PROXY line does
-    speaks = {"http": dict(proxy=proxy),
+    from forkserve.http import tls
+    secure = tls.context and tls.Listener(tls.context, logs.error_log,
+                                          suppress_ragged_eofs=cfg.suppress_ragged_eofs)
+    speaks = {"http": dict(proxy=proxy, tls=secure or None),
               "uwsgi": dict(proxy=ProxyPolicy(secure_scheme_headers={}),
                             connection_class=UwsgiConnection,
                             allowed_peers=AddressList(cfg.uwsgi_allow_ips))}
