@@ -215,3 +215,76 @@ def test_the_ssl_context_hook_makes_the_context(start, pki, tmp_path):
     with pytest.raises((ssl.SSLError, ConnectionResetError)):
         get(server.port, old)
     assert get(server.port, client_context(pki), "/scheme")[0] == [(200, "https")]
+
+
+@pytest.mark.parametrize("kind", ["forkserve", "gunicorn"])
+def test_a_gunicorn_config_with_tls_statsd_syslog_and_daemon_does_what_gunicorn_does(
+        kind, pki, tmp_path):
+    """The issue's target: certfile, keyfile, ca_certs, cert_reqs = 2, statsd_host,
+    syslog = True and daemon = True in one Gunicorn config file."""
+    if kind == "gunicorn":
+        pytest.importorskip("gunicorn")
+    from test_daemon_e2e import session_members
+    metrics, syslog = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2))
+    for listener in (metrics, syslog):
+        listener.bind(("127.0.0.1", 0))
+        listener.setblocking(False)
+    pid_path, log_path = tmp_path / "server.pid", tmp_path / "error.log"
+    config = tmp_path / "gunicorn.conf.py"
+    config.write_text(f"""
+bind = "127.0.0.1:0"
+workers = 2
+worker_class = "gevent"
+certfile = {os.path.join(pki, "server.pem")!r}
+keyfile = {os.path.join(pki, "server.key")!r}
+ca_certs = {os.path.join(pki, "ca.pem")!r}
+cert_reqs = 2
+statsd_host = "127.0.0.1:{metrics.getsockname()[1]}"
+syslog = True
+syslog_addr = "udp://127.0.0.1:{syslog.getsockname()[1]}"
+daemon = True
+pidfile = {str(pid_path)!r}
+errorlog = {str(log_path)!r}
+""")
+    started = subprocess.run([sys.executable, "-m", kind, "-c", str(config), "tls_site:app"],
+                             cwd=APPS, timeout=60, stdin=subprocess.DEVNULL, capture_output=True)
+    assert started.returncode == 0, started
+    found = poll(lambda: log_path.exists() and re.search(
+        r"Listening at: https://127\.0\.0\.1:(\d+)", log_path.read_text()), timeout=30,
+        message="Listening at: https in the error log")
+    port = int(found.group(1))
+    master = poll(lambda: pid_path.exists() and pid_path.read_text().strip().isdigit()
+                  and int(pid_path.read_text()), message="the pid file")
+    sid = os.getsid(master)
+    try:
+        assert sid not in (os.getsid(0), master)
+        answers, _ = get(port, client_context(pki, "client"), "/scheme", count=3)
+        assert answers == [(200, "https")] * 3
+        with pytest.raises((ssl.SSLError, ConnectionResetError, http.client.HTTPException,
+                            BrokenPipeError)):
+            get(port, client_context(pki), "/scheme")  # no client certificate
+        datagrams, lines = [], []
+
+        def drained(sock, into):
+            try:
+                while True:
+                    into.append(sock.recv(65536).decode("utf-8", "replace"))
+            except BlockingIOError:
+                return into
+        poll(lambda: sum(d.startswith("gunicorn.requests:1|c") for d in
+                         drained(metrics, datagrams)) == 3, message="3 requests counted")
+        poll(lambda: sum('"GET /scheme HTTP/1.1" 200' in line for line in
+                         drained(syslog, lines)) == 3, message="3 access lines in syslog")
+        assert any(d.startswith("gunicorn.request.duration:") and d.endswith("|ms")
+                   for d in datagrams)
+        assert "gunicorn.request.status.200:1|c|@1.0" in datagrams
+        assert any(re.match(r"<\d+>gunicorn\.tls_site\.app\.error: \[\d+\] ", line)
+                   for line in lines), lines
+        os.kill(master, signal.SIGTERM)
+        poll(lambda: not session_members(sid), timeout=30, message="every process gone")
+        assert not pid_path.exists()
+    finally:
+        for pid in session_members(sid):
+            os.kill(pid, signal.SIGKILL)
+        metrics.close()
+        syslog.close()
