@@ -1,6 +1,7 @@
 """forkserve.http.tls's decisions with no socket: when a failed handshake is
 logged, and what the settings may and may not ask."""
 
+import logging
 import types
 
 import pytest
@@ -34,14 +35,17 @@ def test_no_certfile_makes_no_context():
     assert tls.load(settings()) is None and tls.context is None
 
 
-@pytest.mark.parametrize("given, says", [
-    (dict(cert_reqs=2), "only with certfile"),
-    (dict(ca_certs="ca.pem"), "only with certfile"),
-    (dict(certfile="c.pem", proxy_protocol="v1"), "PROXY header would come before"),
-])
-def test_settings_that_cannot_work_together_are_refused(given, says):
-    with pytest.raises(tls.TLSError, match=says):
-        tls.load(settings(**given))
+@pytest.mark.parametrize("given", [dict(cert_reqs=2), dict(ca_certs="ca.pem"),
+                                   dict(keyfile="k.pem")])
+def test_tls_tuning_without_certfile_serves_plain_http_with_a_warning(given, caplog):
+    with caplog.at_level(logging.WARNING, "forkserve.error"):
+        assert tls.load(settings(**given)) is None
+    assert "have no effect without certfile" in caplog.text
+
+
+def test_proxy_protocol_and_certfile_together_are_refused():
+    with pytest.raises(tls.TLSError, match="PROXY header would come before"):
+        tls.load(settings(certfile="c.pem", proxy_protocol="v1"))
 
 
 def test_an_ssl_context_hook_must_return_a_context():

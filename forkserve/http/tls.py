@@ -29,13 +29,15 @@ Invariants:
 """
 
 import errno
-import os
+import logging
 import ssl
 import time
 
 from forkserve.http.transport import READ_BUFFER, Reader, Transport
 
 __all__ = ["load", "context", "Listener", "HandshakeLog", "TLSError"]
+
+log = logging.getLogger("forkserve.error")
 
 
 class TLSError(ValueError):
@@ -53,9 +55,10 @@ def load(cfg, hook=None):
     global context
     context = None
     if not cfg.certfile:
-        if cfg.keyfile or cfg.ca_certs or cfg.cert_reqs:
-            raise TLSError("keyfile, ca_certs and cert_reqs take effect only with certfile: "
-                           "give the server's certificate with --certfile")
+        if cfg.keyfile or cfg.ca_certs or cfg.cert_reqs:  # Gunicorn starts so too
+            log.warning("keyfile, ca_certs and cert_reqs have no effect without certfile: "
+                        "the listeners serve plain HTTP; give the server's certificate with "
+                        "--certfile to serve TLS")
         return None
     if cfg.proxy_protocol != "off":
         raise TLSError("proxy_protocol and certfile together: the PROXY header would come "
