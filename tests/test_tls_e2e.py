@@ -244,6 +244,7 @@ syslog_addr = "udp://127.0.0.1:{syslog.getsockname()[1]}"
 daemon = True
 pidfile = {str(pid_path)!r}
 errorlog = {str(log_path)!r}
+graceful_timeout = 5
 """)
     started = subprocess.run([sys.executable, "-m", kind, "-c", str(config), "tls_site:app"],
                              cwd=APPS, timeout=60, stdin=subprocess.DEVNULL, capture_output=True)
