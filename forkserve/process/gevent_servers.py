@@ -74,6 +74,7 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
     from forkserve.http.accesslog import AccessFormat
     from forkserve.http.handler import Limits
     from forkserve.http.proxy import AddressList, ProxyPolicy
+    from forkserve.http import tls
     from forkserve.http.server import Server
     from forkserve.http.uwsgi import UwsgiConnection
     from forkserve.process import sockets
@@ -91,12 +92,12 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
                         cfg.proxy_protocol, cfg.proxy_allow_ips)
     access_format = AccessFormat(cfg.access_log_format)
     app = hooks.wrap_app(app)  # pre_request / post_request
+    # certfile: the HTTP listeners serve TLS with the master's context (uwsgi ones stay plain)
+    secure = None if tls.context is None else tls.Listener(
+        tls.context, logs.error_log, suppress_ragged_eofs=cfg.suppress_ragged_eofs)
     # a uwsgi listener's peer is the trusted proxy: its vars say the client and
     # the scheme (forkserve.http.uwsgi), no header or PROXY line does
-    from forkserve.http import tls
-    secure = tls.context and tls.Listener(tls.context, logs.error_log,
-                                          suppress_ragged_eofs=cfg.suppress_ragged_eofs)
-    speaks = {"http": dict(proxy=proxy, tls=secure or None),
+    speaks = {"http": dict(proxy=proxy, tls=secure),
               "uwsgi": dict(proxy=ProxyPolicy(secure_scheme_headers={}),
                             connection_class=UwsgiConnection,
                             allowed_peers=AddressList(cfg.uwsgi_allow_ips))}
