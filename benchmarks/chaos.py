@@ -49,6 +49,7 @@ import re
 import resource
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -308,23 +309,36 @@ SEEDS = (
 )
 
 
-def exchange(port, data, timeout=10):
+def exchange(port, data, timeout=10, tls=None):
     """The server's bytes for `data` (sent, then our side closed), or None if
-    it neither answered nor closed within `timeout`."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        try:
-            sock.sendall(data)
+    it neither answered nor closed within `timeout`. With `tls`, a client's
+    ssl.SSLContext, over TLS; our side is then not closed (a TLS socket cannot
+    half-close and still read), so an unfinished request waits for the
+    server's timeouts."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as plain:
+        if tls is None:
+            return _exchange(plain, data, half_close=True)
+        with tls.wrap_socket(plain, server_hostname="localhost") as sock:
+            return _exchange(sock, data, half_close=False)
+
+
+def _exchange(sock, data, half_close):
+    try:
+        sock.sendall(data)
+        if half_close:
             sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass
-        except socket.timeout:
-            return None
+    except OSError:
+        pass
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    except ssl.SSLError:  # closed without close_notify, or mid-record
+        pass
+    except socket.timeout:
+        return None
     return received
 
 

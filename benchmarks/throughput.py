@@ -24,7 +24,15 @@ machine's load then hits every server alike):
   forkserve-store (`-w 4`, PERSONDB_MODE=store) and forkserve-w0 (one
   process);
 - hello: benchmarks/apps/hello_app.py (13 bytes), GET / on keep-alive
-  connections: granian-w1, granian-w4, forkserve-w0, forkserve-w4.
+  connections: granian-w1, granian-w4, forkserve-w0, forkserve-w4;
+- tls-keepalive and tls-close: the hello app over https, 2 workers each,
+  on one self-signed certificate (RSA 2048, made with the openssl CLI):
+  gunicorn (`-k gevent --certfile --keyfile`), uwsgi (the `uwsgi`
+  executable beside --python, `pip install uwsgi` built with OpenSSL:
+  pyuwsgi's wheels have no `--https-socket`; `--gevent 1000`), granian (`--ssl-certificate --ssl-keyfile`),
+  forkserve (`--certfile --keyfile`); tls-keepalive keeps connections
+  open, tls-close sends Connection: close with every request, so each
+  request is a new connection and a full handshake.
 
 Every server is pinned with taskset to --server-cpus (CPU 0), wrk (one
 thread, --connections keep-alive connections, default 64) and this
@@ -36,7 +44,7 @@ Figures, per server:
 - req/s: the median over the rounds of wrk's responses / duration;
 - ×granian: req/s over Granian's in the same scenario: on persondb its 4
   workers, on hello Granian with as many workers (granian-w1 for a single
-  process);
+  process), on the TLS scenarios its 2 workers;
 - p50, p99: the median over the rounds of wrk's percentiles;
 - CPU/req: user + system time of every process of the server's process
   group (/proc/PID/stat), read before and after each round, summed over
@@ -107,7 +115,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, help="seconds of unmeasured load first (default 2)")
     p.add_argument("--rows", type=int, help="PersonDB people (default 300,000, --quick 20,000)")
     p.add_argument("--connections", type=int, default=64, help="wrk keep-alive connections (64)")
-    p.add_argument("--scenarios", default="persondb,hello", help="persondb,hello (both)")
+    p.add_argument("--scenarios", default="persondb,hello",
+                   help="persondb,hello (the default), tls-keepalive, tls-close")
     p.add_argument("--servers", default="all",
                    help="comma-separated names, or SCENARIO:NAME: " + ", ".join(names))
     p.add_argument("--server-cpus", default="0", help="taskset CPUs for the servers (0)")
@@ -180,7 +189,7 @@ def add_ratios(rows):
     rps = {(row["scenario"], row["server"]): row["rps"] for row in rows}
     cpu = {(row["scenario"], row["server"]): row["cpu_us"] for row in rows}
     for row in rows:
-        if row["scenario"] == "persondb":
+        if row["scenario"] != "hello":  # one Granian row: persondb, the TLS scenarios
             base = "granian"
         else:
             base = "granian-w1" if row["workers"] <= 1 else "granian-w4"
@@ -200,7 +209,8 @@ def run_scenario(scenario, specs, args, env, log_dir, workdir, py_version, email
     script = wrk.LUA_SCRIPT if scenario == "persondb" else wrk.HELLO_LUA
     # quota 0: lookup.lua counts but never stops; no Connection: close
     load_env = ({"BENCH_EMAILS": emails_path, "BENCH_QUOTA": "0", "BENCH_CLOSE_RATIO": "0",
-                 "BENCH_SEED": str(args.seed)} if scenario == "persondb" else None)
+                 "BENCH_SEED": str(args.seed)} if scenario == "persondb"
+                else {"BENCH_CLOSE": "1"} if scenario == "tls-close" else None)
     try:
         for spec, workers in specs:
             reason = spec.skip_reason(args.python, py_version)

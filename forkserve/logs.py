@@ -4,7 +4,9 @@
 Gunicorn's logconfig, logconfig_dict and logconfig_json hand the setup to
 logging.config; what they say about "gunicorn.error" and "gunicorn.access"
 applies to forkserve's two loggers. capture_output sends the process's
-stdout and stderr (descriptors 1 and 2) to the error log file.
+stdout and stderr (descriptors 1 and 2) to the error log file. syslog = True
+also sends both logs to syslog as Gunicorn does (`_add_syslog`), and
+statsd_host counts the server log's warnings and errors (forkserve.statsd).
 """
 
 import atexit
@@ -12,14 +14,16 @@ import errno
 import json
 import logging
 import logging.config
+import logging.handlers
 import os
+import socket
 import sys
 import time
 
 from forkserve.http.accesslog import capture
 
 __all__ = ["setup", "reopen", "error_log", "access_log", "access_enabled", "access_sink",
-           "AccessFileHandler"]
+           "AccessFileHandler", "parse_syslog_address"]
 
 error_log = logging.getLogger("forkserve.error")
 access_log = logging.getLogger("forkserve.access")
@@ -215,7 +219,9 @@ def setup(cfg):
     else:
         for handler in list(access_log.handlers):
             access_log.removeHandler(handler)
-        access_log.disabled = True
+        access_log.disabled = not _access_to_syslog(cfg)
+        access_log.setLevel(logging.INFO)
+        access_log.propagate = False
     # The store and other forkserve modules log under "forkserve".
     parent = logging.getLogger("forkserve")
     parent.setLevel(level)
@@ -223,13 +229,71 @@ def setup(cfg):
         parent.addHandler(_ProxyToError())
         parent.propagate = False
     _configure(cfg)
+    if cfg.syslog:
+        _add_syslog(cfg)
+    from forkserve import statsd
+    statsd.setup(cfg, error_log)
     _capture_output(cfg)
+
+
+def parse_syslog_address(address):
+    """syslog_addr as Gunicorn reads it: (socket type or None, address for
+    SysLogHandler). unix://PATH tries a datagram then a stream socket
+    (None) unless #dgram or #stream says which; udp:// and tcp:// take
+    HOST:PORT, [IPV6]:PORT or HOST (port 514)."""
+    scheme, found, rest = address.partition("://")
+    if not found or scheme not in ("unix", "udp", "tcp"):
+        raise ValueError(f"expected udp://HOST:PORT, tcp://HOST:PORT or unix://PATH, "
+                         f"got {address!r}")
+    if scheme == "unix":
+        path, _, kind = rest.partition("#")
+        if not path or kind not in ("", "dgram", "stream"):
+            raise ValueError(f"expected unix://PATH, unix://PATH#dgram or unix://PATH#stream, "
+                             f"got {address!r}")
+        return {"dgram": socket.SOCK_DGRAM, "stream": socket.SOCK_STREAM}.get(kind), path
+    if rest.startswith("["):
+        host, _, port = rest[1:].partition("]")
+        port = port.lstrip(":")
+    else:
+        host, _, port = rest.partition(":")
+    try:
+        number = int(port) if port else logging.handlers.SYSLOG_UDP_PORT
+    except ValueError:
+        raise ValueError(f"{port!r} is not a port number in {address!r}") from None
+    kind = socket.SOCK_DGRAM if scheme == "udp" else socket.SOCK_STREAM
+    return kind, (host.lower() or "localhost", number)
+
+
+def _add_syslog(cfg):
+    """A SysLogHandler on each log, as Gunicorn's: the tag
+    'gunicorn.PREFIX.error' or '.access' (PREFIX: syslog_prefix, else the
+    process name or the application, ':' as '.'), then '[pid] message'."""
+    kind, address = parse_syslog_address(cfg.syslog_addr)
+    facility = logging.handlers.SysLogHandler.facility_names[cfg.syslog_facility]
+    prefix = cfg.syslog_prefix or (cfg.name or cfg.app or "forkserve").replace(":", ".")
+    loggers = ((error_log, "error"), (access_log, "access"))
+    for logger, name in loggers if _access_to_syslog(cfg) else loggers[:1]:
+        for old in [h for h in logger.handlers if isinstance(h, logging.handlers.SysLogHandler)]:
+            logger.removeHandler(old)
+            old.close()
+        try:
+            handler = logging.handlers.SysLogHandler(address, facility, kind)
+        except OSError as exc:
+            raise OSError(f"syslog_addr {cfg.syslog_addr}: {exc.strerror or exc}; check that "
+                          "syslog listens there, or set syslog_addr") from None
+        handler.setFormatter(logging.Formatter(f"gunicorn.{prefix}.{name}: [%(process)d] "
+                                               "%(message)s"))
+        logger.addHandler(handler)
 
 
 def access_enabled(cfg) -> bool:
     """Whether requests are logged: an access log file, or a logging config (as Gunicorn)."""
     return bool(cfg.access_logfile or cfg.logconfig or cfg.logconfig_dict
-                or cfg.logconfig_json)
+                or cfg.logconfig_json or _access_to_syslog(cfg))
+
+
+def _access_to_syslog(cfg) -> bool:
+    return cfg.syslog and not cfg.disable_redirect_access_to_syslog
 
 
 #: Gunicorn's logging.config defaults, which a logconfig_dict is laid over

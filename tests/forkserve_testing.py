@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
+LISTENING = re.compile(r"Listening at: https?://127\.0\.0\.1:(\d+)")  # https: certfile
 
 
 def ctrl_c_reaches_it():
@@ -127,8 +127,14 @@ class ServerProcess:
             return None
         return poll(ready, timeout, interval=0.1, message=f"{count} serving workers")
 
+    #: a client's ssl.SSLContext for a server started with --certfile: requests go over TLS
+    tls = None
+
     def request(self, method, path, *, body=None, headers=None, timeout=10):
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        connection = (http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+                      if self.tls is None else
+                      http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout,
+                                                  context=self.tls))
         try:
             connection.request(method, path, body=body, headers=headers or {})
             response = connection.getresponse()

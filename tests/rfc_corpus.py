@@ -262,43 +262,52 @@ CASES = [
 import json  # noqa: E402
 import re  # noqa: E402
 import socket  # noqa: E402
+import ssl  # noqa: E402
 import time  # noqa: E402
 
 _STATUS = re.compile(rb"HTTP/1\.[01] (\d{3})")
 
 
-def exchange(port, raw, timeout=3.0):
-    """Send `raw` on a new connection; return (status, body) of the first
-    final response, status None if the server closed (or stayed silent)
-    without one. 1xx responses are skipped."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+def exchange(port, raw, timeout=3.0, tls=None):
+    """Send `raw` on a new connection (over TLS with `tls`, a client's
+    ssl.SSLContext); return (status, body) of the first final response,
+    status None if the server closed (or stayed silent) without one. 1xx
+    responses are skipped."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as plain:
+        if tls is None:
+            return _exchange(plain, raw, timeout)
+        with tls.wrap_socket(plain, server_hostname="localhost") as sock:
+            return _exchange(sock, raw, timeout)
+
+
+def _exchange(sock, raw, timeout):
+    try:
+        sock.sendall(raw)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        head, sep, rest = buf.partition(b"\r\n\r\n")
+        if sep:
+            match = _STATUS.match(head)
+            if match is None:
+                return None, b""
+            status = int(match.group(1))
+            if status < 200:
+                buf = rest
+                continue
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            if length is None or len(rest) >= int(length.group(1)):
+                return status, rest
         try:
-            sock.sendall(raw)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        buf = b""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            head, sep, rest = buf.partition(b"\r\n\r\n")
-            if sep:
-                match = _STATUS.match(head)
-                if match is None:
-                    return None, b""
-                status = int(match.group(1))
-                if status < 200:
-                    buf = rest
-                    continue
-                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-                if length is None or len(rest) >= int(length.group(1)):
-                    return status, rest
-            try:
-                data = sock.recv(65536)
-            except (ConnectionResetError, TimeoutError):
-                data = b""
-            if not data:
-                match = _STATUS.match(buf)
-                return (int(match.group(1)) if match else None), buf.partition(b"\r\n\r\n")[2]
-            buf += data
+            data = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError, ssl.SSLError):  # SSLEOFError: closed
+            data = b""
+        if not data:
+            match = _STATUS.match(buf)
+            return (int(match.group(1)) if match else None), buf.partition(b"\r\n\r\n")[2]
+        buf += data
     return None, b""
 
 

@@ -1,8 +1,11 @@
 """benchmarks/throughput.py: its ratios to Granian, its line-up, and the
 harness reading a server's port from /proc (Granian does not log it)."""
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 from benchmarks import throughput
 from benchmarks.harness import servers
@@ -83,3 +86,55 @@ def test_whether_the_heap_was_shared_is_taken_from_forkserve_s_log():
     assert throughput.heap_sharing_line(log) == (
         "Heap sharing off: the C extension forkserve.memory._immortal is not built")
     assert throughput.heap_sharing_line(b"[INFO] Listening at: http://127.0.0.1:1\n") is None
+
+
+def test_the_tls_scenarios_line_up_four_servers_on_one_certificate(tmp_path, monkeypatch):
+    monkeypatch.setattr(servers, "TLS_DIR", str(tmp_path))
+    cert, key = servers.tls_files(str(tmp_path))
+    lineup = servers.throughput_servers()
+    for scenario in ("tls-keepalive", "tls-close"):
+        specs = {spec.name: (spec, workers) for spec, workers in lineup[scenario]}
+        assert list(specs) == ["gunicorn", "uwsgi", "granian", "forkserve"]
+        assert all(spec.tls and workers == 2 for spec, workers in specs.values())
+        for name, flags in (("gunicorn", ["--certfile", cert, "--keyfile", key]),
+                            ("forkserve", ["--certfile", cert, "--keyfile", key]),
+                            ("granian", ["--ssl-certificate", cert, "--ssl-keyfile", key])):
+            argv = specs[name][0].command("python", 2, 3)
+            assert argv[-len(flags) - 1:] == flags + [servers.HELLO_APP], argv
+        uwsgi = specs["uwsgi"][0].command("python", 2, None)
+        assert uwsgi[uwsgi.index("--https-socket") + 1] == f"127.0.0.1:0,{cert},{key}"
+    rows = throughput.add_ratios([row("tls-close", "granian", 2, 300.0),
+                                  row("tls-close", "forkserve", 2, 330.0)])
+    assert rows[1]["rps_vs_granian"] == 1.1
+
+
+def test_the_certificate_is_made_once_with_openssl(tmp_path):
+    first = servers.tls_files(str(tmp_path))
+    made = [os.stat(path).st_mtime_ns for path in first]
+    assert servers.tls_files(str(tmp_path)) == first
+    assert [os.stat(path).st_mtime_ns for path in first] == made
+    with open(first[0]) as handle:
+        assert handle.read().startswith("-----BEGIN CERTIFICATE-----")
+
+
+def test_a_tls_server_is_probed_and_loaded_over_https_with_and_without_keep_alive(tmp_path):
+    """A smoke run of the harness on forkserve over TLS: the probe, and wrk
+    with hello.lua kept alive and with Connection: close (BENCH_CLOSE=1)."""
+    import shutil
+    from benchmarks.harness import start, wrk
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed")
+    cert, key = servers.tls_files(str(tmp_path))
+    server = start.start([sys.executable, "-m", "forkserve", "-w", "0", "-b", "127.0.0.1:0",
+                          "--certfile", cert, "--keyfile", key, servers.HELLO_APP],
+                         log_path=str(tmp_path / "server.log"), probe_path="/", tls=True,
+                         env=dict(os.environ, PYTHONPATH=servers.REPO))
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+        assert start.http_status(server.port, "/", tls=False) is None  # plain HTTP: refused
+        for env in (None, {"BENCH_CLOSE": "1"}):
+            result = wrk.parse_result(wrk.run(server.url + "/", 1, 2, None, str(tmp_path),
+                                              env=env))
+            assert result.ok > 0 and result.errors == 0, result
+    finally:
+        server.stop(grace=5)

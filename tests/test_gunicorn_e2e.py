@@ -550,7 +550,7 @@ def test_the_usual_container_config_starts_and_serves_as_under_gunicorn(servers,
 
 def test_check_config_names_every_problem_in_one_run(tmp_path):
     conf = tmp_path / "gunicorn.conf.py"
-    conf.write_text(CONTAINER_CONF + "daemon = True\nacesslog = '-'\n")
+    conf.write_text(CONTAINER_CONF + "reuse_port = True\nacesslog = '-'\n")
     done = subprocess.run([sys.executable, "-m", "forkserve", "--check-config", "-c", str(conf),
                            "flask_site:app"], cwd=COMPAT, capture_output=True, text=True,
                           timeout=60)
@@ -559,7 +559,7 @@ def test_check_config_names_every_problem_in_one_run(tmp_path):
     assert [line.partition(": ")[2].partition(":")[0] for line in lines] == [
         "warning", "warning", "error", "error"], lines
     assert "threads = 4 has no effect" in lines[0] and "worker_tmp_dir" in lines[1]
-    assert "daemon = True" in lines[2] and "unknown setting 'acesslog'" in lines[3]
+    assert "reuse_port = True" in lines[2] and "unknown setting 'acesslog'" in lines[3]
     conf.write_text(CONTAINER_CONF)
     done = subprocess.run([sys.executable, "-m", "forkserve", "--check-config", "-c", str(conf),
                            "flask_site:app"], cwd=COMPAT, capture_output=True, text=True,

@@ -7,6 +7,12 @@
 
 local counts = {}
 
+-- BENCH_CLOSE=1: every request asks for Connection: close, so each one is a
+-- new connection (over TLS, a full handshake: benchmarks/throughput.py's tls-close)
+if os.getenv("BENCH_CLOSE") == "1" then
+   wrk.headers["Connection"] = "close"
+end
+
 function setup(thread)
    table.insert(counts, thread)
 end

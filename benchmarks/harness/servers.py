@@ -29,10 +29,11 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 
 __all__ = ["APP", "HELLO_APP", "ServerSpec", "bind_listener", "hello_servers",
            "keepalive_problem", "persondb_servers", "port_from_log", "python_version",
-           "throughput_servers", "uwsgi_fallback"]
+           "throughput_servers", "tls_files", "uwsgi_fallback"]
 
 #: benchmarks/, where the scenarios are (their apps and Lua scripts in apps/)
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +42,7 @@ APP = "examples.persondb.app:app"
 HELLO_APP = "benchmarks.apps.hello_app:app"
 SERVE_FD = os.path.join(HERE, "harness", "serve_fd.py")
 
-_LISTENING = re.compile(rb"Listening at: http://127\.0\.0\.1:(\d+)")
+_LISTENING = re.compile(rb"Listening at: https?://127\.0\.0\.1:(\d+)")
 _STATS = re.compile(rb"Stats at: http://127\.0\.0\.1:(\d+)")
 
 
@@ -68,6 +69,8 @@ class ServerSpec:
     #: they got (Granian): the harness reads it from /proc (the socket the
     #: server's processes listen on).
     port_from_proc: bool = False
+    #: True for a server that serves TLS (the harness probes it and wrk loads it over https)
+    tls: bool = False
 
     def skip_reason(self, python, version):
         """Why this server cannot run with ``python`` here, or None."""
@@ -176,6 +179,54 @@ def _granian(app, workers_override=None):
         w = workers if workers_override is None else workers_override
         return [python, "-m", "granian", "--interface", "wsgi", "--workers", str(w),
                 "--host", "127.0.0.1", "--port", "0", "--no-access-log", app]
+    return command
+
+
+#: where the TLS scenarios' self-signed certificate is made (tls_files)
+TLS_DIR = os.path.join(tempfile.gettempdir(), "forkserve-bench-tls")
+
+
+def tls_files(directory=None):
+    """(certificate, key) for 127.0.0.1 in `directory` (TLS_DIR), made once with
+    the openssl CLI: a self-signed RSA 2048 certificate, the same files for
+    every server."""
+    directory = directory or TLS_DIR
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    if not (os.path.exists(cert) and os.path.exists(key)):
+        os.makedirs(directory, exist_ok=True)
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                        "30", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", key, "-out", cert], check=True, capture_output=True)
+    return cert, key
+
+
+def _with_tls(command, flags):
+    """`command` with the TLS files given by `flags(cert, key)`, before its app argument."""
+    def with_files(python, workers, fd):
+        argv = command(python, workers, fd)
+        return argv[:-1] + flags(*tls_files()) + argv[-1:]
+    return with_files
+
+
+#: Python statements that find the uwsgi executable beside the servers' Python and check
+#: it serves https (pyuwsgi's wheels are built without OpenSSL: no --https-socket)
+_UWSGI_HTTPS = (
+    "import os, subprocess, sys; exe = os.path.join(os.path.dirname(sys.executable), 'uwsgi');"
+    " ok = os.path.exists(exe) and b'--https-socket' in subprocess.run("
+    "[exe, '--help'], capture_output=True).stdout;"
+    " ok or sys.exit('no uwsgi with --https-socket beside this Python: pip install uwsgi "
+    "(it builds with OpenSSL where its headers are installed)')",)
+
+
+def _uwsgi_https(app):
+    def command(python, workers, fd):
+        cert, key = tls_files()
+        # the uwsgi executable, not pyuwsgi (no OpenSSL in its wheels); it binds
+        # the address itself, and its port is read back from /proc
+        return [os.path.join(os.path.dirname(python), "uwsgi"), "--master", "--processes",
+                str(workers), "--gevent", "1000", "--https-socket",
+                f"127.0.0.1:0,{cert},{key}", "--module", app, "--need-app",
+                "--single-interpreter", "--die-on-term", "--disable-logging"]
     return command
 
 
@@ -325,7 +376,38 @@ def throughput_servers():
                         _forkserve(4, HELLO_APP, stats=False), requires=forkserve,
                         needs_fd=False), 4),
         ],
+        # the same servers twice: keep-alive, and a new connection (a full
+        # handshake) for every request
+        "tls-keepalive": tls_servers(),
+        "tls-close": tls_servers(),
     }
+
+
+def tls_servers():
+    """The TLS scenarios' line-up: hello world over https, 2 workers each, on
+    the same certificate (tls_files); ratios are to Gunicorn's row."""
+    forkserve = ("import forkserve.cli",)
+    return [
+        (ServerSpec("gunicorn", "Gunicorn -k gevent -w 2 --certfile --keyfile", "",
+                    _with_tls(_gunicorn(app=HELLO_APP, preload=False),
+                              lambda cert, key: ["--certfile", cert, "--keyfile", key]),
+                    requires=("import gunicorn", "import gevent"), tls=True), 2),
+        (ServerSpec("uwsgi", "uWSGI --processes 2 --gevent 1000 --https-socket", "",
+                    _uwsgi_https(HELLO_APP), requires=_UWSGI_HTTPS + ("import gevent",),
+                    needs_fd=False, port_from_proc=True, tls=True,
+                    note="closes the connection after every response on its https-socket "
+                         "(wrk counts each close as a read error), so both TLS scenarios "
+                         "make a handshake per request"), 2),
+        (ServerSpec("granian", "Granian --interface wsgi --workers 2 --ssl-certificate", "",
+                    _with_tls(_granian(HELLO_APP),
+                              lambda cert, key: ["--ssl-certificate", cert, "--ssl-keyfile", key]),
+                    requires=("import granian",), needs_fd=False, port_from_proc=True,
+                    tls=True), 2),
+        (ServerSpec("forkserve", "forkserve -w 2 --certfile --keyfile", "",
+                    _with_tls(_forkserve(2, HELLO_APP, stats=False),
+                              lambda cert, key: ["--certfile", cert, "--keyfile", key]),
+                    requires=forkserve, needs_fd=False, tls=True), 2),
+    ]
 
 
 def uwsgi_fallback(problem):

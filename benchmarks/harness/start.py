@@ -18,6 +18,7 @@ raises ServerFailed with the end of its log; it is stopped first.
 import http.client
 import os
 import shlex
+import ssl
 import time
 
 from benchmarks.harness.procs import Group
@@ -37,8 +38,9 @@ class ServerFailed(Exception):
 class Server:
     """A started server: its process group, port and log."""
 
-    def __init__(self, group, port, log_path):
+    def __init__(self, group, port, log_path, tls=False):
         self.group, self.port, self.log_path = group, port, log_path
+        self.tls = tls
 
     def __enter__(self):
         return self
@@ -52,7 +54,7 @@ class Server:
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def alive(self):
         return self.group.alive()
@@ -73,9 +75,15 @@ class Server:
         return self.group.stop(grace=grace)
 
 
-def http_status(port, path="/health", timeout=2.0):
-    """GET path on 127.0.0.1:port; the status, or None if it did not answer."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def http_status(port, path="/health", timeout=2.0, tls=False):
+    """GET path on 127.0.0.1:port (over TLS, any certificate accepted, with
+    `tls`); the status, or None if it did not answer."""
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=context)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("GET", path)
         return conn.getresponse().status
@@ -95,7 +103,7 @@ def log_tail(path, lines=12):
 
 
 def start(argv, *, log_path, env=None, cwd=REPO, cpus=None, listener=None, processes=1,
-          probe_path="/health", timeout=60.0, port_from_proc=False):
+          probe_path="/health", timeout=60.0, port_from_proc=False, tls=False):
     """Start ``argv`` (pinned to ``cpus`` with taskset, if given) and wait until
     it serves; a Server. ``listener``, a socket the harness bound, is passed
     down (the command names its fd) and closed here once the server has it.
@@ -112,7 +120,7 @@ def start(argv, *, log_path, env=None, cwd=REPO, cpus=None, listener=None, proce
         if listener:
             port = listener.getsockname()[1]
             listener.close()  # the server holds its own copy now
-    server = Server(group, port if listener else None, log_path)
+    server = Server(group, port if listener else None, log_path, tls)
     try:
         _wait_until_ready(server, processes, probe_path, timeout, port_from_proc)
     except BaseException:
@@ -134,7 +142,7 @@ def start_spec(spec, *, python, workers, log_path, env=None, cwd=REPO, cpus=None
         raise
     return start(argv, log_path=log_path, env=env, cwd=cwd, cpus=cpus, listener=listener,
                  processes=1 if spec.single else 1 + workers, probe_path=probe_path,
-                 timeout=timeout, port_from_proc=spec.port_from_proc)
+                 timeout=timeout, port_from_proc=spec.port_from_proc, tls=spec.tls)
 
 
 def listening_port(pids):
@@ -158,7 +166,7 @@ def _wait_until_ready(server, processes, probe_path, timeout, port_from_proc=Fal
             server.port = (listening_port(server.members()) if port_from_proc
                            else port_from_log(server.log()))
         if server.port is not None and len(server.members()) >= processes:
-            status = http_status(server.port, probe_path)
+            status = http_status(server.port, probe_path, tls=server.tls)
             if status == 200:
                 return
         time.sleep(POLL_S)

@@ -13,7 +13,7 @@ settings (all of gunicorn.config.KNOWN_SETTINGS, 27.0) has one `Row` here:
             forkserve does not have, or Gunicorn itself ignores it beside the
             gevent worker): the server starts and logs a warning that says why;
   refused   a behaviour a user relies on and forkserve cannot give (TLS,
-            syslog, statsd, daemonizing, an ASGI worker...): the server does
+            an ASGI worker, lenient parsing...): the server does
             not start, and the error says why and what to use instead. Values
             in `warned` only warn, with `warning` as the reason.
 
@@ -22,9 +22,9 @@ asks for nothing forkserve does differently: no warning, no error.
 
 The rule between the two: a setting whose absence changes only speed, a
 file's place or a debugging aid is ignored with a warning; one whose absence
-loses data (logs, metrics), breaks clients (TLS, HTTP/2 cleartext, lenient
-parsing) or the way the server is run (daemon, reuse_port's second
-instance) is refused.
+loses data (logs, metrics), breaks clients (HTTP/2 cleartext, lenient
+parsing) or the way the server is run (reuse_port's second instance) is
+refused.
 
 This module only decides: `settings_from_file` turns a config file's names
 into forkserve settings and hooks, `translate` checks one Gunicorn value,
@@ -74,25 +74,17 @@ def _ignored(name, why, flags=(), switch=False, harmless=()):
     return Row(name, "ignored", why, None, flags, switch, harmless)
 
 
-_TLS = ("TLS is not served by forkserve: terminate it in a proxy in front (nginx, HAProxy, "
-        "a load balancer) and set forwarded_allow_ips so wsgi.url_scheme says https.")
 _HTTP2 = "forkserve speaks HTTP/1.1; let the proxy in front speak HTTP/2 to clients."
 _ASGI = "forkserve serves WSGI applications only; run ASGI apps under an ASGI server."
 _DIRTY = ("Gunicorn's dirty arbiters are not part of forkserve; run long jobs in a separate "
           "process or queue.")
-_SYSLOG = ("Use logconfig_dict with a logging.handlers.SysLogHandler handler for "
-           "'gunicorn.error' / 'gunicorn.access'.")
-_STATSD = "Use --stats: memory and request figures as JSON and Prometheus text."
 _CONTROL = "forkserve is controlled by signals (HUP, TERM, TTIN, USR1...) and --stats."
-_NO_TLS = ("it tunes TLS, which forkserve does not serve (and Gunicorn uses only with "
-           "certfile): terminate TLS in a proxy in front.")
 _ONLY_H1 = ("forkserve speaks HTTP/1.1 and serves every client HTTP/1.1, as Gunicorn does "
             "without TLS or http2_cleartext.")
 _ONLY_ASGI = "Gunicorn uses it only with an ASGI worker; forkserve serves WSGI."
 _ONLY_DIRTY = "Gunicorn uses it only with dirty_apps, which forkserve does not have."
-_ONLY_SYSLOG = ("Gunicorn uses it only with syslog = True; to log to syslog, use "
-                "logconfig_dict with a logging.handlers.SysLogHandler.")
-_ONLY_STATSD = "Gunicorn uses it only with statsd_host; forkserve's figures are at --stats."
+_ONLY_STATSD = ("Gunicorn sends it only with statsd_host: its gunicorn.backlog histogram, "
+                "which forkserve does not send.")
 #: worker_class values that run the same WSGI application in gevent as forkserve does
 _GEVENT_WORKERS = ("gevent", "gevent_wsgi", "gevent_pywsgi",
                    "gunicorn.workers.ggevent.GeventWorker",
@@ -108,7 +100,7 @@ HOOKS = {
     "on_starting": 1, "on_reload": 1, "when_ready": 1, "pre_fork": 2, "post_fork": 2,
     "post_worker_init": 1, "worker_int": 1, "worker_abort": 1, "pre_exec": 1,
     "pre_request": 2, "post_request": 4, "child_exit": 2, "worker_exit": 2,
-    "nworkers_changed": 3, "on_exit": 1,
+    "nworkers_changed": 3, "on_exit": 1, "ssl_context": 2,
 }
 
 #: forkserve's own hooks, for moments Gunicorn does not have (see docs/gunicorn.md).
@@ -134,6 +126,8 @@ _HOOK_NOTES = {
     "worker_exit": "Called in the worker just before it exits.",
     "nworkers_changed": "Called in the master when TTIN/TTOU change the number of workers.",
     "on_exit": "Called in the master just before it exits.",
+    "ssl_context": "Called in the master with (config, default_factory) to make the TLS "
+                   "listeners' ssl.SSLContext, at start and on HUP.",
 }
 
 ROWS = (
@@ -188,9 +182,8 @@ ROWS = (
              "sockets per worker are not supported.", flags=("--reuse-port",), switch=True,
              harmless=(False,)),
     _honoured("chdir"),
-    _refused("daemon", "forkserve does not daemonize: run it under systemd (see "
-             "examples/systemd) or another supervisor.", flags=("-D", "--daemon"),
-             switch=True, harmless=(False,)),
+    _honoured("daemon", "Same meaning (two forks, setsid, standard streams to /dev/null); "
+              "for systems without a supervisor: under systemd leave it off."),
     _honoured("raw_env", "Set KEY=VALUE environment variables before the app loads."),
     _honoured("pidfile", target="pid", flags=("-p",)),
     _ignored("worker_tmp_dir", "it places Gunicorn's worker heartbeat files; forkserve's "
@@ -208,8 +201,7 @@ ROWS = (
     _honoured("secure_scheme_headers", "Same meaning and default."),
     _honoured("forwarded_allow_ips", "Same meaning and default (127.0.0.1,::1; '*'; CIDR)."),
     _honoured("accesslog", target="access_logfile"),
-    _ignored("disable_redirect_access_to_syslog", _ONLY_SYSLOG,
-             flags=("--disable-redirect-access-to-syslog",), switch=True, harmless=(False,)),
+    _honoured("disable_redirect_access_to_syslog"),
     _honoured("access_log_format", "Same atoms and default line."),
     _honoured("errorlog", target="error_logfile", flags=("--log-file",)),
     _honoured("loglevel", target="log_level"),
@@ -222,18 +214,14 @@ ROWS = (
     _honoured("logconfig_dict", "logging.config.dictConfig over Gunicorn's defaults; "
               "'gunicorn.error' / 'gunicorn.access' configure forkserve's loggers."),
     _honoured("logconfig_json", "Like logconfig_dict, read from a JSON file."),
-    _ignored("syslog_addr", _ONLY_SYSLOG, flags=("--log-syslog-to",),
-             harmless=("udp://localhost:514",)),
-    _refused("syslog", _SYSLOG, flags=("--log-syslog",), switch=True, harmless=(False,)),
-    _ignored("syslog_prefix", _ONLY_SYSLOG, flags=("--log-syslog-prefix",), harmless=(None,)),
-    _ignored("syslog_facility", _ONLY_SYSLOG, flags=("--log-syslog-facility",),
-             harmless=("user",)),
-    _refused("enable_stdio_inheritance", "forkserve never daemonizes, so standard streams are "
-             "always inherited; nothing to enable.", flags=("-R", "--enable-stdio-inheritance"),
-             switch=True, harmless=(True, False)),
-    _refused("statsd_host", _STATSD, flags=("--statsd-host",), harmless=(None,)),
-    _ignored("dogstatsd_tags", _ONLY_STATSD, flags=("--dogstatsd-tags",), harmless=("",)),
-    _ignored("statsd_prefix", _ONLY_STATSD, flags=("--statsd-prefix",), harmless=("",)),
+    _honoured("syslog_addr", "Same forms (udp://, tcp://, unix://) and Linux default."),
+    _honoured("syslog", "Same meaning and line format, through logging.handlers.SysLogHandler."),
+    _honoured("syslog_prefix"),
+    _honoured("syslog_facility"),
+    _honoured("enable_stdio_inheritance"),
+    _honoured("statsd_host", "Same metric names, types and datagrams (forkserve.statsd)."),
+    _honoured("dogstatsd_tags"),
+    _honoured("statsd_prefix"),
     _ignored("enable_backlog_metric", _ONLY_STATSD, flags=("--enable-backlog-metric",),
              switch=True, harmless=(False,)),
     _honoured("proc_name", target="name"),
@@ -243,23 +231,24 @@ ROWS = (
     _refused("paste", "Paste Deployment is not supported: name the application as "
              "MODULE:APP.", flags=("--paste", "--paster"), harmless=(None,)),
     *(Row(name, "hook", note) for name, note in _HOOK_NOTES.items()),
-    _refused("ssl_context", _TLS),
     _honoured("proxy_protocol", "Same modes (off, v1, v2, auto): sets REMOTE_ADDR and "
               "REMOTE_PORT."),
     _honoured("proxy_allow_ips", "Same meaning and default."),
     _honoured("protocol", "Same values (http, uwsgi), for every bind address without a "
               "uwsgi: or http: prefix; docs/uwsgi.md."),
     _honoured("uwsgi_allow_ips", "Same meaning: peers a uwsgi listener serves."),
-    _refused("keyfile", _TLS, flags=("--keyfile",), harmless=(None,)),
-    _refused("certfile", _TLS, flags=("--certfile",), harmless=(None,)),
-    _ignored("ssl_version", _NO_TLS, flags=("--ssl-version",), harmless=(2,)),
-    _ignored("cert_reqs", _NO_TLS, flags=("--cert-reqs",), harmless=(0,)),
-    _ignored("ca_certs", _NO_TLS, flags=("--ca-certs",), harmless=(None,)),
-    _ignored("suppress_ragged_eofs", _NO_TLS, flags=("--suppress-ragged-eofs",), switch=True,
-             harmless=(True,)),
-    _ignored("do_handshake_on_connect", _NO_TLS, flags=("--do-handshake-on-connect",),
-             switch=True, harmless=(False,)),
-    _ignored("ciphers", _NO_TLS, flags=("--ciphers",), harmless=(None,)),
+    _honoured("keyfile"),
+    _honoured("certfile", "Same meaning: TLS on every HTTP listener (uwsgi ones stay plain); "
+              "read in the master, again on HUP."),
+    _ignored("ssl_version", "Gunicorn ignores it too (deprecated since 21.0): the protocol "
+             "is negotiated; use ciphers or the ssl_context hook.", flags=("--ssl-version",),
+             harmless=(2,)),
+    _honoured("cert_reqs"),
+    _honoured("ca_certs"),
+    _honoured("suppress_ragged_eofs"),
+    _honoured("do_handshake_on_connect", "Accepted: the handshake always runs when the "
+              "connection starts, under header_timeout."),
+    _honoured("ciphers"),
     _ignored("http_protocols", _ONLY_H1, flags=("--http-protocols",), harmless=("h1",)),
     _refused("http2_cleartext", _HTTP2, flags=("--http2-cleartext",), harmless=("off",)),
     _ignored("http2_max_concurrent_streams", _ONLY_H1,
@@ -391,12 +380,13 @@ def settings_from_file(namespace: dict, known: set, path: str, findings, *, pyth
     return values, hooks
 
 
-def add_arguments(parser, taken):
+def add_arguments(parser, taken, honoured=()):
     """Add Gunicorn's flags that forkserve's own settings do not already have.
 
     --help names them on one line instead of describing each: docs/gunicorn.md
-    says what forkserve does with every one."""
-    names = []
+    says what forkserve does with every one. `honoured`: flags of forkserve's
+    settings that --help names here too (docs/settings.md describes them)."""
+    names = list(honoured)
     for row in ROWS:
         flags = [flag for flag in row.flags if flag not in taken]
         if not flags:

@@ -48,6 +48,9 @@ class Setting:
     #: what --help leaves out: why, the edge cases, the costs; docs/settings.md
     #: gives it after the help line
     details: str = ""
+    #: False: --help names the flag among Gunicorn's instead of describing it
+    #: (a Gunicorn setting's tuning, under its Gunicorn name), to keep --help short
+    in_help: bool = True
 
     @property
     def env(self) -> str:
@@ -295,6 +298,78 @@ SETTINGS = (
     Setting("logconfig_json", ("--log-config-json",), values.text, None,
             "Like --log-config-dict, read from a JSON file.", metavar="FILE",
             section="logging"),
+    Setting("syslog", ("--log-syslog",), values.flag, False,
+            "Also log to syslog (at syslog_addr), as Gunicorn.",
+            kind="flag", section="logging",
+            details="Through logging.handlers.SysLogHandler to syslog_addr, each line "
+                    "tagged 'gunicorn.PREFIX.error:' or 'gunicorn.PREFIX.access:' and "
+                    "'[pid]', as Gunicorn sends them; the log files or streams are kept."),
+    Setting("syslog_addr", ("--log-syslog-to",), values.syslog_address,
+            "udp://localhost:514", "Where syslog lines go: udp://HOST:PORT, tcp://HOST:PORT "
+            "or unix://PATH.", metavar="ADDRESS", section="logging",
+            details="unix://PATH#dgram forces a datagram socket (else a datagram, then a "
+                    "stream socket is tried). Gunicorn's default on Linux.", in_help=False),
+    Setting("syslog_prefix", ("--log-syslog-prefix",), values.optional_text, "",
+            "The PREFIX in syslog tags (default: --name, else the application, ':' as '.').",
+            metavar="PREFIX", section="logging", in_help=False),
+    Setting("syslog_facility", ("--log-syslog-facility",), values.syslog_facility, "user",
+            "Syslog facility: user, daemon, local0..local7...", metavar="FACILITY",
+            section="logging", in_help=False),
+    Setting("disable_redirect_access_to_syslog", ("--disable-redirect-access-to-syslog",),
+            values.flag, False, "With --log-syslog, keep the access log out of syslog.",
+            kind="flag", section="logging",
+            details="Without it, syslog = True sends an access line per request to syslog, "
+                    "as Gunicorn does, even with no --access-logfile.", in_help=False),
+    Setting("statsd_host", ("--statsd-host",), values.statsd_address, None,
+            "Send Gunicorn's statsd metrics to HOST:PORT (UDP).",
+            metavar="ADDR", section="logging",
+            details="gunicorn.requests, gunicorn.request.duration (ms), "
+                    "gunicorn.request.status.CODE, gunicorn.workers and gunicorn.log.LEVEL, "
+                    "with Gunicorn's names and types (forkserve.statsd). One non-blocking "
+                    "datagram per metric; a send that fails is counted and dropped, never "
+                    "waited for. --stats has forkserve's own figures."),
+    Setting("statsd_prefix", ("--statsd-prefix",), values.optional_text, "",
+            "Put this before every statsd metric name (a dot is added).", metavar="PREFIX",
+            section="logging", in_help=False),
+    Setting("dogstatsd_tags", ("--dogstatsd-tags",), values.optional_text, "",
+            "Datadog tags added to every statsd metric, e.g. env:prod,service:api.",
+            metavar="TAGS", section="logging", in_help=False),
+    Setting("daemon", ("-D", "--daemon"), values.flag, False,
+            "Detach into the background (without a supervisor).", kind="flag",
+            details="As Gunicorn: two forks and setsid before anything else, standard "
+                    "streams to /dev/null (set error_logfile, or enable_stdio_inheritance); "
+                    "find the master by --pid. Under systemd or another supervisor, leave it "
+                    "off."),
+    Setting("enable_stdio_inheritance", ("-R", "--enable-stdio-inheritance"), values.flag,
+            False, "With --daemon, keep stdout and stderr instead of /dev/null.", kind="flag",
+            in_help=False),
+    Setting("certfile", ("--certfile",), values.text, None,
+            "Serve TLS on HTTP listeners with this certificate.", metavar="FILE",
+            section="security",
+            details="Read in the master at start (a bad file stops the start, named) and on "
+                    "HUP; uwsgi listeners stay plain. docs/deployment.md says when to "
+                    "terminate TLS here and when in a proxy."),
+    Setting("keyfile", ("--keyfile",), values.text, None,
+            "The certificate's private key (PEM), if not in --certfile.", metavar="FILE",
+            section="security", in_help=False),
+    Setting("ca_certs", ("--ca-certs",), values.text, None,
+            "CA certificates (PEM) that client certificates are checked against.",
+            metavar="FILE", section="security", in_help=False),
+    Setting("cert_reqs", ("--cert-reqs",), values.cert_reqs, 0,
+            "Client certificates: 0 not asked, 1 checked if sent, 2 required.",
+            metavar="0|1|2", section="security", in_help=False),
+    Setting("ciphers", ("--ciphers",), values.text, None,
+            "OpenSSL cipher list for TLS 1.2 and older (default: Python's).",
+            metavar="CIPHERS", section="security", in_help=False),
+    Setting("do_handshake_on_connect", ("--do-handshake-on-connect",), values.flag, False,
+            "Accepted for Gunicorn: the handshake always runs first, under header_timeout.",
+            kind="flag", section="security", in_help=False),
+    Setting("suppress_ragged_eofs", ("--suppress-ragged-eofs",), values.flag, True,
+            "Treat a client's close without TLS close_notify as an end of file.",
+            kind="flag", section="security",
+            details="Off (config file or environment): such a close ends the connection "
+                    "as a reset, so a request body cut short by it is not served.",
+            in_help=False),
     Setting("raw_env", ("-e", "--env"), values.env_list, lambda: [],
             "Set an environment variable (KEY=VALUE) before the application loads. Repeat "
             "for several.", metavar="KEY=VALUE", kind="append"),
@@ -428,24 +503,27 @@ def build_parser(prog: str = "forkserve") -> argparse.ArgumentParser:
         if setting.section not in groups:
             groups[setting.section] = parser.add_argument_group(_section_title(setting.section))
         group, dest = groups[setting.section], setting.name
+        shown = setting.help if setting.in_help else argparse.SUPPRESS
         if setting.kind in ("flag", "off"):
             group.add_argument(*setting.flags, dest=dest, action="store_const",
-                               const=setting.kind == "flag", default=None, help=setting.help)
+                               const=setting.kind == "flag", default=None, help=shown)
         elif setting.kind == "switch":  # --x on, --no-x off, neither: the default decides
             group.add_argument(setting.flags[0], dest=dest, action="store_const", const=True,
-                               default=None, help=setting.help)
+                               default=None, help=shown)
             group.add_argument(setting.flags[1], dest=dest, action="store_const", const=False,
                                default=None, help=f"Turn {setting.flags[0]} off.")
         elif setting.kind == "optional":  # the flag alone means "auto"
             group.add_argument(*setting.flags, dest=dest, nargs="?", const="auto",
-                               default=None, metavar=setting.metavar, help=setting.help)
+                               default=None, metavar=setting.metavar, help=shown)
         elif setting.kind == "append":
             group.add_argument(*setting.flags, dest=dest, action="append", default=None,
-                               metavar=setting.metavar, help=setting.help)
+                               metavar=setting.metavar, help=shown)
         else:
             group.add_argument(*setting.flags, dest=dest, default=None,
-                               metavar=setting.metavar, help=setting.help)
-    gunicorn.add_arguments(parser, {flag for setting in SETTINGS for flag in setting.flags})
+                               metavar=setting.metavar, help=shown)
+    gunicorn.add_arguments(parser, {flag for setting in SETTINGS for flag in setting.flags},
+                           [flag for setting in SETTINGS if not setting.in_help
+                            for flag in setting.flags])
     return parser
 
 

@@ -363,3 +363,62 @@ def name_or_id(value) -> str:
 
 
 name_or_id.__name__ = "str"
+
+
+def optional_text(value) -> str:
+    """A string that may be empty (statsd_prefix, dogstatsd_tags)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value.strip()
+
+
+optional_text.__name__ = "str"
+
+
+def statsd_address(value) -> str:
+    """statsd_host: HOST:PORT, [IPV6]:PORT or unix://PATH (checked, kept as given)."""
+    from forkserve.statsd import parse_address
+    parse_address(text(value))
+    return value.strip()
+
+
+statsd_address.__name__ = "str"
+
+
+def syslog_address(value) -> str:
+    """syslog_addr: udp://HOST:PORT, tcp://HOST:PORT or unix://PATH[#dgram|#stream]."""
+    from forkserve.logs import parse_syslog_address
+    parse_syslog_address(text(value))
+    return value.strip()
+
+
+syslog_address.__name__ = "str"
+
+
+def syslog_facility(value) -> str:
+    from logging.handlers import SysLogHandler
+    name = str(value).strip().lower()
+    if name not in SysLogHandler.facility_names:
+        raise ValueError(f"expected a syslog facility such as user, daemon or local0..local7; "
+                         f"got {value!r}")
+    return name
+
+
+syslog_facility.__name__ = "str"
+
+
+def cert_reqs(value) -> int:
+    """cert_reqs: 0 (no client certificate), 1 (checked if sent), 2 (required);
+    ssl.CERT_NONE, CERT_OPTIONAL and CERT_REQUIRED are these numbers."""
+    try:
+        number = int(value) if not isinstance(value, str) else int(value.strip())
+    except (TypeError, ValueError):
+        number = None
+    if isinstance(value, bool) or number not in (0, 1, 2):
+        raise ValueError(f"expected 0 (none), 1 (optional) or 2 (required), got {value!r}")
+    return number
+
+
+cert_reqs.__name__ = "int"

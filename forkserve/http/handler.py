@@ -153,7 +153,10 @@ class Handler:
             env["REMOTE_PORT"] = str(address[1])
         # the scheme headers to look for: none if this peer may not set the scheme
         self._scheme_keys = server.proxy.scheme_keys(address)
-        self.transport = Transport(sock, server.loop, limits.send_timeout, server.outbox)
+        tls = server.tls  # the TLS seam: a TLS listener's connections seal and open
+        self.transport = Transport(sock, server.loop, limits.send_timeout, server.outbox) \
+            if tls is None else tls.transport(sock, server.loop, limits.send_timeout,
+                                              server.outbox, self.peer)
         # HTTP/1.1, or forkserve.http.uwsgi; without a SCRIPT_NAME to take off
         # the path, the usual request's environ is made as its head is parsed
         self.http = server.connection_class(limits, None if env["SCRIPT_NAME"] else env)

@@ -78,7 +78,7 @@ class Server:
                  access_log=None, error_log=None, multiprocess=True,
                  on_request=None, server_name=None, pool=None, access_format=None,
                  access_sink=None, proxy=None, admission=None, sendfile=True,
-                 connection_class=Connection, allowed_peers=None, outbox=None):
+                 connection_class=Connection, allowed_peers=None, outbox=None, tls=None):
         if not hasattr(listener, "accept"):
             raise TypeError(f"Server needs a bound, listening socket, not {listener!r}; "
                             "bind it with forkserve.process.sockets first")
@@ -88,6 +88,8 @@ class Server:
         self.connection_class = connection_class
         #: peers served (a proxy.AddressList), None for all: --uwsgi-allow-from
         self.allowed_peers = allowed_peers
+        #: a forkserve.http.tls.Listener for a TLS listener (certfile), else None
+        self.tls = tls
         self.limits = limits if limits is not None else Limits()
         self.access_log = access_log
         #: the access log's line format (access_log_format), and, with an
@@ -96,12 +98,14 @@ class Server:
         #: request's head began) for `seconds` and no `now` (default: the
         #: line, to access_log at INFO)
         self.access_format = access_format if access_format is not None else AccessFormat()
-        self.access_sink = None if access_log is None else (
-            access_sink if access_sink is not None else self._log_access)
+        # (an access_sink without an access_log: statsd's, forkserve.statsd)
+        self.access_sink = access_sink if access_sink is not None else (
+            None if access_log is None else self._log_access)
         #: what a proxy in front may say (forwarded_allow_ips, PROXY protocol)
         self.proxy = proxy if proxy is not None else ProxyPolicy()
-        #: send wsgi.file_wrapper's regular files with os.sendfile() (the sendfile setting)
-        self.sendfile = sendfile
+        #: send wsgi.file_wrapper's regular files with os.sendfile() (the sendfile
+        #: setting; never over TLS, which sendfile cannot encrypt)
+        self.sendfile = sendfile and tls is None
         #: the process's transport.Outbox, which writes whole responses at the
         #: end of the loop's pass (batch_responses), or None
         self.outbox = outbox
@@ -135,7 +139,7 @@ class Server:
             # SCRIPT_NAME=/prefix or the environment); see forkserve.http.environ
             "SCRIPT_NAME": os.environ.get("SCRIPT_NAME", ""),
             "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "http",
+            "wsgi.url_scheme": "http" if tls is None else "https",
             "wsgi.errors": ErrorStream(self.logger),
             "wsgi.file_wrapper": FileWrapper,
             "wsgi.multithread": True,  # greenlets run requests concurrently

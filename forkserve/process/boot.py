@@ -33,6 +33,7 @@ from forkserve.config import ignored, loader
 from forkserve.process import (env_settings, generation_protocol, gevent_servers,
                                greenlet_local, privileges, progress, signals, sockets,
                                source_watch, warmup)
+from forkserve.http import tls
 from forkserve.http.stats import StatsEndpoint
 from forkserve.process.hooks import install as install_hooks
 
@@ -50,6 +51,9 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
     # settings with no effect: given ones, then this run's (before Role takes systemd's variables)
     moot = cfg.warnings + ignored.check(cfg, os.environ, os.getpid())
     role = role or generation_protocol.Role.from_environ()
+    if cfg.daemon and not role.supervised and not cfg.check_config:
+        from forkserve.process import daemon
+        daemon.detach(cfg.enable_stdio_inheritance)
     status = _prepare(cfg)
     if status is not None:
         return status
@@ -63,6 +67,11 @@ def run(cfg, app=None, app_name=None, role=None) -> int:
         if refused:
             _complain(refused)
             return exits.CONFIG_ERROR
+    try:  # the certificate and key are read here, in the master, and again by a reload
+        tls.load(cfg, cfg.hooks.get("ssl_context"))
+    except tls.TLSError as exc:
+        _complain(str(exc))
+        return exits.CONFIG_ERROR
     app_name = app_name or cfg.app or "app"
     if cfg.config:  # the one file read, named so a stray ./gunicorn.conf.py is noticed
         log.info("Config file read: %s (%s)", cfg.config, cfg.sources["config"])
@@ -203,6 +212,8 @@ def _listen(cfg, listeners, stats_listener):
     speaks = sockets.protocols(cfg.bind, cfg.protocol, len(listeners))
     for listener, protocol in zip(listeners, speaks):
         listener.listen(cfg.backlog)
+        if tls.context is not None and protocol == "http":
+            protocol = "https"  # as Gunicorn says it
         log.info("Listening at: %s (%d)", sockets.describe(listener, protocol), os.getpid())
     if stats_listener is not None:
         stats_listener.listen(16)

@@ -6,6 +6,7 @@ worker shares them, and each worker builds its gevent servers with
 """
 
 import os
+import time
 
 from forkserve import logs
 from forkserve.process.cpu_turns import take_turns
@@ -34,6 +35,7 @@ def preload():
     import forkserve.http.proxy  # noqa: F401
     import forkserve.http.response  # noqa: F401
     import forkserve.http.server  # noqa: F401
+    import forkserve.http.tls  # noqa: F401
     import forkserve.http.transport  # noqa: F401
     import forkserve.http.uwsgi  # noqa: F401
     import forkserve.process.balance  # noqa: F401
@@ -72,6 +74,7 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
     from forkserve.http.accesslog import AccessFormat
     from forkserve.http.handler import Limits
     from forkserve.http.proxy import AddressList, ProxyPolicy
+    from forkserve.http import tls
     from forkserve.http.server import Server
     from forkserve.http.uwsgi import UwsgiConnection
     from forkserve.process import sockets
@@ -89,9 +92,12 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
                         cfg.proxy_protocol, cfg.proxy_allow_ips)
     access_format = AccessFormat(cfg.access_log_format)
     app = hooks.wrap_app(app)  # pre_request / post_request
+    # certfile: the HTTP listeners serve TLS with the master's context (uwsgi ones stay plain)
+    secure = None if tls.context is None else tls.Listener(
+        tls.context, logs.error_log, suppress_ragged_eofs=cfg.suppress_ragged_eofs)
     # a uwsgi listener's peer is the trusted proxy: its vars say the client and
     # the scheme (forkserve.http.uwsgi), no header or PROXY line does
-    speaks = {"http": dict(proxy=proxy),
+    speaks = {"http": dict(proxy=proxy, tls=secure),
               "uwsgi": dict(proxy=ProxyPolicy(secure_scheme_headers={}),
                             connection_class=UwsgiConnection,
                             allowed_peers=AddressList(cfg.uwsgi_allow_ips))}
@@ -99,10 +105,27 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
                    error_log=logs.error_log, multiprocess=multiprocess,
                    on_request=on_request, pool=pool, access_format=access_format,
-                   access_sink=logs.access_sink(access_format),
+                   access_sink=_request_sink(access, access_format),
                    admission=admission, sendfile=cfg.sendfile, outbox=outbox,
                    **speaks[protocol])
             for listener, protocol in zip(listeners, protocols)]
+
+
+def _request_sink(access, access_format):
+    """What sees each request: the access log's sink (with an access log) and
+    statsd's metrics (with statsd_host), or None."""
+    from forkserve import statsd
+    sink = logs.access_sink(access_format) if access is not None else None
+    if statsd.client is None:
+        return sink
+    count = statsd.client.request
+    clock = time.perf_counter
+
+    def counted(environ, request_line, status, response_headers, sent, started):
+        count(status, clock() - started)
+        if sink is not None:
+            sink(environ, request_line, status, response_headers, sent, started)
+    return counted
 
 
 def gevent_socket(listener):

@@ -37,7 +37,7 @@ import random
 import signal
 import time
 
-from forkserve import exits
+from forkserve import exits, statsd
 from forkserve.memory import copied_objects, free_space, model, procfs
 from forkserve.process import (affinity, generation_protocol, procname, signals, source_watch,
                                systemd, threads)
@@ -249,6 +249,7 @@ class Master(Driver):
         # while our workers drain for a new generation, none is replaced
         self.apply(self.lifecycle.tick(
             self.clock(), replace=not self.draining))
+        statsd.workers(len(self.workers))  # a gauge when the count changes, as Gunicorn
 
     def serving(self):
         """GET /health on --stats: the workers were all up once and no stop is under way."""

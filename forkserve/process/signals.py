@@ -100,8 +100,8 @@ def signals_table() -> str:
     for spec in SIGNALS:
         lines.append(f"| {spec.name} | {spec.workers} | {spec.single or 'not handled'} "
                      f"| {spec.supervisor} |")
-    lines.append("| WINCH | ignored: Gunicorn only acts on it when daemonized, and forkserve "
-                 "never daemonizes | ignored | ignored |")
+    lines.append("| WINCH | ignored, daemonized or not (Gunicorn, daemonized, stops its "
+                 "workers on it; send TTOU instead) | ignored | ignored |")
     return "\n".join(lines)
 
 
