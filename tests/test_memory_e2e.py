@@ -85,13 +85,14 @@ def test_stats_endpoint_serves_json_and_prometheus_text(run_server):
     for _ in range(6):
         server.get("/")
     port = _stats_port(server)
-    status, content_type, body = _fetch(port, "/json")
-    assert status == 200 and content_type == "application/json"
-    report = json.loads(body)
-    rows = {row["pid"]: row for row in report["processes"]}
-    assert set(rows) == {server.pid, *workers}
-    served = sum(rows[pid]["requests"] for pid in workers)
-    assert served >= 6
+
+    def sampled_after_the_requests():  # /json is the latest sample, up to a second old
+        status, content_type, body = _fetch(port, "/json")
+        assert status == 200 and content_type == "application/json"
+        rows = {row["pid"]: row for row in json.loads(body)["processes"]}
+        assert set(rows) == {server.pid, *workers}
+        return rows if sum(rows[pid]["requests"] for pid in workers) >= 6 else None
+    rows = poll(sampled_after_the_requests, message="a sample counting the 6 requests")
     assert sorted(rows[pid]["worker_id"] for pid in workers) == [1, 2]
 
     status, content_type, text = _fetch(port, "/metrics")

@@ -5,7 +5,10 @@ its replacement serves (forkserve.process.lifecycle decides; these tests
 check the real processes carry it out)."""
 
 import http.client
+import pathlib
 import re
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -88,3 +91,85 @@ def test_recycles_under_load_lose_no_request_and_replace_one_worker_at_a_time(ru
                                                 r"requests \(--max-requests\)", server.log())}
     poll(lambda: asked() <= {pid for _, pid, _ in recycles(server.log())}, timeout=30,
          message="every worker that asked to be replaced")
+
+
+class NginxClients(ClientThreads):
+    """One thread per path in `paths`, each asking nginx for it over one
+    kept-alive connection, `pause` seconds apart; failures counted, never
+    retried."""
+
+    def __init__(self, nginx, paths, pause=0.0, seconds=240):
+        self.nginx, self.paths, self.pause = nginx, list(paths), pause
+        self.deadline = time.monotonic() + seconds
+        self.answered = 0
+        self.failures = []
+        super().__init__(len(self.paths))
+        for thread, path in zip(self.threads, self.paths):
+            thread._args = (path,)
+
+    def run(self, path):
+        conn = self.nginx.connection(timeout=15)
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            try:
+                conn.request("GET", path)
+                response = conn.getresponse()
+                response.read()
+                if response.status == 200:
+                    self.answered += 1
+                else:
+                    self.failures.append(response.status)
+            except (http.client.HTTPException, OSError) as exc:
+                self.failures.append(repr(exc))
+                conn.close()
+            self.stop.wait(self.pause)
+        conn.close()
+
+
+def test_a_uwsgi_ini_s_max_requests_and_reload_on_rss_recycle_behind_nginx_losing_nothing(
+        tmp_path):
+    # uWSGI's own settings, read from its ini, behind nginx's uwsgi_pass (with
+    # upstream keep-alive): workers recycled by max-requests and by
+    # reload-on-rss (forkserve's --max-worker-memory) while nginx's clients ask
+    from deploy_cluster import Nginx, require_nginx, uwsgi_params
+    from forkserve_testing import ServerProcess
+    from test_uwsgi_nginx_e2e import APPS
+    require_nginx(pytest)
+    # nginx's workers run as nobody, who cannot enter pytest's 0700 directories
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="forkserve-recycle-"))
+    directory.chmod(0o755)
+    (directory / "uwsgi_params").write_bytes(uwsgi_params().read_bytes())
+    sock = directory / "app.sock"
+    ini = directory / "app.ini"
+    ini.write_text(f"[uwsgi]\nchdir = {APPS}\nmodule = hog:app\nmaster = true\nprocesses = 2\n"
+                   "chmod-socket = 666\nmax-requests = 80\n"
+                   "reload-on-rss = 120\ndisable-logging = true\n")
+    server = ServerProcess(["--ini", str(ini)], app=None, cwd=APPS, log_dir=tmp_path,
+                           bind=f"uwsgi:unix:{sock}")
+    nginx = None
+    try:
+        # the socket file is bound early and listened on late: wait for the workers
+        poll(lambda: "Booting worker 2 " in server.log(), 30, message="both workers")
+        site = (f"upstream app {{ server unix:{sock}; keepalive 8; }}\nserver {{\n"
+                "{listen}  location = / { return 404; }\n"
+                f"  location /app/ {{ include {directory}/uwsgi_params; uwsgi_pass app; "
+                "uwsgi_param PATH_INFO /seen; }\n"
+                f"  location /leak/ {{ include {directory}/uwsgi_params; uwsgi_pass app; "
+                "uwsgi_param PATH_INFO /alloc; uwsgi_param QUERY_STRING 5; }\n}\n")
+        nginx = Nginx(directory, lambda listen: site.replace(
+            "{listen}", "".join(f"  listen {address};\n" for address in listen))).start()
+        with NginxClients(nginx, ["/app/"] * 3 + ["/leak/"], pause=0.01) as clients:
+            def recycled():
+                assert clients.failures == [], clients.failures[:5]
+                return ("over --max-worker-memory 120 MiB" in server.log()
+                        and len(recycles(server.log())) >= 6)
+            poll(recycled, timeout=150, message="recycles by max-requests and reload-on-rss")
+        assert clients.failures == [], clients.failures[:5]
+        log = server.log()
+        assert "(--max-requests): asking to be recycled" in log and "Traceback" not in log
+        print(f"0 lost of {clients.answered} through nginx across "
+              f"{len(recycles(log))} recycles")
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        server.kill_group()
+        shutil.rmtree(directory, ignore_errors=True)
