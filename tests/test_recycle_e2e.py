@@ -22,31 +22,48 @@ _EVENT = re.compile(r"Worker (\d+) \(pid (\d+)\) is (recycled|replaced)(.*)"
                     r"|Booting worker (\d+) with pid: (\d+)")
 
 
-class OneShotClients(ClientThreads):
-    """`threads` clients sending each request on a new connection
-    (`Connection: close`), counting failures, never retrying."""
+class CountingClients(ClientThreads):
+    """`threads` clients until stopped or `seconds` pass, counting answers
+    and failures, never retrying."""
 
-    def __init__(self, port, threads=4, seconds=240):
-        self.port, self.deadline = port, time.monotonic() + seconds
+    def __init__(self, threads, seconds=240):
+        self.deadline = time.monotonic() + seconds
         self.answered = 0
         self.failures = []
         super().__init__(threads)
 
+    def running(self):
+        return not self.stop.is_set() and time.monotonic() < self.deadline
+
+    def ask(self, conn, path, headers=None):
+        """GET `path` on `conn`; False if the connection failed (it is closed)."""
+        try:
+            conn.request("GET", path, headers=headers or {})
+            response = conn.getresponse()
+            response.read()
+        except (http.client.HTTPException, OSError) as exc:
+            self.failures.append(repr(exc))
+            conn.close()
+            return False
+        if response.status == 200:
+            self.answered += 1
+        else:
+            self.failures.append(response.status)
+        return True
+
+
+class OneShotClients(CountingClients):
+    """Each request on a new connection (`Connection: close`)."""
+
+    def __init__(self, port, threads=4):
+        self.port = port
+        super().__init__(threads)
+
     def run(self):
-        while not self.stop.is_set() and time.monotonic() < self.deadline:
+        while self.running():
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=15)
-            try:
-                conn.request("GET", "/pid", headers={"Connection": "close"})
-                response = conn.getresponse()
-                response.read()
-                if response.status == 200:
-                    self.answered += 1
-                else:
-                    self.failures.append(response.status)
-            except (http.client.HTTPException, OSError) as exc:
-                self.failures.append(repr(exc))
-            finally:
-                conn.close()
+            self.ask(conn, "/pid", {"Connection": "close"})
+            conn.close()
 
 
 def recycles(log):
@@ -93,34 +110,19 @@ def test_recycles_under_load_lose_no_request_and_replace_one_worker_at_a_time(ru
          message="every worker that asked to be replaced")
 
 
-class NginxClients(ClientThreads):
+class NginxClients(CountingClients):
     """One thread per path in `paths`, each asking nginx for it over one
-    kept-alive connection, `pause` seconds apart; failures counted, never
-    retried."""
+    kept-alive connection (a new one after a failure), `pause` seconds apart."""
 
-    def __init__(self, nginx, paths, pause=0.0, seconds=240):
-        self.nginx, self.paths, self.pause = nginx, list(paths), pause
-        self.deadline = time.monotonic() + seconds
-        self.answered = 0
-        self.failures = []
+    def __init__(self, nginx, paths, pause=0.0):
+        self.nginx, self.pause, self.paths = nginx, pause, list(paths)
         super().__init__(len(self.paths))
-        for thread, path in zip(self.threads, self.paths):
-            thread._args = (path,)
 
-    def run(self, path):
+    def run(self):
+        path = self.paths.pop()  # each thread its own
         conn = self.nginx.connection(timeout=15)
-        while not self.stop.is_set() and time.monotonic() < self.deadline:
-            try:
-                conn.request("GET", path)
-                response = conn.getresponse()
-                response.read()
-                if response.status == 200:
-                    self.answered += 1
-                else:
-                    self.failures.append(response.status)
-            except (http.client.HTTPException, OSError) as exc:
-                self.failures.append(repr(exc))
-                conn.close()
+        while self.running():
+            self.ask(conn, path)
             self.stop.wait(self.pause)
         conn.close()
 
