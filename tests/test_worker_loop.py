@@ -4,6 +4,7 @@ turned in this process with its clock injected: no fork, no signal sent."""
 import os
 import select
 import signal
+import time
 
 import pytest
 
@@ -125,8 +126,6 @@ class Limit:
 def _run_delayed_memory_check(worker, hub_errors, limit):
     """A response within the check gap arms the delayed check (a loop
     timer); let the loop run its callback."""
-    import time
-
     import gevent
     worker.memory_limit = limit
     worker.clock = time.monotonic
@@ -179,3 +178,25 @@ def test_reaching_max_requests_asks_once_and_wakes_the_master(serving_worker, hu
     assert worker.scoreboard.read(worker.index).state == RETIRE
     assert select.select([worker.master.wake_r], [], [], 0)[0]
     assert not worker.servers[0].closed and hub_errors == []
+
+
+def test_a_term_from_the_hubs_signal_watcher_stops_and_drains_the_worker_switching_nothing(
+        serving_worker, hub_errors):
+    # the signal watcher only enqueues (its handler runs in a greenlet of its
+    # own); the loop's turn stops, and the drain runs in the worker's greenlet
+    import gevent
+    worker = serving_worker
+    watcher = gevent.signal_handler(signal.SIGTERM, worker.queue.push, signal.SIGTERM)
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not worker.queue.pending and time.monotonic() < deadline:
+            gevent.sleep(0.001)
+    finally:
+        watcher.cancel()
+    assert worker.queue.pending == [signal.SIGTERM] and not worker.servers[0].closed
+    assert worker.turn() is False and worker.stopping == "graceful"
+    import gevent.select
+    worker._select = gevent.select.select  # as after fork: the hub runs while it waits
+    worker.drain(worker.servers)
+    assert worker.servers[0].closed and hub_errors == []

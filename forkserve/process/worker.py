@@ -19,6 +19,19 @@ check is a timer's).
 Its signal handlers run on the hub and only enqueue, as in the master; the
 loop dispatches them, and stops when its master is gone. It ends only
 through cow.exit_process(): never into the master's code.
+
+No callback of the event loop may switch greenlets (the hub raises
+BlockingSwitchOutError, and what the callback was doing is left half
+done): what stops or drains a server runs in the worker's own greenlet,
+from its loop. The callbacks, and why each is safe: the request counter's
+prepare watcher and the delayed memory check's timer store into the slot,
+read /proc and at most ask to be recycled (stores and one write); the
+signal watchers run their handlers in a greenlet of their own and only
+enqueue; the CPU turns' prepare watcher and the Outbox's callback write
+held responses with os.write and shut a failed connection down; the
+balance's rawlink on a connection's end stores counts and sets an Event;
+the connections' timers throw into their own greenlet
+(tests/test_worker_loop.py drives the memory timer and a TERM on a live hub).
 """
 
 import functools
