@@ -833,6 +833,7 @@ def test_master_wakes_at_once_when_a_worker_asks_to_be_recycled_and_forks_its_re
     # byte on the master's wake pipe) ends the master's wait, however long
     # that wait was to be, and the turn after it forks the replacement.
     import select as select_module
+    from forkserve.process import worker as worker_module
     from forkserve.process.worker import Worker
     _turn(master)
     _make_ready(master)
@@ -840,6 +841,7 @@ def test_master_wakes_at_once_when_a_worker_asks_to_be_recycled_and_forks_its_re
     worker = Worker(old.index, app=None, listeners=[], cfg=master.cfg,
                     scoreboard=master.scoreboard, app_name="a:b", number=1,
                     wake_master=master.queue.wake_w)  # what spawn_worker gives it
+    worker._wake_pipe = worker_module._identity(master.queue.wake_w)  # as after fork
     worker.max_requests = 1
     monkeypatch.setattr(master, "next_turn_in", lambda: 3600.0)
     waits = []

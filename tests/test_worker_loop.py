@@ -12,6 +12,7 @@ from forkserve.config.settings import parse
 from forkserve.memory import cow
 from forkserve.process.scoreboard import Scoreboard
 from forkserve.process.signals import SignalQueue
+from forkserve.process import worker as worker_module
 from forkserve.process.worker import Worker
 
 pytestmark = pytest.mark.usefixtures("no_fork")
@@ -104,6 +105,7 @@ def serving_worker(worker):
     worker.servers = [server]
     master = SignalQueue()
     worker.wake_master = master.wake_w
+    worker._wake_pipe = worker_module._identity(master.wake_w)  # as init_process() reads it
     worker.master = master
     yield worker
     server.close_now()
@@ -200,3 +202,20 @@ def test_a_term_from_the_hubs_signal_watcher_stops_and_drains_the_worker_switchi
     worker._select = gevent.select.select  # as after fork: the hub runs while it waits
     worker.drain(worker.servers)
     assert worker.servers[0].closed and hub_errors == []
+
+
+def test_a_wake_pipe_the_application_closed_and_reused_gets_no_byte(serving_worker):
+    worker = serving_worker
+    read_end, write_end = os.pipe()
+    # e.g. a post_fork hook closing every descriptor, then opening its own
+    os.dup2(write_end, worker.master.wake_w)  # the master's pipe closed, the number reused
+    try:
+        worker.max_requests = 1
+        worker._count_and_check()
+        assert worker.retiring and worker.wake_master is None
+        os.set_blocking(read_end, False)
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 1)  # nothing was written into it
+    finally:
+        os.close(read_end)
+        os.close(write_end)

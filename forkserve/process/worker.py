@@ -34,6 +34,7 @@ the connections' timers throw into their own greenlet
 (tests/test_worker_loop.py drives the memory timer and a TERM on a live hub).
 """
 
+import errno
 import functools
 import logging
 import os
@@ -98,6 +99,7 @@ class Worker(Loop):
         self.cpu = cpu                  # the CPU to pin it to (--cpu-affinity), or None
         #: the write end of the master's wake pipe (signals.wake), or None
         self.wake_master = wake_master
+        self._wake_pipe = None  # what that descriptor is, read after fork
         #: the master this worker is forked from (created in it); when it is
         #: gone (SIGKILL), the worker stops rather than serve with no master
         self.parent = self.master_pid = os.getpid()
@@ -165,6 +167,8 @@ class Worker(Loop):
                 os.close(fd)
             except OSError:
                 pass  # already closed
+        if self.wake_master is not None:
+            self._wake_pipe = _identity(self.wake_master)
         import gevent
         import gevent.select
         gevent.reinit()
@@ -361,13 +365,34 @@ class Worker(Loop):
         self._wake_master()
 
     def _wake_master(self):
-        if self.wake_master is not None:
-            signals.wake(self.wake_master)
+        """A byte to the master's wake pipe, if the descriptor is still that
+        pipe: an application that closed it (and maybe opened something else
+        under its number) gets no byte; the master's next heartbeat reads the
+        slot instead."""
+        fd = self.wake_master
+        if fd is None:
+            return
+        try:
+            same = _identity(fd) == self._wake_pipe
+        except OSError as exc:
+            if exc.errno != errno.EBADF:
+                raise
+            same = False
+        if same:
+            signals.wake(fd)
+        else:
+            self.wake_master = None
 
 
 #: what libev's SystemError says when it could not make a descriptor: it
 #: reports errno only as text
 _SHORTAGE_TEXTS = tuple(os.strerror(code) for code in procfs.SHORTAGE_ERRNOS)
+
+
+def _identity(fd):
+    """(device, inode) of what descriptor `fd` refers to."""
+    stat = os.fstat(fd)
+    return stat.st_dev, stat.st_ino
 
 
 def _out_of_descriptors(exc):
