@@ -434,14 +434,20 @@ def test_worker_gc_policy_collects_and_reports_collections_and_pauses(
     for _ in range(1000):  # 2 dicts left each: over gen 0's threshold of 700 several times
         assert server.get("/cycle")[0] == 200
     port = _stats_port(server)
-    [row] = [row for row in json.loads(_fetch(port, "/json")[2])["processes"]
-             if row["pid"] == worker]
+
+    def worker_row():  # the latest sample, up to a history interval old
+        [row] = [row for row in json.loads(_fetch(port, "/json")[2])["processes"]
+                 if row["pid"] == worker]
+        return row
     if collects:
+        row = poll(lambda: (row := worker_row())["gc_collections"] and row,
+                   message="a sample with the worker's collections")
         assert row["gc_collections"] > 0 and row["gc_pause"] > 0
         metrics = _fetch(port, "/metrics")[2]
         assert re.search(r'forkserve_process_gc_collections_total\{role="worker",worker="1",'
                          r'generation="1"\} [1-9]', metrics)
     else:
+        row = worker_row()
         assert (row["gc_collections"], row["gc_pause"]) == (0, 0.0)
 
 
