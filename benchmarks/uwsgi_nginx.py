@@ -3,6 +3,7 @@
     python benchmarks/uwsgi_nginx.py                 # 3 rounds x 10 s per path
     python benchmarks/uwsgi_nginx.py --quick         # 1 round x 2 s: a smoke run
     python benchmarks/uwsgi_nginx.py --workers 2 --connections 32 --out /tmp/un
+    python benchmarks/uwsgi_nginx.py --max-requests 1000 --workers 3 --out /tmp/recycle
 
 Three backends serve benchmarks/apps/hello_app.py (13 bytes) with --workers
 processes each, on unix sockets: forkserve with a uwsgi listener
@@ -22,6 +23,19 @@ p50/p99 (wrk's exact percentiles of the round), each the median over the
 rounds; errors summed. uWSGI is left out, with the reason, when pyuwsgi is
 not installed (`pip install pyuwsgi`). Writes result.json (the harness's
 schema) to --out (benchmarks/results/uwsgi_nginx), and the servers' logs.
+
+What a recycle costs (`--max-requests N`): every path is measured with its
+workers recycled after N requests and with --max-requests 0, within each
+round, with these paths: forkserve straight (wrk to its HTTP port,
+`-w W --max-requests N`), Gunicorn straight (`-k gevent -w W --max-requests
+N`), and, behind nginx's uwsgi_pass, forkserve and uWSGI reading one ini
+(`master`, `processes = W`, `max-requests = N`, each its own socket). The
+servers are restarted for each setting. The rows with N give req/s, p99 and
+the slowest response (wrk's max) as ratios to the same path's
+--max-requests 0 (rate_x, p99_x, max_x); errors count socket errors too,
+and read_errors are wrk's (a server that closes a connection without
+saying `Connection: close` shows there). Results go to
+benchmarks/results/uwsgi_nginx_recycle unless --out says otherwise.
 """
 
 import argparse
@@ -39,7 +53,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from benchmarks.harness.machine import Conditions, add_common_options, parse_quick, say  # noqa: E402
 from benchmarks.harness.procs import Group  # noqa: E402
-from benchmarks.harness.results import write_result  # noqa: E402
+from benchmarks.harness.results import table, write_result  # noqa: E402
 from benchmarks.harness.wrk import parse_result, run as wrk_run  # noqa: E402
 from deploy_cluster import Nginx, nginx_binary, uwsgi_params  # noqa: E402
 from forkserve_testing import poll  # noqa: E402
@@ -51,6 +65,16 @@ RESULT_COLUMNS = (
 )
 
 PATHS = ("fs-uwsgi", "fs-proxy", "uwsgi")
+#: the paths of a --max-requests run: two straight to the server, two behind nginx
+RECYCLE_PATHS = ("fs-http", "gunicorn", "fs-ini", "uwsgi-ini")
+#: the figures of a --max-requests run's rows
+RECYCLE_COLUMNS = (
+    ("path", "path"), ("max_requests", "max-requests"), ("rate", "req/s"),
+    ("p99_us", "p99"), ("max_us", "slowest"), ("errors", "errors"),
+    ("read_errors", "read errors"), ("rate_x", "req/s x"), ("p99_x", "p99 x"),
+    ("max_x", "slowest x"),
+)
+APP_DIR = ROOT / "benchmarks" / "apps"
 
 
 QUICK = {"rounds": 1, "seconds": 2}
@@ -73,6 +97,113 @@ def backends(directory, workers, extra=(), python=sys.executable):
                           "--module", "hello_app:app", "--socket", f"{directory}/uwsgi.sock",
                           "--chmod-socket=666", "--disable-logging", "--die-on-term"]
     return {name: (argv, directory / f"{name}.sock") for name, argv in found.items()}
+
+
+def recycle_ini(directory, name, workers, max_requests):
+    """The ini a --max-requests run's uwsgi_pass backends read, each with its own socket."""
+    path = directory / f"{name}-{max_requests}.ini"
+    path.write_text(f"[uwsgi]\nchdir = {APP_DIR}\nmodule = hello_app:app\nmaster = true\n"
+                    f"processes = {workers}\nsocket = {directory}/{name}.sock\n"
+                    "chmod-socket = 666\ndie-on-term = true\ndisable-logging = true\n"
+                    f"max-requests = {max_requests}\n")
+    return path
+
+
+def recycle_backends(directory, workers, max_requests, python=sys.executable):
+    """{path: argv} of a --max-requests run; Gunicorn takes the listener's
+    descriptor as `{fd}` (formatted by `start_recycle`), forkserve logs the
+    port it bound."""
+    found = {
+        "fs-http": [python, "-m", "forkserve", "-w", str(workers), "--max-requests",
+                    str(max_requests), "--chdir", str(APP_DIR), "-b", "127.0.0.1:0",
+                    "hello_app:app"],
+        "gunicorn": [python, "-m", "gunicorn", "-k", "gevent", "-w", str(workers),
+                     "--max-requests", str(max_requests), "--chdir", str(APP_DIR),
+                     "-c", os.devnull, "-b", "fd://{fd}", "hello_app:app"],
+        "fs-ini": [python, "-m", "forkserve", "--ini",
+                   str(recycle_ini(directory, "fs-ini", workers, max_requests))],
+    }
+    uwsgi = os.path.join(os.path.dirname(python), "uwsgi")
+    if os.path.exists(uwsgi):
+        found["uwsgi-ini"] = [uwsgi, "--ini",
+                              str(recycle_ini(directory, "uwsgi-ini", workers, max_requests))]
+    return found
+
+
+def start_recycle(directory, workers, max_requests, python, out):
+    """Start a --max-requests run's backends; ({path: url or socket}, [what to stop])."""
+    from benchmarks.harness.servers import bind_listener
+    from benchmarks.harness.start import start
+    where, started = {}, []
+    for name, argv in recycle_backends(directory, workers, max_requests, python).items():
+        log_path = os.path.join(out, f"{name}-{max_requests}.log")
+        if name in ("fs-http", "gunicorn"):  # straight: wrk to its port
+            listener = bind_listener() if "fd://{fd}" in argv else None
+            fd = listener.fileno() if listener else None
+            server = start([arg.format(fd=fd) for arg in argv], log_path=log_path,
+                           listener=listener, processes=1 + workers, probe_path="/",
+                           cwd=directory)
+            started.append(server)
+            where[name] = server.url + "/"
+        else:
+            started.append(Group(argv, log_path=log_path, cwd=directory))
+            where[name] = directory / f"{name}.sock"
+    for name, sock in where.items():
+        if isinstance(sock, pathlib.Path):
+            poll(lambda: accepts(sock), 60, message=f"{name} to accept connections")
+    return where, started
+
+
+def measure_recycling(args, directory):
+    """{(path, max_requests): [PhaseResult per round]}: each round starts the
+    backends with --max-requests 0, measures every path, stops them, then the
+    same with --max-requests N."""
+    runs = {}
+    for number in range(args.rounds):
+        for max_requests in (0, args.max_requests):
+            where, started = start_recycle(directory, args.workers, max_requests,
+                                           args.python, args.out)
+            nginx = None
+            try:
+                behind = [name for name, sock in where.items() if isinstance(sock, pathlib.Path)]
+                nginx = Nginx(directory, site(directory, behind), tcp=True).start()
+                for name in RECYCLE_PATHS:
+                    if name not in where:
+                        continue
+                    url = (f"http://127.0.0.1:{nginx.port}/{name}/" if name in behind
+                           else where[name])
+                    result = parse_result(wrk_run(url, args.seconds, args.connections, "1",
+                                                  directory))
+                    runs.setdefault((name, max_requests), []).append(result)
+                    say(f"round {number + 1}/{args.rounds} {name} --max-requests "
+                        f"{max_requests}: {result.rate:,.0f} req/s, p99 {result.p99_us} us, "
+                        f"slowest {result.max_us} us, {result.errors} errors")
+            finally:
+                if nginx is not None:
+                    nginx.stop()
+                for server in started:
+                    server.stop(grace=10)
+    return runs
+
+
+def recycle_rows(runs):
+    """One row per path and setting; the --max-requests N rows with their ratios to 0."""
+    rows = []
+    for (name, max_requests), results in runs.items():
+        rows.append({"path": name, "max_requests": max_requests, "rounds": len(results),
+                     "rate": round(statistics.median(r.rate for r in results), 1),
+                     "p50_us": statistics.median(r.p50_us for r in results),
+                     "p99_us": statistics.median(r.p99_us for r in results),
+                     "max_us": max(r.max_us for r in results),
+                     "errors": sum(r.errors for r in results),
+                     "read_errors": sum(r.read_errors for r in results)})
+    base = {row["path"]: row for row in rows if row["max_requests"] == 0}
+    for row in rows:
+        zero = base.get(row["path"])
+        if row["max_requests"] and zero:
+            for key, ratio in (("rate", "rate_x"), ("p99_us", "p99_x"), ("max_us", "max_x")):
+                row[ratio] = round(row[key] / zero[key], 3) if zero[key] else None
+    return rows
 
 
 def accepts(path):
@@ -133,9 +264,15 @@ def main(argv=None):
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--forkserve-flags", default="",
                         help="more flags for both forkserve backends, e.g. '--no-balance'")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "uwsgi_nginx"))
+    parser.add_argument("--max-requests", type=int, default=0,
+                        help="measure what a recycle costs: every path with its workers "
+                             "recycled after N requests and with 0 (see above)")
+    parser.add_argument("--out", help="where results go (benchmarks/results/uwsgi_nginx, "
+                                      "with --max-requests uwsgi_nginx_recycle)")
     add_common_options(parser, QUICK)
     args = parse_quick(parser, argv, QUICK)
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / (
+        "uwsgi_nginx_recycle" if args.max_requests else "uwsgi_nginx"))
     if not nginx_binary() or not shutil.which("wrk"):
         parser.error("needs nginx and wrk: apt-get install nginx wrk")
     os.makedirs(args.out, exist_ok=True)
@@ -144,6 +281,8 @@ def main(argv=None):
     directory = pathlib.Path(tempfile.mkdtemp(prefix="forkserve-uwsgi-bench-"))
     directory.chmod(0o755)
     shutil.copy(uwsgi_params(), directory / "uwsgi_params")
+    if args.max_requests:
+        return recycle_main(args, argv, directory)
     started, nginx = [], None
     try:
         servers = backends(directory, args.workers, shlex.split(args.forkserve_flags), args.python)
@@ -172,6 +311,21 @@ def main(argv=None):
     for row in rows:
         print(f"| {row['path']} | {row['rate']:,.0f} | {row['p50_us']} | {row['p99_us']} | "
               f"{row['errors']} |")
+    print(f"{conditions.describe()}; wrote {path}")
+    return 0
+
+
+def recycle_main(args, argv, directory):
+    """A --max-requests run: measure, write result.json, print the table."""
+    try:
+        conditions = Conditions()
+        rows = recycle_rows(measure_recycling(args, directory))
+        path = write_result("uwsgi_nginx.py", argv, rows, conditions.end(), args.out,
+                            title=f"What a recycle costs: --max-requests {args.max_requests} "
+                                  "against 0")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print("\n".join(table(rows, RECYCLE_COLUMNS)))
     print(f"{conditions.describe()}; wrote {path}")
     return 0
 

@@ -806,19 +806,56 @@ def test_a_memory_recycle_the_master_decides_is_logged_once_not_again_by_the_wor
     master.cfg = master.cfg.with_values(max_worker_memory=200)
     _turn(master)
     _make_ready(master)
+    [leaky] = [r for r in master.workers.values() if r.number == 1]
     over = types.SimpleNamespace(private=int(200.4 * 2**20))
-    monkeypatch.setattr(master_module.procfs, "read_process", lambda pid: over)
+    under = types.SimpleNamespace(private=int(50 * 2**20))
+    monkeypatch.setattr(master_module.procfs, "read_process",
+                        lambda pid: over if pid == leaky.pid else under)
     with caplog.at_level(logging.INFO, logger="forkserve.error"):
         master.check_worker_memory()
-    record = next(r for r in master.workers.values() if r.state == "retiring")
-    assert master.scoreboard.read(record.index).state == RETIRE
-    # the worker's own check after its next response: it stops accepting, silently
-    retired = []
+        master.check_worker_memory()  # queued already: not found over again
+    assert master.lifecycle.asked(leaky.pid)
+    assert master.scoreboard.read(leaky.index).state == RETIRE
+    # the worker's own check after its next response: nothing more to say or ask
     worker = types.SimpleNamespace(
-        scoreboard=master.scoreboard, index=record.index, memory_check_gap=1.0,
+        scoreboard=master.scoreboard, index=leaky.index, memory_check_gap=1.0, retiring=False,
         memory_limit=types.SimpleNamespace(over=lambda: int(206.0 * 2**20)),
-        cfg=master.cfg, worker_id=record.number, _retire=lambda: retired.append(True))
+        cfg=master.cfg, worker_id=leaky.number, _retire=lambda: pytest.fail("asked twice"))
     with caplog.at_level(logging.INFO, logger="forkserve.error"):
         Worker._check_memory(worker, now=0.0)
-    assert retired == [True]
+    assert worker.retiring
     assert sum("over --max-worker-memory" in m for m in caplog.messages) == 1, caplog.messages
+
+
+def test_master_wakes_at_once_when_a_worker_asks_to_be_recycled_and_forks_its_replacement(
+        master, monkeypatch):
+    # A recycle waits for no heartbeat: the worker's ask (its slot, then a
+    # byte on the master's wake pipe) ends the master's wait, however long
+    # that wait was to be, and the turn after it forks the replacement.
+    import select as select_module
+    from forkserve.process import worker as worker_module
+    from forkserve.process.worker import Worker
+    _turn(master)
+    _make_ready(master)
+    [old] = [r for r in master.workers.values() if r.number == 1]
+    worker = Worker(old.index, app=None, listeners=[], cfg=master.cfg,
+                    scoreboard=master.scoreboard, app_name="a:b", number=1,
+                    wake_master=master.queue.wake_w)  # what spawn_worker gives it
+    worker._wake_pipe = worker_module._identity(master.queue.wake_w)  # as after fork
+    worker.max_requests = 1
+    monkeypatch.setattr(master, "next_turn_in", lambda: 3600.0)
+    waits = []
+
+    def select(readable, writable, errors, timeout):
+        waits.append(timeout)
+        ready = select_module.select(readable, writable, errors, 0)
+        assert ready[0], "nothing woke the master: it would have slept an hour"
+        return ready
+
+    master._select = select
+    worker._count_and_check()  # its 1st request: --max-requests 1 reached
+    master.wait()
+    forks = len(master.fake.forked)
+    _turn(master)
+    assert waits == [3600.0] and len(master.fake.forked) == forks + 1
+    assert master.workers[old.pid].state == "retiring"

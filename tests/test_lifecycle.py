@@ -141,11 +141,103 @@ def test_lifecycle_replaces_a_worker_that_asked_to_retire_before_stopping_it():
     old = start(lifecycle)[0]
     ready(lifecycle)
     lifecycle.tick(0.0)
-    lifecycle.observed(old, 1.0, beat=1.0, said_ready=True, asked_retire=True)
-    assert lifecycle.tick(1.0) == [Fork()]  # the replacement first, the old one still serves
+    ask(lifecycle, old, 1.0)
+    assert kinds(lifecycle.tick(1.0)) == ["Log", "Fork"]  # the replacement first
     lifecycle.forked(1, 101, generation=1)
-    assert lifecycle.tick(1.1) == [Kill(old, signal.SIGTERM)]  # then it drains
-    assert lifecycle.workers[old].deadline == pytest.approx(1.1 + 10.0 + 1.0)
+    assert lifecycle.tick(1.1) == []  # the old one serves until the new one does
+    lifecycle.observed(101, 1.2, beat=1.2, said_ready=True)
+    actions = lifecycle.tick(1.2)
+    assert kinds(actions) == ["Log", "Kill"] and actions[-1] == Kill(old, signal.SIGTERM)
+    assert lifecycle.workers[old].deadline == pytest.approx(1.2 + 10.0 + 1.0)
+
+
+def serving(target):
+    """A lifecycle whose `target` workers serve; it and their pids."""
+    lifecycle = machine(target=target)
+    pids = start(lifecycle)
+    ready(lifecycle)
+    lifecycle.tick(0.0)
+    return lifecycle, pids
+
+
+def ask(lifecycle, pid, now):
+    """Worker `pid`'s slot read at `now` says it asks to be recycled."""
+    lifecycle.observed(pid, now, beat=now, said_ready=True, asked_retire=True)
+
+
+def recycle_round(lifecycle, now, pid):
+    """One tick; carry out its Fork as pid `pid`; what it decided."""
+    actions = lifecycle.tick(now)
+    if Fork() in actions:
+        used = {r.index for r in lifecycle.workers.values()}
+        number = lifecycle.free_number()
+        lifecycle.forked(min(set(range(64)) - used), pid, generation=1, number=number)
+    return actions
+
+
+def accepting(lifecycle):
+    """Workers that accept: ready ones, and retiring ones (they serve until replaced)."""
+    return sum(1 for r in lifecycle.workers.values()
+               if r.ready and r.state in ("ready", "retiring"))
+
+
+def test_lifecycle_workers_asking_together_are_recycled_one_after_the_other():
+    lifecycle, pids = serving(3)
+    for pid in pids:  # all reach --max-requests in the same turn
+        ask(lifecycle, pid, 1.0)
+    now, new_pid, stopped = 1.0, 200, []
+    for _ in range(3):
+        actions = recycle_round(lifecycle, now, new_pid)
+        assert actions.count(Fork()) == 1  # one replacement at a time
+        assert sum(r.state == "retiring" for r in lifecycle.workers.values()) == 1
+        assert recycle_round(lifecycle, now + 0.01, 999) == []  # nothing more while it boots
+        assert accepting(lifecycle) == 3  # none of the three out of service meanwhile
+        now += 0.02
+        lifecycle.observed(new_pid, now, beat=now, said_ready=True)
+        stopped += [a.pid for a in lifecycle.tick(now) if type(a) is Kill]
+        new_pid += 1
+    # in the order they asked, each once its replacement served
+    assert stopped == pids
+    assert sorted(r.number for r in lifecycle.workers.values()
+                  if r.state == "ready") == [1, 2, 3]
+    assert recycle_round(lifecycle, now + 1, 999) == []
+
+
+def test_lifecycle_a_replacement_slow_to_boot_holds_up_the_next_recycle_only_so_long():
+    lifecycle, (first, second) = serving(2)
+    ask(lifecycle, first, 1.0)
+    ask(lifecycle, second, 1.0)
+    assert recycle_round(lifecycle, 1.0, 200).count(Fork()) == 1
+    bound = 1.0 + Lifecycle.recycle_overlap
+    assert recycle_round(lifecycle, bound - 0.01, 999) == []  # the new one still boots
+    actions = recycle_round(lifecycle, bound, 201)
+    assert actions.count(Fork()) == 1 and "has not said it serves within 5s" in actions[0].message
+    assert lifecycle.workers[second].state == "retiring"
+
+
+def test_lifecycle_a_retiring_worker_serves_on_while_another_is_missing():
+    # worker 1 is replaced, but worker 2 died meanwhile: worker 1 stays until
+    # the workers without it are back to the target
+    lifecycle, (first, second) = serving(2)
+    ask(lifecycle, first, 1.0)
+    recycle_round(lifecycle, 1.0, 200)
+    lifecycle.observed(200, 1.1, beat=1.1, said_ready=True)
+    lifecycle.exited(second, KILLED, 1.05)
+    assert recycle_round(lifecycle, 1.1, 201) == [Fork()]  # worker 2's replacement; 1 stays
+    lifecycle.observed(201, 1.2, beat=1.2, said_ready=True)
+    assert Kill(first, signal.SIGTERM) in lifecycle.tick(1.2)
+
+
+def test_lifecycle_jittered_requests_recycle_as_they_come():
+    # --max-requests-jitter: the workers ask at different times, each is
+    # replaced at once, as nobody else is being replaced
+    lifecycle, (first, second) = serving(2)
+    ask(lifecycle, first, 1.0)
+    assert Fork() in recycle_round(lifecycle, 1.0, 200)
+    lifecycle.observed(200, 1.1, beat=1.1, said_ready=True)
+    assert Kill(first, signal.SIGTERM) in lifecycle.tick(1.1)
+    ask(lifecycle, second, 2.0)
+    assert Fork() in recycle_round(lifecycle, 2.0, 201)
 
 
 def test_lifecycle_kills_a_worker_whose_beat_is_older_than_the_timeout():
@@ -198,13 +290,23 @@ def test_lifecycle_draining_for_a_new_generation_replaces_none():
     assert lifecycle.kill_draining(generation=1) == []  # each one once
 
 
-def test_lifecycle_recycles_one_worker_at_a_time():
+def test_lifecycle_a_worker_found_over_memory_is_queued_once():
     lifecycle = machine(target=2)
     pids = start(lifecycle)
     ready(lifecycle)
-    assert not lifecycle.recycling()
-    lifecycle.retire(pids[0])  # --max-worker-memory
-    assert lifecycle.recycling()
+    assert not lifecycle.asked(pids[0])
+    lifecycle.retire(pids[0], 1.0)  # --max-worker-memory
+    lifecycle.retire(pids[0], 2.0)
+    assert lifecycle.asked(pids[0]) and lifecycle.workers[pids[0]].asked_at == 1.0
+
+
+def test_lifecycle_hup_under_a_supervisor_replaces_every_worker_in_turn():
+    lifecycle = machine(target=2)
+    start(lifecycle)
+    ready(lifecycle)
+    lifecycle.tick(0.0)
+    lifecycle.retire_all(1.0)
+    assert recycle_round(lifecycle, 1.0, 200).count(Fork()) == 1
 
 
 def test_lifecycle_ignores_the_exit_of_a_process_that_is_not_a_worker():

@@ -85,13 +85,14 @@ def test_stats_endpoint_serves_json_and_prometheus_text(run_server):
     for _ in range(6):
         server.get("/")
     port = _stats_port(server)
-    status, content_type, body = _fetch(port, "/json")
-    assert status == 200 and content_type == "application/json"
-    report = json.loads(body)
-    rows = {row["pid"]: row for row in report["processes"]}
-    assert set(rows) == {server.pid, *workers}
-    served = sum(rows[pid]["requests"] for pid in workers)
-    assert served >= 6
+
+    def sampled_after_the_requests():  # /json is the latest sample, up to a second old
+        status, content_type, body = _fetch(port, "/json")
+        assert status == 200 and content_type == "application/json"
+        rows = {row["pid"]: row for row in json.loads(body)["processes"]}
+        assert set(rows) == {server.pid, *workers}
+        return rows if sum(rows[pid]["requests"] for pid in workers) >= 6 else None
+    rows = poll(sampled_after_the_requests, message="a sample counting the 6 requests")
     assert sorted(rows[pid]["worker_id"] for pid in workers) == [1, 2]
 
     status, content_type, text = _fetch(port, "/metrics")
@@ -433,14 +434,20 @@ def test_worker_gc_policy_collects_and_reports_collections_and_pauses(
     for _ in range(1000):  # 2 dicts left each: over gen 0's threshold of 700 several times
         assert server.get("/cycle")[0] == 200
     port = _stats_port(server)
-    [row] = [row for row in json.loads(_fetch(port, "/json")[2])["processes"]
-             if row["pid"] == worker]
+
+    def worker_row():  # the latest sample, up to a history interval old
+        [row] = [row for row in json.loads(_fetch(port, "/json")[2])["processes"]
+                 if row["pid"] == worker]
+        return row
     if collects:
+        row = poll(lambda: (row := worker_row())["gc_collections"] and row,
+                   message="a sample with the worker's collections")
         assert row["gc_collections"] > 0 and row["gc_pause"] > 0
         metrics = _fetch(port, "/metrics")[2]
         assert re.search(r'forkserve_process_gc_collections_total\{role="worker",worker="1",'
                          r'generation="1"\} [1-9]', metrics)
     else:
+        row = worker_row()
         assert (row["gc_collections"], row["gc_pause"]) == (0, 0.0)
 
 

@@ -123,7 +123,10 @@ SETTINGS = (
             metavar="SECONDS", section="http"),
     Setting("max_requests", ("--max-requests",), values.whole(0), 0,
             "Recycle a worker gracefully after it has served this many requests. 0 disables.",
-            metavar="N"),
+            metavar="N",
+            details="The replacement is forked at once; the worker serves on until it "
+                    "serves, then drains. Workers that reach it together are replaced one "
+                    "after the other (docs/reloads.md)."),
     Setting("max_requests_jitter", ("--max-requests-jitter",), values.whole(0), 0,
             "Add a random 0..N to each worker's --max-requests so they do not recycle together.",
             metavar="N"),

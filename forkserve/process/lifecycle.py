@@ -8,10 +8,21 @@ out the actions (forkserve.process.driver's `apply`), so every rule below
 is a unit test without fork (tests/test_lifecycle.py).
 
 A worker's states: booting (forked, has not said it serves), ready (serving,
-counted towards the target), retiring (to be replaced: --max-requests,
---max-worker-memory, HUP under a supervisor; still serving until its
-replacement is up), stopping (sent TERM or QUIT, with a deadline after which
-it gets SIGKILL).
+counted towards the target), retiring (being replaced: its replacement is
+forked; it still serves, and accepts, until that one says it serves),
+stopping (sent TERM or QUIT, with a deadline after which it gets SIGKILL).
+
+Recycling (--max-requests, --max-worker-memory, HUP under a supervisor): a
+worker that asks, or is found over, is queued (`asked_at`) and goes on
+serving as if nothing happened. Recycles run one at a time, in the order
+asked: the next queued worker becomes retiring, and its replacement is
+forked, once no other is retiring, that is once the previous replacement
+said it serves (its worker was then told to drain: TERM). Workers that all
+reach --max-requests in the same second (connections spread evenly count
+alike) are thus replaced one after the other, a replacement's boot apart,
+with never fewer than the target accepting. A replacement slow to boot
+holds up the queue for at most `recycle_overlap` seconds; then the next
+recycle starts beside it.
 
 A worker has two numbers. Its scoreboard slot (`index`) is wherever a slot
 was free when it was forked: a replacement starts while the worker it
@@ -23,7 +34,10 @@ keyed by them, as they were.
 
 Invariants:
 - Booting and ready workers count towards the target, so a retiring one is
-  replaced before it is stopped ("replacement first").
+  replaced before it is stopped ("replacement first"), and it is stopped
+  only once the workers that serve without it are `target` ready ones.
+- At most one worker is retiring at a time, unless the newest retiring one
+  has waited `recycle_overlap` seconds for its replacement.
 - A worker is ready once its own slot says so, whether the master reads the
   slot on a turn or only after the worker has exited.
 - Only real boot failures (exit WORKER_BOOT_ERROR: the application or a
@@ -50,7 +64,7 @@ class WorkerRecord:
     """One forked worker, as the master knows it."""
 
     __slots__ = ("index", "pid", "state", "ready", "deadline", "expected_exit", "generation",
-                 "number")
+                 "number", "asked_at", "retiring_since")
 
     def __init__(self, index, pid, generation, number=None):
         self.index = index
@@ -61,6 +75,8 @@ class WorkerRecord:
         self.deadline = None       # when a stopping worker gets SIGKILL
         self.expected_exit = False
         self.generation = generation
+        self.asked_at = None       # when it asked to be recycled (or was found over)
+        self.retiring_since = None  # when its replacement was asked for
 
     @property
     def worker_id(self):
@@ -84,6 +100,11 @@ class Lifecycle:
     #: the longest such delay: workers killed as they start (the OOM killer)
     #: are retried this often for as long as it lasts, never given up on
     max_backoff = 2.0
+    #: seconds a recycle may wait for its replacement to say it serves before
+    #: the next queued recycle starts beside it: a boot this slow (a slow
+    #: post_fork hook) must not keep a worker over --max-worker-memory, or
+    #: the rest of the queue, waiting for each one in turn
+    recycle_overlap = 5.0
 
     def __init__(self, target, *, timeout, graceful_timeout, abort_first=False,
                  stop_state=None):
@@ -135,8 +156,8 @@ class Lifecycle:
         record = self.workers[pid]
         if said_ready:
             self._ready(record)
-        if asked_retire and record.state == "ready":
-            record.state = "retiring"  # --max-requests: it asked
+        if asked_retire:
+            self._ask(record, now)  # --max-requests, or its own memory check
         if record.deadline is not None and now > record.deadline:
             record.deadline = None
             return [Log(logging.WARNING, f"{record} did not finish within the graceful "
@@ -193,7 +214,7 @@ class Lifecycle:
             return []
         if not replace:
             return []
-        out = []
+        out = self._next_recycle(now)
         serving = [r for r in self.workers.values() if r.counts_towards_target]
         missing = self.target - len(serving)
         if missing > 0 and now >= self.next_spawn_at:
@@ -202,14 +223,16 @@ class Lifecycle:
             for record in sorted(serving, key=lambda r: r.number, reverse=True)[:-missing]:
                 out += self._stop(record, now)
         ready = sum(1 for r in serving if r.ready)
-        # A retiring worker (--max-requests) was ready and no longer accepts:
-        # it leaves (draining its open connections) once its replacement has
-        # started, even if that one recycles before it is seen ready.
-        retiring = [r for r in self.workers.values() if r.state == "retiring"]
+        # A retiring worker still serves: it leaves (drains its open
+        # connections) once `target` workers serve without it, the
+        # longest retiring first.
+        retiring = sorted((r for r in self.workers.values() if r.state == "retiring"),
+                          key=lambda r: r.retiring_since)
         if ready + len(retiring) >= self.target and not self.announced:
             self.announced = True
             out.append(Announce())
-        for record in retiring[:max(0, len(serving) + len(retiring) - self.target)]:
+        for record in retiring[:max(0, ready + len(retiring) - self.target)]:
+            out.append(Log(logging.INFO, f"{record} is replaced; it drains and leaves"))
             out += self._stop(record, now)
         return out
 
@@ -235,19 +258,18 @@ class Lifecycle:
         self.stop_state.halting = True
         return self.signal_all(signal.SIGKILL)
 
-    def retire(self, pid):
-        """Replace worker `pid` (--max-worker-memory), then stop it."""
-        self.workers[pid].state = "retiring"
+    def retire(self, pid, now):
+        """Replace worker `pid` (--max-worker-memory), then stop it: queued."""
+        self._ask(self.workers[pid], now)
 
-    def retire_all(self):
-        """HUP under a supervisor: replace every worker, one for one."""
-        for record in self.workers.values():
-            if record.state in ("booting", "ready"):
-                record.state = "retiring"
+    def retire_all(self, now):
+        """HUP under a supervisor: replace every worker, one after the other."""
+        for record in sorted(self.workers.values(), key=lambda r: r.number):
+            self._ask(record, now)
 
-    def recycling(self):
-        """Some worker is being replaced or stopped (recycle one at a time)."""
-        return any(r.state in ("retiring", "stopping") for r in self.workers.values())
+    def asked(self, pid):
+        """Worker `pid` is queued or being replaced: no need to find it over again."""
+        return self.workers[pid].asked_at is not None
 
     def drain(self, now):
         """A new generation serves: every worker drains, each with its own
@@ -277,6 +299,28 @@ class Lifecycle:
         return out
 
     # --- inside ---
+
+    def _ask(self, record, now):
+        if record.asked_at is None and record.state in ("booting", "ready"):
+            record.asked_at = now
+
+    def _next_recycle(self, now):
+        """Start the first queued recycle, if none is under way (or the one
+        under way has waited `recycle_overlap` for its replacement)."""
+        queued = [r for r in self.workers.values()
+                  if r.asked_at is not None and r.state in ("booting", "ready")]
+        if not queued:
+            return []
+        since = [r.retiring_since for r in self.workers.values() if r.state == "retiring"]
+        if since and now - max(since) < self.recycle_overlap:
+            return []
+        record = min(queued, key=lambda r: (r.asked_at, r.number))
+        record.state, record.retiring_since = "retiring", now
+        waiting = len(queued) - 1
+        return [Log(logging.INFO, f"{record} is recycled: forking its replacement"
+                                  + (f" ({waiting} more waiting their turn)" if waiting else "")
+                                  + (f"; the last replacement has not said it serves within "
+                                     f"{self.recycle_overlap:g}s" if since else ""))]
 
     def _ready(self, record):
         if record.ready:

@@ -8,7 +8,15 @@ and allocates little, so the pages it shares with the workers stay clean:
 
     dispatch signals -> parent gone? -> reap (workers, generations)
       -> finished? -> decide (murder: timeouts, memory; the reload; manage)
-      -> wait (select)
+      -> wait (select: a signal, or a worker's wake-up)
+
+A worker wakes the master (a byte on its wake pipe, the one signals write
+to) when its slot says something the master acts on at once: it serves
+(READY: a replacement's worker may now drain) or asks to be recycled
+(RETIRE: its replacement is forked). A worker's exit wakes it through
+SIGCHLD. So a recycle waits for no heartbeat: the master forks the
+replacement as soon as the worker asks, and stops the old one as soon as
+the replacement serves.
 
 Signal handlers only enqueue (forkserve.process.signals); `handle_<name>()`
 methods run from the loop. The master waits with the original select(),
@@ -174,7 +182,7 @@ class Master(Driver):
 
     def restart_workers(self):
         log.info("Hang up: restarting %d workers gracefully", self.target)
-        self.lifecycle.retire_all()
+        self.lifecycle.retire_all(self.clock())
 
     def resize_own(self, signum):
         """TTIN or TTOU for this master's own workers (the hand-over decides
@@ -269,6 +277,7 @@ class Master(Driver):
         worker = Worker(index, self.app, self.listeners, self.cfg, self.scoreboard,
                         self.app_name, generation=self.generation, max_requests=max_requests,
                         close_fds=self.master_fds(), number=number,
+                        wake_master=self.queue.wake_w,
                         boot_errors=self.boot_errors, hooks=self.hooks, cpu=cpu)
         self.hooks.pre_fork(worker)
         self.thread_watch.before_fork()
@@ -301,9 +310,10 @@ class Master(Driver):
         return None
 
     def master_fds(self):
-        """Descriptors a worker closes: the master's own, and the reload pipes
+        """Descriptors a worker closes: the master's own (but the write end of
+        its wake pipe, which the worker keeps to wake it), and the reload pipes
         (a worker holding a ready pipe would hide its generation's death)."""
-        fds = [self.queue.wake_r, self.queue.wake_w] + (self.why.filenos() if self.why else [])
+        fds = [self.queue.wake_r] + (self.why.filenos() if self.why else [])
         fds += self.generations.waiting_fds()
         if self.role.ready_fd is not None and not self.lifecycle.announced:  # closed once announced
             fds.append(self.role.ready_fd)
@@ -350,21 +360,21 @@ class Master(Driver):
     # --- memory: --max-worker-memory, --memory-log-interval, the stats report ---
 
     def check_worker_memory(self):
-        if self.lifecycle.recycling():
-            return  # one recycle at a time
+        """Queue for recycling every ready worker over --max-worker-memory
+        (the lifecycle replaces them one at a time)."""
         limit = self.cfg.max_worker_memory * 1024 * 1024
+        now = self.clock()
         for record in self.workers.values():
-            if record.state != "ready":
+            if record.state != "ready" or self.lifecycle.asked(record.pid):
                 continue
             reading = procfs.read_process(record.pid)
             if reading is not None and reading.private > limit:  # anonymous: copies, not files
                 log.warning("Worker %d (pid %d) has %.1f MiB private memory, over "
                             "--max-worker-memory %d MiB; recycling it", record.worker_id,
                             record.pid, reading.private / 2**20, self.cfg.max_worker_memory)
-                self.lifecycle.retire(record.pid)
+                self.lifecycle.retire(record.pid, now)
                 # the worker's own check then says nothing more (one line per recycle)
                 self.scoreboard.set_state(record.index, RETIRE)
-                return
 
     def process_infos(self):
         infos = [model.ProcessInfo(pid=os.getpid(), role="master", worker_id=None,

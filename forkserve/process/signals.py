@@ -19,7 +19,7 @@ import signal
 import sys
 
 __all__ = ["SIGNALS", "MASTER_SIGNALS", "SINGLE_SIGNALS", "SignalQueue", "handler_name",
-           "hold", "release", "on_hub", "signals_table"]
+           "hold", "release", "on_hub", "signals_table", "wake"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,12 +133,23 @@ def on_hub(signum, handler):
     gevent.signal_handler(signum, handler, signum)
 
 
+def wake(fd):
+    """Write a byte to `fd`, the write end of a loop's wake pipe, without
+    blocking: a full pipe already wakes the loop, a closed one (its loop
+    exec'd into the supervisor) has none left to wake."""
+    try:
+        os.write(fd, b".")
+    except (BlockingIOError, BrokenPipeError):
+        pass
+
+
 class SignalQueue:
     """Signals recorded by handlers, plus a pipe that wakes a sleeping loop
     (forkserve.process.driver.Loop.wait selects on `wake_r`), in every
     process: the master and the supervisor install their handlers with
     signal.signal, a worker and the single server on their gevent hub
-    (`on_hub`)."""
+    (`on_hub`). The master's workers keep `wake_w` to wake it too, when
+    their scoreboard slot says something it acts on at once (`wake`)."""
 
     #: How many pending signals are kept; a flood of one signal needs no more.
     limit = 32
@@ -157,10 +168,7 @@ class SignalQueue:
         self.wake()
 
     def wake(self):
-        try:
-            os.write(self.wake_w, b".")
-        except BlockingIOError:
-            pass  # the pipe is full, so the loop is already going to wake
+        wake(self.wake_w)
 
     def pop_all(self):
         pending, self.pending = self.pending, []

@@ -11,12 +11,30 @@ blocked event loop stops the beat (the master then kills it), counts
 requests (one add each, stored in its slot before its loop polls: a
 store and the limits' checks after each request cost 5% of hello world's
 instructions), and asks the master to recycle it when --max-requests is
-reached.
+reached or --max-worker-memory passed: it marks its slot RETIRE and wakes
+the master, then serves on, accepting too, until the master tells it to
+drain (TERM) once its replacement serves. Asking switches to no greenlet,
+so it is safe from any callback of the event loop (the delayed memory
+check is a timer's).
 Its signal handlers run on the hub and only enqueue, as in the master; the
 loop dispatches them, and stops when its master is gone. It ends only
 through cow.exit_process(): never into the master's code.
+
+No callback of the event loop may switch greenlets (the hub raises
+BlockingSwitchOutError, and what the callback was doing is left half
+done): what stops or drains a server runs in the worker's own greenlet,
+from its loop. The callbacks, and why each is safe: the request counter's
+prepare watcher and the delayed memory check's timer store into the slot,
+read /proc and at most ask to be recycled (stores and one write); the
+signal watchers run their handlers in a greenlet of their own and only
+enqueue; the CPU turns' prepare watcher and the Outbox's callback write
+held responses with os.write and shut a failed connection down; the
+balance's rawlink on a connection's end stores counts and sets an Event;
+the connections' timers throw into their own greenlet
+(tests/test_worker_loop.py drives the memory timer and a TERM on a live hub).
 """
 
+import errno
 import functools
 import logging
 import os
@@ -64,7 +82,7 @@ class Worker(Loop):
 
     def __init__(self, index, app, listeners, cfg, scoreboard, app_name, *, generation=0,
                  max_requests=0, close_fds=(), number=None, boot_errors=None, hooks=None,
-                 cpu=None):
+                 cpu=None, wake_master=None):
         self.index = index  # the scoreboard slot
         #: the place in the pool a replacement inherits (forkserve.process.lifecycle)
         self.number = index + 1 if number is None else number
@@ -79,6 +97,9 @@ class Worker(Loop):
         self.boot_errors = boot_errors  # where a boot failure's error goes to the master
         self.hooks = hooks or Hooks()   # the master's, with their server.pid
         self.cpu = cpu                  # the CPU to pin it to (--cpu-affinity), or None
+        #: the write end of the master's wake pipe (signals.wake), or None
+        self.wake_master = wake_master
+        self._wake_pipe = None  # what that descriptor is, read after fork
         #: the master this worker is forked from (created in it); when it is
         #: gone (SIGKILL), the worker stops rather than serve with no master
         self.parent = self.master_pid = os.getpid()
@@ -146,6 +167,8 @@ class Worker(Loop):
                 os.close(fd)
             except OSError:
                 pass  # already closed
+        if self.wake_master is not None:
+            self._wake_pipe = _identity(self.wake_master)
         import gevent
         import gevent.select
         gevent.reinit()
@@ -213,6 +236,7 @@ class Worker(Loop):
         # booting before the worker it replaces is told to leave.
         log.info("Booting worker %d with pid: %d", self.worker_id, os.getpid())
         self.scoreboard.set_state(self.index, READY)
+        self._wake_master()  # the worker it replaces, if any, may drain now
 
     def run(self):
         """Turn the loop until a stop; then close (fast) or drain (graceful)."""
@@ -323,7 +347,7 @@ class Worker(Loop):
     def _check_memory(self, now):
         self._next_memory_check = now + self.memory_check_gap
         if self.scoreboard.read(self.index).state == RETIRE:  # the master found it over first
-            self._retire()  # and logged it: stop accepting, without a second line
+            self.retiring = True  # and logged it and queued its recycle: nothing to add
             return
         private = self.memory_limit.over()
         if private is not None:
@@ -333,16 +357,42 @@ class Worker(Loop):
             self._retire()
 
     def _retire(self):
-        """Ask the master for a replacement; it stops this worker once that one runs."""
+        """Ask the master to recycle this worker: it forks the replacement at
+        once and tells this one to drain (TERM) once that one serves. This
+        one serves on meanwhile. Memory stores and a write: it never switches."""
         self.retiring = True
         self.scoreboard.set_state(self.index, RETIRE)
-        for server in self.servers:  # no new connections; each closes after its next response
-            server.retire()
+        self._wake_master()
+
+    def _wake_master(self):
+        """A byte to the master's wake pipe, if the descriptor is still that
+        pipe: an application that closed it (and maybe opened something else
+        under its number) gets no byte; the master's next heartbeat reads the
+        slot instead."""
+        fd = self.wake_master
+        if fd is None:
+            return
+        try:
+            same = _identity(fd) == self._wake_pipe
+        except OSError as exc:
+            if exc.errno != errno.EBADF:
+                raise
+            same = False
+        if same:
+            signals.wake(fd)
+        else:
+            self.wake_master = None
 
 
 #: what libev's SystemError says when it could not make a descriptor: it
 #: reports errno only as text
 _SHORTAGE_TEXTS = tuple(os.strerror(code) for code in procfs.SHORTAGE_ERRNOS)
+
+
+def _identity(fd):
+    """(device, inode) of what descriptor `fd` refers to."""
+    stat = os.fstat(fd)
+    return stat.st_dev, stat.st_ino
 
 
 def _out_of_descriptors(exc):
