@@ -230,8 +230,14 @@ def _python_build(*args):
         return ("error", str(error))
 
 
+#: body lengths: the usual, each side of a digit more (10^13 passed a
+#: 32-byte buffer in C once), and the largest a Py_ssize_t holds
+_TOTALS = st.one_of(st.sampled_from([None, 0, 13, 1 << 40, 10 ** 13 - 1, 10 ** 13, 2 ** 63 - 1]),
+                    st.integers(0, 2 ** 63 - 1))
+
+
 @settings(max_examples=2000, suppress_health_check=[HealthCheck.too_slow])
-@given(_STATUSES, _HEADERS, st.sampled_from([None, 0, 13, 1 << 40]), st.booleans(),
+@given(_STATUSES, _HEADERS, _TOTALS, st.booleans(),
        st.booleans(), st.booleans(), st.booleans(), st.sampled_from([None, "Fri, D"]))
 def test_a_response_head_is_what_the_python_code_builds(status, headers, total, chunk_ok,
                                                          http10, head_request, keep, date):
@@ -239,6 +245,18 @@ def test_a_response_head_is_what_the_python_code_builds(status, headers, total, 
     fast = H1.build_head(*args)
     if fast is not None:
         assert fast == _python_build(*args)
+
+
+@pytest.mark.parametrize("total", [10 ** 13 - 1, 10 ** 13, 13194139533312, 2 ** 63 - 1])
+@pytest.mark.parametrize("head_request", [False, True])
+def test_a_length_of_any_size_is_written_whole_in_c(total, head_request):
+    """The Content-Length line for the longest lengths (a 12 TiB sparse file
+    is 13194139533312 bytes): built in C, and the Python code's bytes."""
+    args = ("200 OK", [("Content-Type", "text/plain")], total, True, False, head_request, True,
+            "D")
+    fast = H1.build_head(*args)
+    assert fast is not None and fast == build_head(*args)
+    assert f"\r\nContent-Length: {total}\r\nDate: D\r\n\r\n".encode() in fast[1]
 
 
 def test_the_usual_response_heads_are_built_in_c():
