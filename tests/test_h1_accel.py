@@ -5,6 +5,7 @@ out: no socket. The corpora (tests/test_corpus.py) run on both paths too,
 through conftest's head_path fixture.
 """
 
+import gc
 import os
 import time
 from email.utils import parsedate_to_datetime
@@ -367,6 +368,39 @@ def test_the_usual_conversation_takes_the_c_steps(monkeypatch):
         whole = connection.whole_response("200 OK", [("Content-Length", "2")], b"ok", "D")
         assert whole == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: D\r\n\r\nok"
         assert connection.start_next_cycle() and connection.their_state is protocol.IDLE
+
+
+def test_a_finaliser_that_replaces_the_buffer_mid_parse_leaves_the_parsed_bytes_alive():
+    """next_event holds the buffer it hands parse_head: a collection during
+    the parse (forced here at its first allocation) runs a finaliser that
+    replaces _buf, and the parse goes on reading the bytes it was given (a
+    borrowed reference read freed memory: tools/sanitize reports it)."""
+    connection = Connection(Limits(), dict(_BASE))
+    # a bytearray: receive_data copies it to a bytes only the connection holds
+    connection.receive_data(bytearray(b"GET /a?b HTTP/1.1\r\nHost: h\r\nX-Pad: " + b"p" * 4000
+                                      + b"\r\n\r\n"))
+
+    class Replacer:
+        def __del__(self):
+            connection._buf = b"GET /other HTTP/1.1\r\nHost: h\r\n\r\n"
+
+    threshold = gc.get_threshold()
+    gc.disable()
+    try:
+        # the free dicts taken, so that the parse's first dict is allocated,
+        # which is where a collection runs
+        held = [{} for _ in range(200)]  # noqa: F841
+        garbage = Replacer()
+        garbage.cycle = garbage
+        del garbage  # collected at the next allocation once enabled: inside the parse
+        gc.set_threshold(1)
+        gc.enable()
+        request = connection.next_event()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.enable()
+    assert request.path == "/a" and request.environ["HTTP_X_PAD"] == "p" * 4000
+    assert connection._buf.startswith(b"GET /other ")  # the finaliser did run
 
 
 def test_the_date_is_the_python_codes():
