@@ -121,7 +121,9 @@ class UwsgiConnection(Connection):
     chunk_responses = False
 
     def __init__(self, limits, environ_base=None):
-        super().__init__(limits)  # its environ is request_environ's: no base for the parser
+        # its environ is request_environ's: no base for the parser; Connection.__init__, not
+        # super(): tests run this class's code on the Python base too (test_h1_accel.py)
+        Connection.__init__(self, limits)
         self._c_parse = False  # its head is a packet: next_event is all _next_event's
         self._keep_alive_allowed = False
         self.keep_alive = False
