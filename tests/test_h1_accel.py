@@ -512,6 +512,7 @@ def _packet(rng):
         pairs.append((key, value))
     rng.shuffle(pairs)
     body = rng.choice([b"", b"abc", b"GET / HTTP/1.1\r\n\r\n"])
+    # encode_packet's layout, with a datasize that wraps past 64 KiB and other modifiers
     packet = b"".join(len(k).to_bytes(2, "little") + k.encode("latin-1")
                       + len(v).to_bytes(2, "little") + v.encode("latin-1") for k, v in pairs)
     packet = rng.choice([0, 30, 5]).to_bytes(1, "little") \
