@@ -423,8 +423,23 @@ def test_connection_header_keeps_the_connection_by_its_tokens_whatever_their_cas
     connection.next_event()
     respond(connection)
     tokens = [token.strip(" \t").lower() for token in value.split(",")]
-    expected = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
+    expected = "close" not in tokens and (version == "HTTP/1.1" or "keep-alive" in tokens)
     assert connection.keep_alive is expected
+
+
+@pytest.mark.parametrize("fields", ["Connection: keep-alive, close",
+                                    "Connection: close, keep-alive", "Connection: Keep-Alive,CLOSE",
+                                    "Connection: keep-alive\r\nConnection: close"])
+@pytest.mark.parametrize("version", ["HTTP/1.0", "HTTP/1.1"])
+def test_close_wins_over_keep_alive_in_the_same_request(fields, version, head_path):
+    # RFC 9112 9.6: a request with the close option closes, whatever else it lists
+    connection = Connection(Limits())
+    connection.receive_data(f"GET / {version}\r\nHost: t\r\n{fields}\r\n\r\n".encode())
+    assert isinstance(connection.next_event(), Request)
+    head = connection.response_head("200 OK", [], b"ok", 2, "D")
+    assert not connection.keep_alive and b"\r\nConnection: close\r\n" in head
+    connection.response_end()
+    assert not connection.start_next_cycle()
 
 
 def test_expect_100_continue_is_owed_until_the_first_body_read():

@@ -191,6 +191,15 @@ def _exchange(port, data):
     return answer
 
 
+def test_a_packet_with_a_10000_byte_var_name_is_refused(site):
+    _, server, port = site
+    for key in ("N" * 10000, "HTTP_" + "N" * 10000):
+        answer = _exchange(port, encode_packet([("REQUEST_METHOD", "GET"), ("REQUEST_URI", "/"),
+                                                ("HTTP_HOST", "h"), (key, "v")]))
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    poll(lambda: server.log().count("over 8190 bytes") >= 2, 10, message="both refusals logged")
+
+
 def test_gunicorn_s_protocol_flag_and_uwsgi_allow_from(tmp_path):
     """--protocol uwsgi makes a plain bind address speak uwsgi (as Gunicorn's);
     --uwsgi-allow-from closes connections from peers not listed."""

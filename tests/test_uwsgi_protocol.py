@@ -237,6 +237,21 @@ def test_limits_are_the_http_side_s():
     feed(encode_packet(few + [("HTTP_X_BIG", "v" * 50)]), limits)  # 5+1+50+2 fits in 64
 
 
+@pytest.mark.parametrize("key", ["HTTP_" + "N" * 10000, "N" * 10000])
+def test_a_long_var_name_is_refused_as_a_long_header_name_is(key):
+    http = Connection(Limits())
+    http.receive_data(b"GET / HTTP/1.1\r\nHost: h\r\n" + b"N" * 10000 + b": v\r\n\r\n")
+    with pytest.raises(RequestError) as header_refused:
+        http.next_event()
+    status, reason = refused(encode_packet(nginx_vars() + [(key, "v")]))
+    assert status == header_refused.value.status == 431
+    assert "over 8190 bytes" in reason and len(reason) < 100  # the name cut in the reason
+    few = [(k, v) for k, v in nginx_vars() if k != "DOCUMENT_ROOT"]
+    limits = Limits(limit_request_field_size=64)
+    feed(encode_packet(few + [("X" * 52, "v" * 8)]), limits)  # 52+2+8+2 fits in 64
+    assert refused(encode_packet(few + [("X" * 53, "v" * 8)]), limits)[0] == 431
+
+
 def test_a_refused_connection_answers_http_and_closes():
     connection = UwsgiConnection(Limits())
     connection.receive_data(encode_packet(nginx_vars(), modifier1=7))

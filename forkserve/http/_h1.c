@@ -814,8 +814,12 @@ h1_build_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         declared = no_body ? -1 : length;
     }
     else if (total >= 0) {
-        char number[32];
+        /* the name, a Py_ssize_t's 19 digits at most, CRLF and the NUL: 38 */
+        char number[sizeof("Content-Length: \r\n") + 20];
         int n = snprintf(number, sizeof(number), "Content-Length: %zd\r\n", total);
+        if (n < 0 || (size_t)n >= sizeof(number)) {
+            goto decline;  /* cut short: never here, and the Python code writes it whole */
+        }
         if (out_put(&out, number, n) < 0) {
             goto error;
         }

@@ -106,13 +106,17 @@ receive_data(ConnectionObject *self, PyObject *data)
     }
     Py_ssize_t size = PyBytes_GET_SIZE(self->buf), pos = self->pos;
     if (pos < size) {
+        /* held: the allocation can run a finaliser that replaces _buf */
+        PyObject *buf = Py_NewRef(self->buf);
         PyObject *joined = PyBytes_FromStringAndSize(NULL, size - pos + n);
         if (joined == NULL) {
+            Py_DECREF(buf);
             Py_DECREF(bytes);
             return NULL;
         }
-        memcpy(PyBytes_AS_STRING(joined), PyBytes_AS_STRING(self->buf) + pos, size - pos);
+        memcpy(PyBytes_AS_STRING(joined), PyBytes_AS_STRING(buf) + pos, size - pos);
         memcpy(PyBytes_AS_STRING(joined) + size - pos, PyBytes_AS_STRING(bytes), n);
+        Py_DECREF(buf);
         Py_DECREF(bytes);
         bytes = joined;
     }
@@ -153,15 +157,20 @@ next_event(ConnectionObject *self, PyObject *const *args, Py_ssize_t nargs)
             || !PyBytes_CheckExact(self->buf) || self->pos >= PyBytes_GET_SIZE(self->buf)) {
         goto python;
     }
-    SET(their_state, HEAD);
+    /* held: the old state's release below, and any allocation (a
+     * collection's finaliser), can run Python that replaces either field */
+    PyObject *buf = Py_NewRef(self->buf), *environ_base = Py_NewRef(self->environ_base);
     PyObject *pos = PyLong_FromSsize_t(self->pos);
+    SET(their_state, HEAD);
     PyObject *window = PyLong_FromSsize_t(self->head_max);
     PyObject *fields_max = PyLong_FromSsize_t(self->fields_max);
     PyObject *head = NULL;
     if (pos != NULL && window != NULL && fields_max != NULL) {
-        PyObject *parse_args[5] = {self->buf, pos, window, fields_max, self->environ_base};
+        PyObject *parse_args[5] = {buf, pos, window, fields_max, environ_base};
         head = h1_parse_head(NULL, parse_args, 5);
     }
+    Py_DECREF(buf);
+    Py_DECREF(environ_base);
     Py_XDECREF(pos);
     Py_XDECREF(window);
     Py_XDECREF(fields_max);
@@ -259,11 +268,14 @@ whole_response(ConnectionObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (total == NULL) {
         return NULL;
     }
+    /* held: build_head's truth tests can run Python that replaces either field */
+    PyObject *held_no_body = Py_NewRef(self->no_body), *held_keep = Py_NewRef(self->keep_alive);
     PyObject *build_args[8] = {args[0], args[1], total,
                                self->chunk_responses && http11 ? Py_True : Py_False,
-                               http10 ? Py_True : Py_False, self->no_body, self->keep_alive,
-                               args[3]};
+                               http10 ? Py_True : Py_False, held_no_body, held_keep, args[3]};
     PyObject *built = h1_build_head(NULL, build_args, 8);
+    Py_DECREF(held_no_body);
+    Py_DECREF(held_keep);
     Py_DECREF(total);
     if (built == NULL) {
         return NULL;

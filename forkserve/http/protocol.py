@@ -428,7 +428,8 @@ class Connection(ConnectionBase):
                 keep = known[version == "HTTP/1.1"]
             else:
                 tokens = {t.strip(" \t").lower() for t in connection.split(",")}
-                keep = "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens
+                # close wins, whatever else the list holds (RFC 9112 9.6)
+                keep = "close" not in tokens and (version == "HTTP/1.1" or "keep-alive" in tokens)
         return self._framed(Request(method, target, version, text, headers, path, query,
                                     authority), lengths, keep)
 

@@ -27,8 +27,9 @@ Invariants, and why:
   and the connection closed unless: modifier1 is 0 (a WSGI request) or 30
   (the same, SCRIPT_NAME stripped) and modifier2 is 0, the vars fill the datasize exactly, every key is a CGI-style
   name, no value holds CR, LF or NUL, REQUEST_METHOD is a token, the request
-  URI fits limit_request_line, each header var fits limit_request_field_size
-  and there are at most limit_request_fields of them, and HTTP_HOST (once)
+  URI fits limit_request_line, each var (its name too) fits
+  limit_request_field_size as the header line it would be, there are at
+  most limit_request_fields header vars, and HTTP_HOST (once)
   is a valid Host. The datasize field bounds a packet at 64 KiB.
 - The environ is request_environ's, from a protocol.Request built of the
   vars: header vars keyed as the HTTP side keys them (repeats joined with
@@ -120,7 +121,9 @@ class UwsgiConnection(Connection):
     chunk_responses = False
 
     def __init__(self, limits, environ_base=None):
-        super().__init__(limits)  # its environ is request_environ's: no base for the parser
+        # its environ is request_environ's: no base for the parser; Connection.__init__, not
+        # super(): tests run this class's code on the Python base too (test_h1_accel.py)
+        Connection.__init__(self, limits)
         self._c_parse = False  # its head is a packet: next_event is all _next_event's
         self._keep_alive_allowed = False
         self.keep_alive = False
@@ -156,14 +159,18 @@ class UwsgiConnection(Connection):
             if not _KEY.fullmatch(key):
                 raise RequestError(400, f"uwsgi var name {escape(key[:40])} is not a CGI name")
             if _BAD_VALUE.search(value):
-                raise RequestError(400, f"uwsgi var {key} holds CR, LF or NUL")
-            if key.startswith("HTTP_"):
+                raise RequestError(400, f"uwsgi var {escape(key[:40])} holds CR, LF or NUL")
+            # every var but the request's own as the header line "Name: value\r\n"
+            # counts on the HTTP side (a header's name without HTTP_): a long name
+            # is refused there too
+            header = key.startswith("HTTP_")
+            if len(key) + len(value) + (-1 if header else 4) > field_max \
+                    and key not in _REQUEST_KEYS:
+                raise RequestError(431, f"uwsgi var {escape(key[:40])} over {field_max} bytes")
+            if header:
                 fields += 1
                 if fields > fields_max:
                     raise RequestError(431, f"more than {fields_max} header fields")
-                # as "Name: value\r\n" would count on the HTTP side
-                if len(key) - 1 + len(value) > field_max:
-                    raise RequestError(431, f"header {key} over {field_max} bytes")
                 if key in _DROPPED:
                     continue
                 if key in headers:
@@ -179,8 +186,6 @@ class UwsgiConnection(Connection):
                 else:
                     request_vars[key] = value
             else:
-                if len(value) > field_max:
-                    raise RequestError(431, f"uwsgi var {key} over {field_max} bytes")
                 headers[key] = value  # the last of a repeated var wins, as in uWSGI
         return self._request(headers, request_vars, lengths)
 
