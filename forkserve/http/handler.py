@@ -28,7 +28,7 @@ Invariants, and why:
   request that came in time reset the client's connection.
 - Timers bound every wait on the client, and none runs while the application
   does: idle (keep_alive) between requests, header_timeout from a request's
-  first byte (or the connection's start) to its last header line,
+  first byte (or the connection's first wait for one) to its last header line,
   body_timeout for the whole request body from the application's first read,
   send_timeout for each send of the response.
 """

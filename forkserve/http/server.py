@@ -5,7 +5,7 @@ what the kernel's accept and close cost plus a few Python objects, because
 most deployments open one per request (nginx's default proxy_pass, its
 uwsgi_pass): the listener is watched by a loop io watcher, whose callback,
 in the hub, takes every pending connection in one pass (up to
-`max_accept`), each as a plain non-blocking socket (`Accepted`, no gevent
+`max_accept`, for up to `pass_seconds`), each as a plain non-blocking socket (`Accepted`, no gevent
 socket wrapper and its two watchers), and switches at once into a new
 greenlet that runs a forkserve.http.handler.Handler on it; the callback
 goes on when that greenlet first waits (usually once its response is
@@ -263,6 +263,12 @@ class Server:
     #: connections taken in one pass of the loop at most (then the loop's
     #: other watchers run): a burst is served in a few passes, not one
     max_accept = 64
+    #: seconds one pass may spend taking and serving new connections before
+    #: it lets the loop poll: a client that reconnects as soon as it is
+    #: answered keeps the listener readable, and a pass that never ended
+    #: would keep the process from its CPU turn (forkserve.process.cpu_turns,
+    #: whose TURN this is) and the connections it parked from their reads
+    pass_seconds = 0.0005
 
     def start(self):
         self._nodelay = needs_nodelay(self.socket)
@@ -278,9 +284,12 @@ class Server:
         connections, admission = self.connections, self.admission
         # the first look knows a connection waits (the watcher fired); a later one looks
         pending = True
+        ends = time.perf_counter() + self.pass_seconds
         for _ in range(self.max_accept):
             if self._accepting is None:  # stopped by a connection just served
                 return
+            if pending is None and time.perf_counter() >= ends:
+                return  # the rest next pass, after the loop polls
             if connections.full():
                 self._pause(None)
                 return

@@ -81,7 +81,8 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
                     keep_alive=cfg.keep_alive,
                     body_timeout=cfg.body_timeout, send_timeout=cfg.send_timeout)
     access = logs.access_log if logs.access_enabled(cfg) else None
-    connections = Connections(cfg.worker_connections)  # one cap for the worker, across its listeners
+    # one cap for the worker, across its listeners
+    connections = Connections(cfg.worker_connections)
     proxy = ProxyPolicy(cfg.forwarded_allow_ips, cfg.secure_scheme_headers,
                         cfg.proxy_protocol, cfg.proxy_allow_ips)
     access_format = AccessFormat(cfg.access_log_format)
