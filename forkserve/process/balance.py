@@ -105,7 +105,8 @@ class Admission:
         connections ends. `pending`: True if a connection is known to wait
         in `listener`'s queue, None to look (only when over the share).
         Never switches: the server asks from the hub."""
-        if may_accept(self.open, self.scoreboard.loads(self.index)):
+        # holding none, a worker is never over its share: no need to read its peers'
+        if not self.open or may_accept(self.open, self.scoreboard.loads(self.index)):
             self._waiting_since = None
             return True
         if pending is None:
