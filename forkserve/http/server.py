@@ -152,6 +152,8 @@ class Connections:
             return True
         if self._all_ended is None:
             self._all_ended = Event()
+        else:
+            self._all_ended.clear()  # set by an earlier join's end
         return self._all_ended.wait(timeout)
 
     def kill(self):
@@ -159,7 +161,14 @@ class Connections:
         (never from here: this may run in one of them)."""
         loop = get_hub().loop
         for glet in list(self.greenlets):
-            loop.run_callback(glet.throw)
+            loop.run_callback(_kill, glet)
+
+
+def _kill(glet):
+    """GreenletExit into `glet` unless it has ended meanwhile (a throw into a
+    dead greenlet would be raised in its parent, the hub)."""
+    if not glet.dead:
+        glet.throw()
 
 
 class Server:
