@@ -6,7 +6,7 @@
     python3.12 -m venv .venv312 && .venv312/bin/pip install -e '.[bench]'
     python benchmarks/throughput.py --python .venv312/bin/python   # heap sharing: 3.12+
 
-Two scenarios, every server of one started first and then measured in
+Four scenarios, every server of one started first and then measured in
 rounds, one server after the other within a round (a change in the
 machine's load then hits every server alike):
 
@@ -25,6 +25,10 @@ machine's load then hits every server alike):
   process);
 - hello: benchmarks/apps/hello_app.py (13 bytes), GET / on keep-alive
   connections: granian-w1, granian-w4, forkserve-w0, forkserve-w4;
+- persondb-close and hello-close: the same applications on a connection
+  per request (every request says Connection: close, as behind nginx's
+  default proxy_pass or uwsgi_pass): gunicorn, uwsgi, granian and
+  forkserve with 4 workers; hello-close also granian-w1 and forkserve-w0.
 - tls-keepalive and tls-close: the hello app over https, 2 workers each,
   on one self-signed certificate (RSA 2048, made with the openssl CLI):
   gunicorn (`-k gevent --certfile --keyfile`), uwsgi (the `uwsgi`
@@ -85,6 +89,7 @@ from benchmarks.harness.servers import (  # noqa: E402
 from benchmarks.harness.start import ServerFailed, start_spec  # noqa: E402
 
 DEFAULTS = {"duration": 10, "rounds": 3, "warmup": 2, "rows": 300_000}
+DEFAULT_SCENARIOS = ("persondb", "hello", "persondb-close", "hello-close")
 QUICK = {"duration": 3, "rounds": 1, "warmup": 1, "rows": 20_000}
 
 #: Seconds a server gets to start: Granian's workers each load the dataset.
@@ -115,8 +120,9 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, help="seconds of unmeasured load first (default 2)")
     p.add_argument("--rows", type=int, help="PersonDB people (default 300,000, --quick 20,000)")
     p.add_argument("--connections", type=int, default=64, help="wrk keep-alive connections (64)")
-    p.add_argument("--scenarios", default="persondb,hello",
-                   help="persondb,hello (the default), tls-keepalive, tls-close")
+    p.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
+                   help=f"{','.join(DEFAULT_SCENARIOS)} (the default), tls-keepalive, "
+                        "tls-close; -close: a connection per request")
     p.add_argument("--servers", default="all",
                    help="comma-separated names, or SCENARIO:NAME: " + ", ".join(names))
     p.add_argument("--server-cpus", default="0", help="taskset CPUs for the servers (0)")
@@ -189,7 +195,8 @@ def add_ratios(rows):
     rps = {(row["scenario"], row["server"]): row["rps"] for row in rows}
     cpu = {(row["scenario"], row["server"]): row["cpu_us"] for row in rows}
     for row in rows:
-        if row["scenario"] != "hello":  # one Granian row: persondb, the TLS scenarios
+        if app_of(row["scenario"]) == "persondb" or row["scenario"].startswith("tls"):
+            base = "granian"  # one Granian row: persondb, the TLS scenarios
             base = "granian"
         else:
             base = "granian-w1" if row["workers"] <= 1 else "granian-w4"
@@ -201,16 +208,31 @@ def add_ratios(rows):
     return rows
 
 
+def app_of(scenario):
+    """The application a scenario serves: persondb-close is PersonDB on a
+    connection per request."""
+    return scenario.removesuffix("-close")
+
+
+def wrk_env(scenario, emails_path, seed):
+    """wrk's script environment: keep-alive connections, or with -close a
+    connection per request (every request says Connection: close)."""
+    close = scenario.endswith("-close")
+    if app_of(scenario) == "persondb":
+        # quota 0: lookup.lua counts but never stops
+        return {"BENCH_EMAILS": emails_path, "BENCH_QUOTA": "0",
+                "BENCH_CLOSE_RATIO": "1" if close else "0", "BENCH_SEED": str(seed)}
+    return {"BENCH_CLOSE": "1"} if close else None
+
+
 def run_scenario(scenario, specs, args, env, log_dir, workdir, py_version, emails_path):
     """Start every server of one scenario, measure them in rounds; (rows, skipped, notes)."""
     skipped, notes, running = [], [], {}
     rows = []
-    url_path = "/person/" if scenario == "persondb" else "/"
-    script = wrk.LUA_SCRIPT if scenario == "persondb" else wrk.HELLO_LUA
-    # quota 0: lookup.lua counts but never stops; no Connection: close
-    load_env = ({"BENCH_EMAILS": emails_path, "BENCH_QUOTA": "0", "BENCH_CLOSE_RATIO": "0",
-                 "BENCH_SEED": str(args.seed)} if scenario == "persondb"
-                else {"BENCH_CLOSE": "1"} if scenario == "tls-close" else None)
+    persondb = app_of(scenario) == "persondb"
+    url_path = "/person/" if persondb else "/"
+    script = wrk.LUA_SCRIPT if persondb else wrk.HELLO_LUA
+    script_env = wrk_env(scenario, emails_path, args.seed)
     try:
         for spec, workers in specs:
             reason = spec.skip_reason(args.python, py_version)
@@ -226,7 +248,7 @@ def run_scenario(scenario, specs, args, env, log_dir, workdir, py_version, email
                 server = start_spec(spec, python=args.python, workers=workers,
                                     log_path=os.path.join(log_dir, f"{scenario}-{spec.name}.log"),
                                     env=server_env, cpus=args.server_cpus,
-                                    probe_path="/health" if scenario == "persondb" else "/",
+                                    probe_path="/health" if persondb else "/",
                                     timeout=START_TIMEOUT)
             except ServerFailed as exc:
                 say(f"{scenario} {spec.name}: FAILED: {exc}")
@@ -242,7 +264,7 @@ def run_scenario(scenario, specs, args, env, log_dir, workdir, py_version, email
                 f"({len(server.members())} processes)")
         for spec, _, server, _ in running.values():
             wrk.run(server.url + url_path, args.warmup, args.connections, args.client_cpus,
-                    workdir, script=script, env=load_env)
+                    workdir, script=script, env=script_env)
         for round_no in range(1, args.rounds + 1):
             for name, (spec, _, server, rounds) in running.items():
                 if not server.alive():
@@ -250,7 +272,7 @@ def run_scenario(scenario, specs, args, env, log_dir, workdir, py_version, email
                     continue
                 before = procs.group_cpu_seconds(server.pid)
                 text = wrk.run(server.url + url_path, args.duration, args.connections,
-                               args.client_cpus, workdir, script=script, env=load_env)
+                               args.client_cpus, workdir, script=script, env=script_env)
                 cpu = procs.group_cpu_seconds(server.pid) - before
                 result = wrk.parse_result(text)
                 rounds.append((result, cpu))
@@ -272,8 +294,8 @@ def run_scenario(scenario, specs, args, env, log_dir, workdir, py_version, email
 def render_markdown(rows, skipped, notes, meta, steal_warning):
     lines = [*render_meta(meta, "throughput beside Granian"),
              *([f"**{steal_warning}**", ""] if steal_warning else []),
-             "×granian: req/s over Granian's in the same scenario (persondb: its 4 "
-             "workers; hello: the same worker count, 1 for -w 0). Definitions: benchmarks/throughput.py's docstring.", "",
+             "×granian: req/s over Granian's in the same scenario (persondb, persondb-close: "
+             "its 4 workers; hello, hello-close: the same worker count, 1 for -w 0). Definitions: benchmarks/throughput.py's docstring.", "",
              *table(rows, RESULT_COLUMNS), "",
              "Servers:", "", *(f"- `{r['scenario']}:{r['server']}`: {r['description']}, "
                                f"req/s per round {', '.join(map(str, r['rounds_rps']))}"
@@ -297,7 +319,7 @@ def main(argv=None):
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     lineup = selected(args)
     emails_path = None
-    if "persondb" in lineup:
+    if any(app_of(scenario) == "persondb" for scenario in lineup):
         csv_path, emails_path = prepare_dataset(args.rows, args.seed, args.data_dir)
         env.update(PERSONDB_CSV=csv_path, PERSONDB_STORE=csv_path + ".store")
     rows, skipped, notes = [], [], []
@@ -318,7 +340,8 @@ def main(argv=None):
     title = "throughput beside Granian" + (" (--quick)" if args.quick else "")
     meta = run_meta(
         title, started_at, command, conditions, found,
-        load=f"wrk 1 thread, {args.connections} keep-alive connections; {args.rounds} round(s) "
+        load=f"wrk 1 thread, {args.connections} connections (keep-alive; a new one per request "
+             f"in the -close scenarios); {args.rounds} round(s) "
              f"x {args.duration} s per server after {args.warmup} s of warm-up; persondb: "
              f"{args.rows:,} rows, random lookups (5% unknown)",
         servers=f"pinned to CPU {args.server_cpus}; wrk and the harness on CPU "

@@ -11,9 +11,11 @@ processes each, on unix sockets: forkserve with a uwsgi listener
 `--master --processes N --socket ...`, sync workers as most deployments run
 it). One nginx (one worker, its stock uwsgi_params) sends /fs-uwsgi/ to the
 first with uwsgi_pass, /fs-proxy/ to the second with proxy_pass (HTTP/1.1,
-upstream keep-alive: nginx's best case for proxy_pass) and /uwsgi/ to the
-third with uwsgi_pass (nginx opens a new upstream connection per request on
-both uwsgi paths: its uwsgi module never keeps one). nginx and the backends
+upstream keep-alive: nginx's best case for proxy_pass), /fs-proxy-default/
+to the second too with proxy_pass as nginx does it unless told otherwise
+(HTTP/1.0, a new upstream connection per request: most sites' setting) and
+/uwsgi/ to the third with uwsgi_pass (nginx opens a new upstream connection
+per request on both uwsgi paths: its uwsgi module never keeps one). nginx and the backends
 are pinned to CPU 0, wrk (--connections keep-alive connections, GET) to CPU 1.
 
 All three backends are started first, then measured in rounds, one path
@@ -64,7 +66,9 @@ RESULT_COLUMNS = (
     ("p99_us", "p99"), ("errors", "errors"),
 )
 
-PATHS = ("fs-uwsgi", "fs-proxy", "uwsgi")
+PATHS = ("fs-uwsgi", "fs-proxy", "fs-proxy-default", "uwsgi")
+#: the backend each path goes to, where it is not the path's own name
+BACKEND = {"fs-proxy-default": "fs-proxy"}
 #: the paths of a --max-requests run: two straight to the server, two behind nginx
 RECYCLE_PATHS = ("fs-http", "gunicorn", "fs-ini", "uwsgi-ini")
 #: the figures of a --max-requests run's rows
@@ -228,6 +232,9 @@ def site(directory, names):
             if name == "fs-proxy":
                 lines.append("  location /fs-proxy/ { proxy_pass http://fs_proxy; "
                              "proxy_http_version 1.1; proxy_set_header Connection \"\"; }")
+            elif name == "fs-proxy-default":  # nginx's defaults: HTTP/1.0, Connection: close
+                lines.append(f"  location /fs-proxy-default/ {{ "
+                             f"proxy_pass http://unix:{directory}/fs-proxy.sock:; }}")
             else:
                 lines.append(f"  location /{name}/ {{ include {directory}/uwsgi_params; "
                              f"uwsgi_pass unix:{directory}/{name}.sock; }}")
@@ -291,7 +298,7 @@ def main(argv=None):
                                  cwd=directory))
         for name, (_, sock) in servers.items():  # forkserve binds early, listens late
             poll(lambda: accepts(sock), 60, message=f"{name} to accept connections")
-        names = [name for name in PATHS if name in servers]
+        names = [name for name in PATHS if BACKEND.get(name, name) in servers]
         nginx = Nginx(directory, site(directory, names), tcp=True).start()
         conditions = Conditions()
         runs = measure(nginx, names, args.rounds, args.seconds, args.connections, directory)

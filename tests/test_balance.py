@@ -196,3 +196,14 @@ def test_a_paused_worker_looks_again_as_soon_as_one_of_its_connections_ends():
     waiting.join(timeout=2)
     assert waiting.dead and waiting.successful()
     board.close()
+
+
+def test_a_worker_holding_no_connection_is_admitted_without_reading_its_peers(monkeypatch):
+    assert all(may_accept(0, others) for others in ([0], [5, 0, 0], [0] * 7, [100, 100, 100]))
+    board, admission = admission_of_four(FakeClock(), select=None)
+    monkeypatch.setattr(board, "loads", lambda index: pytest.fail("read the peers' counts"))
+    assert admission.admit("listener")
+    admission.opened()
+    with pytest.raises(pytest.fail.Exception):  # holding one, it must look
+        admission.admit("listener")
+    board.close()

@@ -64,6 +64,27 @@ def test_the_line_up_of_the_issue():
     assert persondb["forkserve-store"][0].mode == "store"
     assert [(s.name, w) for s, w in lineup["hello"]] == [
         ("granian-w1", 1), ("granian-w4", 4), ("forkserve-w0", 0), ("forkserve-w4", 4)]
+    assert [(s.name, w) for s, w in lineup["hello-close"]] == [
+        ("granian-w1", 1), ("granian-w4", 4), ("uwsgi", 4), ("gunicorn", 4),
+        ("forkserve-w0", 0), ("forkserve-w4", 4)]
+    assert [(s.name, w) for s, w in lineup["persondb-close"]] == [
+        ("gunicorn", 4), ("uwsgi", 4), ("granian", 4), ("forkserve", 4)]
+
+
+def test_the_close_scenarios_open_a_connection_per_request_and_compare_like_their_app():
+    assert throughput.wrk_env("hello", None, 1) is None
+    assert throughput.wrk_env("hello-close", None, 1) == {"BENCH_CLOSE": "1"}
+    assert throughput.wrk_env("persondb", "e.txt", 1)["BENCH_CLOSE_RATIO"] == "0"
+    assert throughput.wrk_env("persondb-close", "e.txt", 1)["BENCH_CLOSE_RATIO"] == "1"
+    rows = throughput.add_ratios([
+        row("persondb-close", "granian", 4, 10_000.0), row("persondb-close", "forkserve", 4, 5_000.0),
+        row("hello-close", "granian-w4", 4, 20_000.0), row("hello-close", "forkserve-w4", 4, 25_000.0),
+        row("hello-close", "granian-w1", 1, 8_000.0), row("hello-close", "forkserve-w0", 0, 10_000.0),
+    ])
+    ratio = {(r["scenario"], r["server"]): r["rps_vs_granian"] for r in rows}
+    assert ratio["persondb-close", "forkserve"] == 0.5
+    assert ratio["hello-close", "forkserve-w4"] == 1.25
+    assert ratio["hello-close", "forkserve-w0"] == 1.25
 
 
 def test_the_port_a_process_listens_on_is_read_from_proc():

@@ -1,6 +1,7 @@
 """benchmarks/uwsgi_nginx.py: its nginx site, its --max-requests run (what a recycle
 costs: backends, ini, ratios), and --quick runs for real
-(forkserve over uwsgi_pass and proxy_pass, uWSGI over uwsgi_pass behind one
+(forkserve over uwsgi_pass and proxy_pass with and without upstream
+keep-alive, uWSGI over uwsgi_pass behind one
 nginx), which must serve every request of every path."""
 
 import json
@@ -18,12 +19,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_site_sends_each_path_to_its_backend_the_way_deployments_do():
-    text = uwsgi_nginx.site("/d", ["fs-uwsgi", "fs-proxy", "uwsgi"])(["127.0.0.1:1"])
+    text = uwsgi_nginx.site("/d", ["fs-uwsgi", "fs-proxy", "fs-proxy-default", "uwsgi"])(
+        ["127.0.0.1:1"])
     assert "location /fs-uwsgi/ { include /d/uwsgi_params; uwsgi_pass unix:/d/fs-uwsgi.sock; }" \
         in text
     assert "location /uwsgi/ { include /d/uwsgi_params; uwsgi_pass unix:/d/uwsgi.sock; }" in text
     assert "proxy_pass http://fs_proxy; proxy_http_version 1.1;" in text
     assert "server unix:/d/fs-proxy.sock; keepalive 32;" in text
+    # nginx's default proxying: no proxy_http_version (HTTP/1.0), no upstream keep-alive
+    assert "location /fs-proxy-default/ { proxy_pass http://unix:/d/fs-proxy.sock:; }" in text
 
 
 def test_backends_bind_the_protocol_each_path_speaks(tmp_path):
@@ -37,7 +41,7 @@ def test_backends_bind_the_protocol_each_path_speaks(tmp_path):
 @pytest.mark.timeout(180)
 def test_a_quick_run_measures_every_path_without_errors(tmp_path):
     rows = _quick_run(tmp_path, "--connections", "8", timeout=150)
-    paths = {"fs-uwsgi", "fs-proxy"} | ({"uwsgi"} if shutil.which(
+    paths = {"fs-uwsgi", "fs-proxy", "fs-proxy-default"} | ({"uwsgi"} if shutil.which(
         "uwsgi", path=str(pathlib.Path(sys.executable).parent)) else set())
     assert {row["path"] for row in rows} == paths
     assert all(row["rate"] > 0 and row["errors"] == 0 for row in rows), rows

@@ -243,3 +243,79 @@ def test_stats_endpoint_reads_requests_with_the_servers_http_parser():
                 b"GET /livez HTTP/1.1\nHost: s\n\n",             # bare LF
                 b"GET /livez HTTP/1.1\r\nHost: s\r\nX : y\r\n\r\n"):
         assert _stats_answer(raw).startswith(b"HTTP/1.1 400 "), raw
+
+
+# --- the accept path: passes of the loop, the worker's cap, stop_accepting from the hub ---
+
+def _hello(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+    return [b"ok"]
+
+
+def _in_process_server(**kwargs):
+    from gevent import socket as gsocket
+
+    from forkserve.http.server import Server
+    listener = gsocket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    return listener, Server(listener, _hello, **kwargs)
+
+
+def _answer(client):
+    """Everything `client` receives until the server closes it."""
+    received = b""
+    while True:
+        data = client.recv(65536)
+        if not data:
+            return received
+        received += data
+
+
+def test_connections_waiting_together_are_served_over_several_passes_and_stop_accepting_never_switches():
+    import gevent
+    from gevent import socket as gsocket
+    listener, server = _in_process_server()
+    server.pass_seconds = 0  # one connection a pass: the loop polls between them
+    clients = [gsocket.create_connection(listener.getsockname(), timeout=5) for _ in range(5)]
+    for client in clients:
+        client.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    server.start()
+    try:
+        for client in clients:
+            answer = _answer(client)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\nok")
+        stopped = gevent.event.Event()
+
+        def stop():  # in the hub: a switch here would raise BlockingSwitchOutError
+            server.stop_accepting()
+            stopped.set()
+        gevent.get_hub().loop.run_callback(stop)
+        assert stopped.wait(5) and server.closed and listener.fileno() == -1
+    finally:
+        for client in clients:
+            client.close()
+        server.close_now()
+
+
+def test_a_worker_at_its_connection_cap_takes_the_next_one_when_one_ends():
+    import gevent
+    from gevent import socket as gsocket
+    listener, server = _in_process_server(worker_connections=1)
+    server.start()
+    first = gsocket.create_connection(listener.getsockname(), timeout=5)
+    second = gsocket.create_connection(listener.getsockname(), timeout=5)
+    try:
+        first.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")  # kept alive: holds the one place
+        assert first.recv(65536).endswith(b"\r\n\r\nok")
+        second.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        answered = gevent.spawn(_answer, second)
+        # the second waits in the listen queue while the first is open
+        assert gevent.wait([answered], timeout=0.3) == []
+        assert server.open_connections == 1
+        first.close()
+        assert answered.get(timeout=5).endswith(b"\r\n\r\nok")
+    finally:
+        first.close()
+        second.close()
+        server.close_now()

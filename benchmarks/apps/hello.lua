@@ -1,9 +1,16 @@
--- wrk script for benchmarks/hello.py: GET / on keep-alive connections, and
+-- wrk script for benchmarks/hello.py: GET / on keep-alive connections (or
+-- a connection per request, BENCH_CLOSE=1), and
 -- one line "BENCH_RESULT {json}" at the end with the counters and latency
 -- percentiles (microseconds), in lookup.lua's format
 -- (benchmarks/harness/wrk.py's parse_result reads both). wrk keeps
 -- every latency sample at microsecond resolution, so p99.9 is exact for
 -- the run (not sampled).
+
+-- BENCH_CLOSE=1: every request says "Connection: close" (a connection per
+-- request, as nginx's default proxy_pass opens them)
+if os.getenv("BENCH_CLOSE") == "1" then
+   wrk.headers["Connection"] = "close"
+end
 
 local counts = {}
 

@@ -334,18 +334,36 @@ def throughput_servers():
     uwsgi_note = ("closes every connection: it runs --protocol http (pyuwsgi's gevent loop "
                   "fails HTTP/1.1 keep-alive here), so wrk reconnects for every request and "
                   "counts each close as a read error")
+    gunicorn = ServerSpec("gunicorn", "Gunicorn --preload -k gevent", "dict", _gunicorn(),
+                          requires=("import gunicorn", "import gevent"))
+    uwsgi = ServerSpec("uwsgi", "uWSGI (pyuwsgi) --processes 4 --gevent 1000", "dict",
+                       _uwsgi(APP, "http", ("--buffer-size", "16384")),
+                       requires=("import pyuwsgi", "import gevent"))
+    granian_4 = ServerSpec("granian", "Granian --interface wsgi (each worker loads its own copy)",
+                           "dict", _granian(APP), requires=granian, needs_fd=False,
+                           port_from_proc=True)
+    forkserve_4 = ServerSpec("forkserve", "forkserve, plain dicts (heap shared on 3.12+)", "dict",
+                             _forkserve(stats=False), requires=forkserve, needs_fd=False)
+    hello = [
+        (ServerSpec("granian-w1", "Granian --interface wsgi --workers 1", "",
+                    _granian(HELLO_APP, 1), requires=granian, needs_fd=False,
+                    port_from_proc=True), 1),
+        (ServerSpec("granian-w4", "Granian --interface wsgi --workers 4", "",
+                    _granian(HELLO_APP, 4), requires=granian, needs_fd=False,
+                    port_from_proc=True), 4),
+        (ServerSpec("forkserve-w0", "forkserve -w 0 (one process)", "",
+                    _forkserve(0, HELLO_APP, stats=False), requires=forkserve, single=True,
+                    needs_fd=False), 0),
+        (ServerSpec("forkserve-w4", "forkserve -w 4", "",
+                    _forkserve(4, HELLO_APP, stats=False), requires=forkserve,
+                    needs_fd=False), 4),
+    ]
     return {
         "persondb": [
-            (ServerSpec("gunicorn", "Gunicorn --preload -k gevent", "dict", _gunicorn(),
-                        requires=("import gunicorn", "import gevent")), 4),
-            (ServerSpec("uwsgi", "uWSGI (pyuwsgi) --processes 4 --gevent 1000", "dict",
-                        _uwsgi(APP, "http", ("--buffer-size", "16384")),
-                        requires=("import pyuwsgi", "import gevent"), note=uwsgi_note), 4),
-            (ServerSpec("granian", "Granian --interface wsgi (each worker loads its own copy)",
-                        "dict", _granian(APP), requires=granian, needs_fd=False,
-                        port_from_proc=True), 4),
-            (ServerSpec("forkserve", "forkserve, plain dicts (heap shared on 3.12+)", "dict",
-                        _forkserve(stats=False), requires=forkserve, needs_fd=False), 4),
+            (gunicorn, 4),
+            (dataclasses.replace(uwsgi, note=uwsgi_note), 4),
+            (granian_4, 4),
+            (forkserve_4, 4),
             (ServerSpec("forkserve-noyield", "forkserve, plain dicts, --no-yield-cpu (workers "
                         "sharing the CPU by scheduler ticks)", "dict",
                         _forkserve(stats=False, extra=("--no-yield-cpu",)), requires=forkserve,
@@ -362,20 +380,18 @@ def throughput_servers():
                         _forkserve(0, stats=False), requires=forkserve, single=True,
                         needs_fd=False), 0),
         ],
-        "hello": [
-            (ServerSpec("granian-w1", "Granian --interface wsgi --workers 1", "",
-                        _granian(HELLO_APP, 1), requires=granian, needs_fd=False,
-                        port_from_proc=True), 1),
-            (ServerSpec("granian-w4", "Granian --interface wsgi --workers 4", "",
-                        _granian(HELLO_APP, 4), requires=granian, needs_fd=False,
-                        port_from_proc=True), 4),
-            (ServerSpec("forkserve-w0", "forkserve -w 0 (one process)", "",
-                        _forkserve(0, HELLO_APP, stats=False), requires=forkserve, single=True,
-                        needs_fd=False), 0),
-            (ServerSpec("forkserve-w4", "forkserve -w 4", "",
-                        _forkserve(4, HELLO_APP, stats=False), requires=forkserve,
-                        needs_fd=False), 4),
-        ],
+        "hello": hello,
+        # a connection per request (wrk sends Connection: close), as behind
+        # nginx's default proxy_pass or uwsgi_pass
+        "persondb-close": [(gunicorn, 4), (uwsgi, 4), (granian_4, 4), (forkserve_4, 4)],
+        "hello-close": hello[:2] + [
+            (ServerSpec("uwsgi", "uWSGI (pyuwsgi) --processes 4 --gevent 1000", "",
+                        _uwsgi(HELLO_APP, "http"), requires=("import pyuwsgi", "import gevent")),
+             4),
+            (ServerSpec("gunicorn", "Gunicorn -k gevent -w 4", "",
+                        _gunicorn(app=HELLO_APP, preload=False),
+                        requires=("import gunicorn", "import gevent")), 4),
+        ] + hello[2:],
         # the same servers twice: keep-alive, and a new connection (a full
         # handshake) for every request
         "tls-keepalive": tls_servers(),

@@ -28,7 +28,7 @@ Invariants, and why:
   request that came in time reset the client's connection.
 - Timers bound every wait on the client, and none runs while the application
   does: idle (keep_alive) between requests, header_timeout from a request's
-  first byte (or the connection's start) to its last header line,
+  first byte (or the connection's first wait for one) to its last header line,
   body_timeout for the whole request body from the application's first read,
   send_timeout for each send of the response.
 """
@@ -161,7 +161,9 @@ class Handler:
         # the path, the usual request's environ is made as its head is parsed
         self.http = server.connection_class(limits, None if env["SCRIPT_NAME"] else env)
         self.responder = Responder(self.http, self.transport, server, self.peer)
-        self._head_timer = timer(server.loop, limits.header_timeout)
+        # made when the connection first waits for a request head: most
+        # connections' first request came with them (read before any wait)
+        self._head_timer = None
         # made when the connection first waits for a second request: with one
         # request per connection (Connection: close, a proxy's uwsgi_pass)
         # it is never needed
@@ -331,17 +333,25 @@ class Handler:
             try:
                 if first:
                     self._started = time.perf_counter()
-                    if head_timer is not None:
-                        head_timer.again(throw, Expired)
-                    head_armed = self._head_waiting = True
-                    self.head_started = time.monotonic()
                     proxy = self.server.proxy
                     if proxy.protocol != "off":  # its header comes before the first request
+                        head_timer = self._head_timer_armed(throw)
+                        head_armed = self._head_waiting = True
+                        self.head_started = time.monotonic()
                         # the client it names is every request's on this connection
                         proxy.set_client(self.base_env, proxy.read_header(
                             Preamble(http, reader.recv), self.client_address))
-                    # what came with the header, if anything, is the request's
-                    event = http.next_event() if http.buffered else NEED_DATA
+                        # what came with the header, if anything, is the request's
+                        event = http.next_event() if http.buffered else NEED_DATA
+                    else:
+                        # usually the request came with the connection: no timer
+                        # unless it must be waited for
+                        data = self.transport.read_now()
+                        if data is None:
+                            event = NEED_DATA
+                        else:
+                            http.receive_data(data)
+                            event = http.next_event()
                 elif begun:  # its first bytes came after a keep-alive wait (_next_kept)
                     event = NEED_DATA
                 else:  # pipelined: the request began when the last one ended
@@ -349,8 +359,7 @@ class Handler:
                     event = http.next_event()
                 while event is NEED_DATA:
                     if not head_armed:
-                        if head_timer is not None:
-                            head_timer.again(throw, Expired)
+                        head_timer = self._head_timer_armed(throw)
                         head_armed = self._head_waiting = True
                         self.head_started = time.monotonic()
                     http.receive_data(reader.recv())
@@ -375,6 +384,17 @@ class Handler:
                 return None
             raise
         return event if isinstance(event, Request) else None
+
+    def _head_timer_armed(self, throw):
+        """The header_timeout timer, made if this is the connection's first
+        wait for a head, armed to throw Expired; None without a timeout."""
+        head_timer = self._head_timer
+        if head_timer is None:
+            head_timer = self._head_timer = timer(self.server.loop,
+                                                  self.server.limits.header_timeout)
+        if head_timer is not None:
+            head_timer.again(throw, Expired)
+        return head_timer
 
     def _refuse(self, error, linger=True, log=True):
         """Answer a refused request with its status and close."""

@@ -64,7 +64,8 @@ def may_accept(mine, others):
 class Admission:
     """The accept loop's side of the balance, in one worker (all its listeners).
 
-    `wait_turn(listener)` runs before each accept(); `opened()` after each
+    `admit(listener)` runs before each accept() (`wait_turn(listener)` is
+    a greenlet's wait on it); `opened()` after each
     accepted connection, `closed()` when one ends. Counts go to the
     worker's scoreboard slot for its peers and for the master's reports.
     Built after fork, in the worker (it holds a gevent Event).
@@ -84,6 +85,7 @@ class Admission:
         self.accepted = 0
         self._select = select  # the unpatched select.select: a zero-timeout look
         self._clock = clock
+        self._waiting_since = None  # when a connection was first seen waiting while paused
         from gevent.event import Event
         self._fewer = Event()  # set when one of this worker's connections ends
 
@@ -97,22 +99,38 @@ class Admission:
         self.scoreboard.set_connections(self.index, self.open, self.accepted)
         self._fewer.set()
 
+    def admit(self, listener, pending=None):
+        """True if this worker should accept its next connection now; if not,
+        the caller looks again after `tick` seconds or when one of its
+        connections ends. `pending`: True if a connection is known to wait
+        in `listener`'s queue, None to look (only when over the share).
+        Never switches: the server asks from the hub."""
+        # holding none, a worker is never over its share: no need to read its peers'
+        if not self.open or may_accept(self.open, self.scoreboard.loads(self.index)):
+            self._waiting_since = None
+            return True
+        if pending is None:
+            pending = self._pending(listener)
+        if not pending:
+            self._waiting_since = None
+            return False
+        now = self._clock()
+        if self._waiting_since is None:
+            self._waiting_since = now
+            return False
+        if now - self._waiting_since >= self.patience:
+            self._waiting_since = None
+            return True
+        return False
+
     def wait_turn(self, listener):
-        """Return when this worker should accept its next connection."""
-        waiting_since = None
-        while not may_accept(self.open, self.scoreboard.loads(self.index)):
-            if self._pending(listener):
-                now = self._clock()
-                if waiting_since is None:
-                    waiting_since = now
-                elif now - waiting_since >= self.patience:
-                    return
-            else:
-                waiting_since = None
+        """Return when this worker should accept its next connection (a
+        greenlet's wait on admit())."""
+        while not self.admit(listener):
             self._fewer.clear()
             self._fewer.wait(self.tick)
 
     def _pending(self, listener):
         """True if a connection waits in the listen queue. (The listener is
-        open: stop_accepting() kills this greenlet before closing it.)"""
+        open: the server asks only while it accepts.)"""
         return bool(self._select([listener], [], [], 0)[0])

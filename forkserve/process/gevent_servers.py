@@ -23,7 +23,6 @@ def preload():
     privileges.
     """
     import gevent.event  # noqa: F401
-    import gevent.pool  # noqa: F401
     import gevent.threadpool  # noqa: F401  (the hub's, made in the worker: imports pprint)
 
     import forkserve.http.accesslog  # noqa: F401
@@ -69,13 +68,11 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
     serving the application wrapped in `hooks` (pre_request/post_request);
     `admission` (forkserve.process.balance) decides when they accept; the
     process's `outbox` (outbox_for) writes their whole responses."""
-    from gevent.pool import Pool
-
     from forkserve.http.accesslog import AccessFormat
     from forkserve.http.handler import Limits
     from forkserve.http.proxy import AddressList, ProxyPolicy
     from forkserve.http import tls
-    from forkserve.http.server import Server
+    from forkserve.http.server import Connections, Server
     from forkserve.http.uwsgi import UwsgiConnection
     from forkserve.process import sockets
 
@@ -87,7 +84,8 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
                     keep_alive=cfg.keep_alive,
                     body_timeout=cfg.body_timeout, send_timeout=cfg.send_timeout)
     access = logs.access_log if logs.access_enabled(cfg) else None
-    pool = Pool(cfg.worker_connections)  # one cap for the worker, across its listeners
+    # one cap for the worker, across its listeners
+    connections = Connections(cfg.worker_connections)
     proxy = ProxyPolicy(cfg.forwarded_allow_ips, cfg.secure_scheme_headers,
                         cfg.proxy_protocol, cfg.proxy_allow_ips)
     access_format = AccessFormat(cfg.access_log_format)
@@ -104,7 +102,8 @@ def make_servers(cfg, app, listeners, *, multiprocess, on_request, hooks, admiss
     protocols = sockets.protocols(cfg.bind, cfg.protocol, len(listeners))
     return [Server(gevent_socket(listener), app, limits=limits, access_log=access,
                    error_log=logs.error_log, multiprocess=multiprocess,
-                   on_request=on_request, pool=pool, access_format=access_format,
+                   on_request=on_request, connections=connections,
+                   access_format=access_format,
                    access_sink=_request_sink(access, access_format),
                    admission=admission, sendfile=cfg.sendfile, outbox=outbox,
                    **speaks[protocol])
