@@ -827,6 +827,28 @@ def test_a_memory_recycle_the_master_decides_is_logged_once_not_again_by_the_wor
     assert sum("over --max-worker-memory" in m for m in caplog.messages) == 1, caplog.messages
 
 
+def test_master_wakes_for_the_next_queued_recycle_when_its_interval_is_up(master):
+    # Both workers ask together; the second recycle waits recycle_interval
+    # after the first started, and the master's wait ends then, not a
+    # heartbeat later (1 s with --timeout 30).
+    _turn(master)
+    _make_ready(master)
+    for record in master.workers.values():
+        master.scoreboard.set_state(record.index, RETIRE)
+    _turn(master)
+    forks = len(master.fake.forked)
+    [new] = [r for r in master.workers.values() if r.state == "booting"]
+    master.scoreboard.set_state(new.index, READY)
+    master.fake.now += 0.01
+    _turn(master)  # the replacement serves: its worker drains; the second waits
+    assert len(master.fake.forked) == forks
+    wait = master.next_turn_in()
+    assert wait == pytest.approx(Lifecycle.recycle_interval - 0.01)
+    master.fake.now += wait
+    _turn(master)
+    assert len(master.fake.forked) == forks + 1
+
+
 def test_master_wakes_at_once_when_a_worker_asks_to_be_recycled_and_forks_its_replacement(
         master, monkeypatch):
     # A recycle waits for no heartbeat: the worker's ask (its slot, then a

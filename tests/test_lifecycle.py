@@ -192,9 +192,9 @@ def test_lifecycle_workers_asking_together_are_recycled_one_after_the_other():
         assert sum(r.state == "retiring" for r in lifecycle.workers.values()) == 1
         assert recycle_round(lifecycle, now + 0.01, 999) == []  # nothing more while it boots
         assert accepting(lifecycle) == 3  # none of the three out of service meanwhile
-        now += 0.02
-        lifecycle.observed(new_pid, now, beat=now, said_ready=True)
-        stopped += [a.pid for a in lifecycle.tick(now) if type(a) is Kill]
+        lifecycle.observed(new_pid, now + 0.02, beat=now + 0.02, said_ready=True)
+        stopped += [a.pid for a in lifecycle.tick(now + 0.02) if type(a) is Kill]
+        now += Lifecycle.recycle_interval
         new_pid += 1
     # in the order they asked, each once its replacement served
     assert stopped == pids
@@ -213,6 +213,26 @@ def test_lifecycle_a_replacement_slow_to_boot_holds_up_the_next_recycle_only_so_
     actions = recycle_round(lifecycle, bound, 201)
     assert actions.count(Fork()) == 1 and "has not said it serves within 5s" in actions[0].message
     assert lifecycle.workers[second].state == "retiring"
+
+
+def test_lifecycle_two_recycles_start_at_least_the_recycle_interval_apart():
+    # sustained load at a low --max-requests: replacements that boot at once
+    # do not let the recycles take the CPU; the next one waits its interval
+    lifecycle, (first, second) = serving(2)
+    assert lifecycle.next_recycle_at() is None  # nothing queued: no wake-up
+    ask(lifecycle, first, 1.0)
+    ask(lifecycle, second, 1.0)
+    assert lifecycle.next_recycle_at() == 0.0  # the first starts at once
+    assert recycle_round(lifecycle, 1.0, 200).count(Fork()) == 1
+    lifecycle.observed(200, 1.01, beat=1.01, said_ready=True)
+    assert Kill(first, signal.SIGTERM) in lifecycle.tick(1.01)
+    due = 1.1  # 0.1 s after the first started (docs/reloads.md)
+    assert lifecycle.next_recycle_at() == pytest.approx(due)  # when the master wakes
+    assert recycle_round(lifecycle, 1.05, 999) == []  # second serves on meanwhile
+    assert lifecycle.workers[second].state == "ready"
+    assert recycle_round(lifecycle, due, 201).count(Fork()) == 1
+    assert lifecycle.workers[second].state == "retiring"
+    assert lifecycle.next_recycle_at() is None
 
 
 def test_lifecycle_a_retiring_worker_serves_on_while_another_is_missing():

@@ -126,7 +126,8 @@ SETTINGS = (
             metavar="N",
             details="The replacement is forked at once; the worker serves on until it "
                     "serves, then drains. Workers that reach it together are replaced one "
-                    "after the other (docs/reloads.md)."),
+                    "after the other, at most 10 a second: under sustained load a worker "
+                    "may serve past N while it waits its turn (docs/reloads.md)."),
     Setting("max_requests_jitter", ("--max-requests-jitter",), values.whole(0), 0,
             "Add a random 0..N to each worker's --max-requests so they do not recycle together.",
             metavar="N"),

@@ -22,7 +22,11 @@ reach --max-requests in the same second (connections spread evenly count
 alike) are thus replaced one after the other, a replacement's boot apart,
 with never fewer than the target accepting. A replacement slow to boot
 holds up the queue for at most `recycle_overlap` seconds; then the next
-recycle starts beside it.
+recycle starts beside it. Two recycles start at least `recycle_interval`
+apart: a recycle costs a fork and a boot of CPU (about 10 ms, measured),
+so under sustained load at a low --max-requests the recycles would
+otherwise take most of a CPU; a worker waiting its turn serves on, past
+its --max-requests (a soft limit, as in Gunicorn).
 
 A worker has two numbers. Its scoreboard slot (`index`) is wherever a slot
 was free when it was forked: a replacement starts while the worker it
@@ -38,6 +42,7 @@ Invariants:
   only once the workers that serve without it are `target` ready ones.
 - At most one worker is retiring at a time, unless the newest retiring one
   has waited `recycle_overlap` seconds for its replacement.
+- Two recycles start at least `recycle_interval` seconds apart.
 - A worker is ready once its own slot says so, whether the master reads the
   slot on a turn or only after the worker has exited.
 - Only real boot failures (exit WORKER_BOOT_ERROR: the application or a
@@ -105,6 +110,9 @@ class Lifecycle:
     #: post_fork hook) must not keep a worker over --max-worker-memory, or
     #: the rest of the queue, waiting for each one in turn
     recycle_overlap = 5.0
+    #: least seconds between the starts of two recycles: at most 10 a
+    #: second, about a tenth of a CPU at ~10 ms each (docs/reloads.md)
+    recycle_interval = 0.1
 
     def __init__(self, target, *, timeout, graceful_timeout, abort_first=False,
                  stop_state=None):
@@ -123,6 +131,7 @@ class Lifecycle:
         self.stop_state = StopState() if stop_state is None else stop_state
         self.stop_deadline = None
         self.announced = False
+        self.last_recycle_at = None  # when the latest recycle started
 
     @property
     def stopping(self):
@@ -267,6 +276,16 @@ class Lifecycle:
         for record in sorted(self.workers.values(), key=lambda r: r.number):
             self._ask(record, now)
 
+    def next_recycle_at(self):
+        """When the next queued recycle may start (the master wakes then),
+        or None if none is queued."""
+        if not any(r.asked_at is not None and r.state in ("booting", "ready")
+                   for r in self.workers.values()):
+            return None
+        if self.last_recycle_at is None:
+            return 0.0
+        return self.last_recycle_at + self.recycle_interval
+
     def asked(self, pid):
         """Worker `pid` is queued or being replaced: no need to find it over again."""
         return self.workers[pid].asked_at is not None
@@ -306,16 +325,18 @@ class Lifecycle:
 
     def _next_recycle(self, now):
         """Start the first queued recycle, if none is under way (or the one
-        under way has waited `recycle_overlap` for its replacement)."""
+        under way has waited `recycle_overlap` for its replacement) and the
+        last one started `recycle_interval` ago."""
         queued = [r for r in self.workers.values()
                   if r.asked_at is not None and r.state in ("booting", "ready")]
-        if not queued:
+        if not queued or now < self.next_recycle_at():
             return []
         since = [r.retiring_since for r in self.workers.values() if r.state == "retiring"]
         if since and now - max(since) < self.recycle_overlap:
             return []
         record = min(queued, key=lambda r: (r.asked_at, r.number))
         record.state, record.retiring_since = "retiring", now
+        self.last_recycle_at = now
         waiting = len(queued) - 1
         return [Log(logging.INFO, f"{record} is recycled: forking its replacement"
                                   + (f" ({waiting} more waiting their turn)" if waiting else "")

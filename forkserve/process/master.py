@@ -165,10 +165,12 @@ class Master(Driver):
         source_watch.poll()
 
     def next_turn_in(self):
-        """A heartbeat, or less when a worker is due to be forked sooner."""
+        """A heartbeat, or less when a worker is due to be forked (or a
+        queued recycle to start) sooner."""
         timeout = heartbeat_interval(self.cfg.timeout)
-        wait = self.lifecycle.next_spawn_at - self.clock()
-        return min(timeout, wait) if wait > 0 else timeout
+        due = [self.lifecycle.next_spawn_at, self.lifecycle.next_recycle_at()]
+        waits = [at - self.clock() for at in due if at is not None]
+        return min([timeout] + [wait for wait in waits if wait > 0])
 
     # --- signal handlers (called from the loop, never from a signal) ---
 
