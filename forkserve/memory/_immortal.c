@@ -94,7 +94,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "_addrset.h"
 #include "_module.h"
@@ -961,6 +967,106 @@ restore(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 #endif
 
+/* ---- the probe's fork ------------------------------------------------------- */
+
+/* Seconds on the monotonic clock. */
+static double
+monotonic_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+/* In the parent: read the child's answer into buffer (what does not fit is
+   read and dropped) until it closes the pipe or the deadline passes. Runs
+   without the GIL. Returns 1 if the deadline passed, 0 at end of file, -1
+   with errno set on a read or poll error. */
+static int
+read_answer(int fd, char *buffer, size_t size, size_t *length, double deadline)
+{
+    char scratch[512];
+    for (;;) {
+        double left = deadline - monotonic_now();
+        if (left <= 0) return 1;
+        struct pollfd wait = {.fd = fd, .events = POLLIN};
+        int ready = poll(&wait, 1, (int)(left * 1000) + 1);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) return -1;
+        if (ready == 0) continue;  /* the deadline is checked above */
+        char *into = *length < size ? buffer + *length : scratch;
+        size_t room = *length < size ? size - *length : sizeof(scratch);
+        ssize_t got = read(fd, into, room);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return -1;
+        if (got == 0) return 0;
+        if (into == buffer + *length) *length += (size_t)got;
+    }
+}
+
+PyDoc_STRVAR(probe_fork_doc,
+"probe_fork(child, timeout, /) -> (answer, timed_out)\n\n"
+"Fork with the C library's fork(): none of the hooks registered with\n"
+"os.register_at_fork run, in this process or the child (gevent's neither).\n"
+"The child calls child(fd), fd the write end of a pipe, and leaves with\n"
+"_exit(). The parent reads what the child writes (at most 4 KiB kept) until\n"
+"it closes the pipe or timeout seconds pass, then kills a child still\n"
+"running, reaps it, and returns the bytes and whether the time ran out.\n"
+"OSError if pipe() or fork() fails. For forkserve.memory.probe.");
+
+static PyObject *
+probe_fork(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "probe_fork() takes (callable, timeout)");
+        return NULL;
+    }
+    double timeout = PyFloat_AsDouble(args[1]);
+    if (timeout == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(timeout > 0 && timeout < 3600)) {
+        PyErr_SetString(PyExc_ValueError, "probe_fork(): timeout must be 0-3600 seconds");
+        return NULL;
+    }
+    int fds[2];
+    if (pipe(fds) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    pid_t pid = fork();
+    if (pid < 0) {
+        int saved = errno;
+        close(fds[0]);
+        close(fds[1]);
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (pid == 0) {
+        /* The child: this thread still holds the GIL, and no other thread
+           exists; the callable imports nothing and takes no lock. */
+        close(fds[0]);
+        PyObject *fd = PyLong_FromLong(fds[1]);
+        PyObject *result = fd != NULL ? PyObject_CallOneArg(args[0], fd) : NULL;
+        _exit(result != NULL ? 0 : 1);
+    }
+    close(fds[1]);
+    char answer[4096];
+    size_t length = 0;
+    int outcome, saved = 0;
+    Py_BEGIN_ALLOW_THREADS
+    outcome = read_answer(fds[0], answer, sizeof(answer), &length,
+                          monotonic_now() + timeout);
+    saved = errno;
+    if (outcome != 0) kill(pid, SIGKILL);
+    close(fds[0]);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+    Py_END_ALLOW_THREADS
+    if (outcome < 0) {
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return Py_BuildValue("(y#O)", answer, (Py_ssize_t)length,
+                         outcome == 1 ? Py_True : Py_False);
+}
+
 PyDoc_STRVAR(hash_only_doc,
 "hash_only(root, utf8, /) -> (objects, bytes, {}, {}, {})\n\n"
 "Cache the hashes (and UTF-8 forms) of the dataset reachable from root;\n"
@@ -1019,6 +1125,7 @@ static PyMethodDef methods[] = {
     {"restore", (PyCFunction)(void (*)(void))restore, METH_FASTCALL, restore_doc},
 #endif
     {"hash_only", (PyCFunction)(void (*)(void))hash_only, METH_FASTCALL, hash_only_doc},
+    {"probe_fork", (PyCFunction)(void (*)(void))probe_fork, METH_FASTCALL, probe_fork_doc},
     {"refcnt", refcnt, METH_O, refcnt_doc},
     {"is_immortal", is_immortal_py, METH_O, is_immortal_doc},
     {NULL, NULL, 0, NULL},

@@ -43,18 +43,37 @@ instance dicts, the objects kept mortal, and objects created after it.
 """
 
 import gc
+import logging
 import sys
 import time
 
 from forkserve.memory import sharing
 
-__all__ = ["refusal", "share_heap", "unavailable"]
+__all__ = ["off_message", "refusal", "share_heap", "unavailable"]
 
 
 def unavailable():
     """Why the heap cannot be shared here, as a clause; None if it can."""
     support = sharing.immortal_support()
     return None if support.ok else support.reason
+
+
+def off_message():
+    """(logging level, message) saying that the default will not share the heap
+    here and why, or None if it will. INFO where this Python cannot (3.11, a
+    debug build); WARNING where it should but the probe failed (a fork that
+    failed or a child that did not answer), with what to do."""
+    support = sharing.immortal_support()
+    if support.ok:
+        return None
+    message = (f"Heap sharing off: {support.reason}; workers copy the pages of what "
+               "they read (gc.freeze still keeps collections off the master's objects)")
+    if not support.fault:
+        return logging.INFO, message
+    return logging.WARNING, (f"{message}. Restart the server once the machine can fork "
+                             "(free memory, a process limit not reached) to share the "
+                             "heap, or pass --no-share-heap to start without sharing and "
+                             "without this warning")
 
 
 def refusal():

@@ -215,6 +215,7 @@ def resource_types():
 class Support:
     ok: bool      # objects are made immortal
     reason: str   # why not, when not ok
+    fault: bool = False  # the probe failed where marking should work: worth a warning
 
 
 def c_extension(name):
@@ -245,9 +246,9 @@ def _support(accelerated):
     if not backend.CHECKED:
         return Support(False, "forkserve.memory._immortal was built without the marking "
                               "for this interpreter")
-    failure = probe.run(backend.mark, backend.restore)
+    failure = probe.run(backend.mark, backend.restore, backend.probe_fork)
     if failure:
-        return Support(False, f"the immortality probe failed ({failure})")
+        return Support(False, f"the immortality probe failed ({failure})", fault=True)
     return Support(True, "")
 
 

@@ -182,10 +182,9 @@ def _share_heap(cfg, warmed):
                      "share the heap with)")
         return
     from forkserve.memory import heap
-    reason = heap.unavailable()
-    if reason is not None:  # only the default gets here: --share-heap was refused at start
-        log.info("Heap sharing off: %s; workers copy the pages of what they read "
-                 "(gc.freeze still keeps collections off the master's objects)", reason)
+    off = heap.off_message()
+    if off is not None:  # only the default gets here: --share-heap was refused at start
+        log.log(*off)
         return
     # A warm-up's cyclic garbage is collected first (heap.share_heap says why).
     log.info("Heap sharing: %s (--no-share-heap turns it off)",
