@@ -81,3 +81,23 @@ def test_share_heap_refuses_without_immortal_objects():
     assert "CPython 3.12 to 3.15" in reason and "forkserve.store.Store" in reason
     with pytest.raises(RuntimeError, match="needs immortal objects"):
         heap.share_heap()
+
+
+@needs_immortal
+def test_the_object_that_keeps_much_of_the_heap_mortal_is_named():
+    """One ZoneInfo (in zoneinfo's weak cache: a weakref with a callback, so it
+    stays mortal) held by 5,000 records keeps them and their list mortal."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import zoneinfo
+        from forkserve.memory import heap
+        zone = zoneinfo.ZoneInfo("UTC")
+        records = [{"name": f"person {n}", "zone": zone} for n in range(5_000)]
+        report = heap.share_heap()
+        print(report.leaders[0][0], report.leaders[0][1])
+        print(report)
+    """)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    leader, report = out.stdout.splitlines()
+    what, kept = leader.rsplit(" ", 1)
+    assert what == "zoneinfo.ZoneInfo(key='UTC')" and 5_001 <= int(kept) < 5_100, leader
+    assert f"most of them kept by zoneinfo.ZoneInfo(key='UTC') {int(kept):,}" in report

@@ -329,7 +329,7 @@ def test_failed_walk_unmarks_its_containers_so_a_retry_finishes():
     for failing in range(1, 200):
         testcapi.set_nomemory(failing, failing + 1)
         try:
-            _immortal.walk(data, (), False)
+            _immortal.walk(data, ((), (), ()), False)
         except MemoryError:
             if any(not refcount_moves(pair[0]) for pair in data):
                 break
@@ -435,8 +435,12 @@ def test_report_reads_as_a_sentence():
                            {"_io.TextIOWrapper": 1}, {"datetime.date": 5})) == (
         "shared 10 objects (0.0 MB) in 0.00 s; NOT shared: 5 objects of kinds share() does "
         "not go into (datetime.date 5); kept mortal, so their finalisers still run: 3 "
-        "objects, 1 that run code when they die (_io.TextIOWrapper 1) and what holds them "
-        "(dict 2, _io.TextIOWrapper 1)")
+        "objects, 1 that run code or release something when they die, or hold what no walk "
+        "sees (_io.TextIOWrapper 1) and what holds them (dict 2, _io.TextIOWrapper 1)")
+    zone = ShareReport(10, 1_000, 0.0, True, "c", {"dict": 2_001, "ZoneInfo": 1},
+                       {"ZoneInfo": 1}, {}, (("zoneinfo.ZoneInfo(key='UTC')", 2_002),
+                                             ("a dict at 0x1", 3)))
+    assert str(zone).endswith("; most of them kept by zoneinfo.ZoneInfo(key='UTC') 2,002")
 
 
 def test_forkserve_share_stays_callable_after_the_sharing_module_is_imported():

@@ -15,7 +15,8 @@ pytest.importorskip("sqlalchemy")
 pytest.importorskip("requests")
 
 CASES = ("sqlalchemy", "logging", "tempfile", "subprocess", "requests", "weakvalue",
-         "generator", "context")
+         "generator", "context", "lru_cache", "memoryview", "traceback", "greenlet",
+         "generator_new", "weakref")
 
 #: What dropping each object leaves, as Python does it without sharing.
 DROPPED = {
@@ -27,6 +28,12 @@ DROPPED = {
     "weakvalue": "cached []",
     "generator": "new events ['generator finally']",
     "context": "new events ['context left']",
+    "lru_cache": "fds 0, on disk \"written by the lru_cache's file\"",
+    "memoryview": "resized: b'exported then resized'",
+    "traceback": "fds 0, on disk \"written by the traceback's frame\"",
+    "greenlet": "new events ['greenlet finally']",
+    "generator_new": "new events ['generator finally']",
+    "weakref": "referent None",
 }
 
 

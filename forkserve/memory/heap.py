@@ -49,7 +49,9 @@ import time
 
 from forkserve.memory import sharing
 
-__all__ = ["off_message", "refusal", "share_heap", "unavailable"]
+__all__ = ["last_report", "off_message", "refusal", "share_heap", "unavailable"]
+
+_last = {"report": None}  # this process's share_heap() report, for --why
 
 
 def unavailable():
@@ -107,8 +109,15 @@ def share_heap(collect_first=False):
         gc.unfreeze()  # what an earlier gc.freeze() holds is not in gc.get_objects()
         roots = gc.get_objects()
         roots.append(sys.modules)
-        result = accelerator.share_heap(roots, sharing.resource_types(),
+        result = accelerator.share_heap(roots, sharing.known_types(),
                                         sharing.fill_utf8_cache)
         del roots
     gc.freeze()
-    return sharing.report_of(result, started)
+    _last["report"] = sharing.report_of(result, started)
+    return _last["report"]
+
+
+def last_report():
+    """The ShareReport of this process's share_heap() (a worker's and an
+    auditor's are the master's, inherited), or None if it did not run."""
+    return _last["report"]

@@ -61,6 +61,7 @@ import os
 import sys
 import sysconfig
 import time
+import types
 import warnings
 
 from forkserve import cext
@@ -87,14 +88,32 @@ fill_utf8_cache = True
 #: Set to a non-empty value to ignore the C extensions (forkserve.cext).
 NO_C_ENV = cext.NO_C_ENV
 
-#: Types that own an OS resource and release it when they die, looked up in
-#: the modules already imported (nothing is imported for this). Most also
-#: have a finaliser, which the walker sees by itself; mmap, epoll and
-#: SemLock do not.
+#: Types that own an OS resource, or run code, when they die without a
+#: finaliser the walker sees, looked up in the modules already imported
+#: (nothing is imported for this). Most also have a finaliser, which the
+#: walker sees by itself; mmap, epoll and SemLock do not, and a greenlet
+#: throws GreenletExit into itself from its dealloc (finally blocks run).
 RESOURCE_TYPES = (("mmap", "mmap"), ("select", "epoll"), ("select", "devpoll"),
                   ("select", "kqueue"), ("_multiprocessing", "SemLock"),
                   ("_sqlite3", "Connection"), ("sqlite3", "Connection"),
-                  ("_socket", "socket"), ("_io", "_IOBase"), ("subprocess", "Popen"))
+                  ("_socket", "socket"), ("_io", "_IOBase"), ("subprocess", "Popen"),
+                  ("greenlet", "greenlet"))
+
+#: C types the collector does not track that are plain data: what they hold
+#: (numbers, a str, a timedelta) dies with them and releases nothing else.
+#: Any other untracked C type stays mortal, with what holds it: the walker
+#: cannot see its references (an lru_cache's links hold its results).
+#: (object, bool and range the walker knows by itself.)
+PLAIN_TYPES = (("datetime", "date"), ("datetime", "timedelta"), ("datetime", "timezone"),
+               ("decimal", "Decimal"), ("_decimal", "Decimal"))
+
+#: Plain while their tzinfo is None or plain (a timezone); a ZoneInfo or a
+#: Python tzinfo could be held by nothing else.
+ZONED_TYPES = (("datetime", "datetime"), ("datetime", "time"))
+
+#: A seed that kept at least this many objects mortal is named in the report
+#: (a ZoneInfo held by every record of a dataset keeps the records mortal).
+LARGE_MORTAL = 1000
 
 _state = {"warned": False}
 
@@ -109,7 +128,8 @@ class ShareReport:
     total of the objects made immortal; `mortal`, `seeds` and `skipped` map
     type names to how many objects stayed mortal (the mortality rule), of
     those how many die running code themselves (the rest hold one), and how
-    many were not gone into (share() only: not data it knows)."""
+    many were not gone into (share() only: not data it knows); `leaders`
+    names the seeds that kept the most objects mortal, with how many."""
 
     objects: int
     bytes: int
@@ -119,6 +139,8 @@ class ShareReport:
     mortal: dict = dataclasses.field(default_factory=dict)
     seeds: dict = dataclasses.field(default_factory=dict)
     skipped: dict = dataclasses.field(default_factory=dict)
+    #: ((what, objects), ...): the seeds that kept the most objects mortal
+    leaders: tuple = ()
 
     def __str__(self):
         size = f"({self.bytes / 1e6:,.1f} MB) in {self.seconds:.2f} s"
@@ -136,8 +158,13 @@ class ShareReport:
             text += f"; kept mortal, so their finalisers still run: {mortal:,} objects"
             seeds = sum(self.seeds.values())
             if seeds:
-                text += f", {seeds:,} that run code when they die ({_by_type(self.seeds, shown=8)})"
+                text += (f", {seeds:,} that run code or release something when they die, or "
+                         f"hold what no walk sees ({_by_type(self.seeds, shown=16)})")
             text += f" and what holds them ({_by_type(self.mortal)})"
+            large = [f"{what} {count:,}" for what, count in self.leaders
+                     if count >= LARGE_MORTAL]
+            if large:
+                text += f"; most of them kept by {', '.join(large)}"
         return text
 
 
@@ -148,11 +175,25 @@ def _by_type(counts, shown=4):
 
 
 def report_of(result, started, immortal=True):
-    """A ShareReport from a walker's (objects, bytes, mortal, seeds, skipped)."""
-    objects, size, mortal, seeds, skipped = result
+    """A ShareReport from a walker's (objects, bytes, mortal, seeds, skipped, leaders)."""
+    objects, size, mortal, seeds, skipped, leaders = result
     return ShareReport(objects, size, time.perf_counter() - started, immortal,
                        "c" if immortal else "hash-only", _named(mortal), _named(seeds),
-                       _named(skipped))
+                       _named(skipped), tuple((describe(seed), n) for seed, n in leaders))
+
+
+def describe(obj):
+    """A short name for a seed: its repr where its type's C code makes it,
+    else what it is (no __repr__ of the application runs)."""
+    cls = type(obj)
+    name = f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins.")
+    for kind in (dict, list, tuple, set, frozenset):
+        if isinstance(obj, kind):
+            return f"a {name} of {kind.__len__(obj):,} items"
+    if isinstance(getattr(cls, "__repr__", None), types.FunctionType):
+        return f"a {name} at {id(obj):#x}"
+    text = repr(obj)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _named(counts):
@@ -171,7 +212,7 @@ def share(obj):
     accelerator = _accelerator()
     with _gc_paused():
         if support.ok:
-            result = accelerator.walk(obj, resource_types(), fill_utf8_cache)
+            result = accelerator.walk(obj, known_types(), fill_utf8_cache)
         elif accelerator is not None:
             result = accelerator.hash_only(obj, fill_utf8_cache)
         else:
@@ -197,10 +238,15 @@ def gc_paused():
     return _gc_paused()
 
 
-def resource_types():
-    """RESOURCE_TYPES, as the types of the modules imported so far."""
+def known_types():
+    """(resources, plain, zoned): RESOURCE_TYPES, PLAIN_TYPES and ZONED_TYPES,
+    as the types of the modules imported so far (the walkers' `known`)."""
+    return _types(RESOURCE_TYPES), _types(PLAIN_TYPES), _types(ZONED_TYPES)
+
+
+def _types(names):
     found = []
-    for module_name, name in RESOURCE_TYPES:
+    for module_name, name in names:
         module = sys.modules.get(module_name)
         candidate = getattr(module, name, None) if module is not None else None
         if isinstance(candidate, type) and candidate not in found:
