@@ -101,3 +101,30 @@ def test_the_object_that_keeps_much_of_the_heap_mortal_is_named():
     what, kept = leader.rsplit(" ", 1)
     assert what == "zoneinfo.ZoneInfo(key='UTC')" and 5_001 <= int(kept) < 5_100, leader
     assert f"most of them kept by zoneinfo.ZoneInfo(key='UTC') {int(kept):,}" in report
+
+
+@needs_immortal
+def test_keep_mortal_keeps_an_object_or_a_modules_globals_and_their_data_mortal():
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import json, sys, types
+        import forkserve
+        from forkserve.memory import heap
+        from forkserve.memory._immortal import is_immortal
+
+        class Holder:
+            def __init__(self):
+                self.cache = {"rows": [[1.5], [2.5]]}
+        kept, other = forkserve.keep_mortal(Holder()), Holder()
+        module = types.ModuleType("kept_module")
+        exec("data = {'rows': [[3.5]]}\\ndef f(): return data", module.__dict__)
+        sys.modules["kept_module"] = forkserve.keep_mortal(module)
+        heap.share_heap()
+        print(json.dumps({
+            "kept": [is_immortal(x) for x in (kept, kept.cache, kept.cache["rows"][0])],
+            "other": [is_immortal(x) for x in (other, other.cache, other.cache["rows"][0])],
+            "module": [is_immortal(x) for x in (module.__dict__, module.data,
+                                                module.data["rows"], module.f, module)]}))
+    """)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"kept": [False, False, False], "other": [True, True, True],
+                                      "module": [False, False, False, True, True]}

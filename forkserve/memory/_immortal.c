@@ -476,8 +476,11 @@ count_type(PyObject *counts, PyObject *op)
 /* F_KEEP: a root that was immortal before the walk: looked inside, left as it was.
    F_OWNED: reached from a C seed through C objects and containers (spread_down).
    F_HOLDS: a seed because of what it holds (a frame), not of its type: mortality
-   spreads up from it, never down (it owns no C state of its own). */
-enum { F_SEED = 1, F_MORTAL = 2, F_STOP = 4, F_KEEP = 8, F_OWNED = 16, F_HOLDS = 32 };
+   spreads up from it, never down (it owns no C state of its own).
+   F_ASKED: kept mortal by the application (forkserve.keep_mortal): a seed,
+   and so is everything it holds but modules, classes, functions and code. */
+enum { F_SEED = 1, F_MORTAL = 2, F_STOP = 4, F_KEEP = 8, F_OWNED = 16, F_HOLDS = 32,
+       F_ASKED = 64 };
 
 /* How many of the seeds that kept the most objects mortal are reported. */
 #define LEADERS 3
@@ -783,6 +786,7 @@ typedef struct {
     walk_state *w;
     uint32_t *todo;
     Py_ssize_t pending;
+    int asked;
 } down_state;
 
 static int
@@ -804,7 +808,8 @@ down_visit(PyObject *op, void *arg)
     down_state *d = (down_state *)arg;
     if (op == NULL) return 0;
     Py_ssize_t index = node_index(d->w, op);
-    if (index < 0 || (d->w->node_flags[index] & (F_OWNED | F_STOP)) || runs_python(op)) {
+    if (index < 0 || (d->w->node_flags[index] & (F_OWNED | F_STOP))
+        || (d->asked ? PyFunction_Check(op) : runs_python(op))) {
         return 0;
     }
     d->w->node_flags[index] |= F_OWNED | F_MORTAL;
@@ -812,12 +817,17 @@ down_visit(PyObject *op, void *arg)
     return 0;
 }
 
+/* From the C seeds through C objects and containers (asked 0), or from the
+   asked nodes through everything but modules, classes, functions and code
+   (asked 1). */
 static void
-spread_down(walk_state *w, uint32_t *todo)
+spread_down(walk_state *w, uint32_t *todo, int asked)
 {
-    down_state d = {w, todo, 0};
+    down_state d = {w, todo, 0, asked};
     for (Py_ssize_t i = 0; i < w->nodes; i++) {
-        if ((w->node_flags[i] & F_SEED) && !runs_python(w->node_op[i])) {
+        int from = asked ? (w->node_flags[i] & F_ASKED)
+                         : ((w->node_flags[i] & F_SEED) && !runs_python(w->node_op[i]));
+        if (from && !(w->node_flags[i] & F_OWNED)) {
             w->node_flags[i] |= F_OWNED;
             todo[d.pending++] = (uint32_t)i;
         }
@@ -825,7 +835,15 @@ spread_down(walk_state *w, uint32_t *todo)
     while (d.pending > 0) {
         PyObject *op = w->node_op[todo[--d.pending]];
         traverseproc traverse = Py_TYPE(op)->tp_traverse;
-        if (traverse != NULL && PyObject_IS_GC(op)) {
+        if (PyDict_Check(op)) {  /* tp_traverse may skip a dict's keys */
+            Py_ssize_t pos = 0;
+            PyObject *key, *value;
+            while (PyDict_Next(op, &pos, &key, &value)) {
+                (void)down_visit(key, &d);
+                (void)down_visit(value, &d);
+            }
+        }
+        else if (traverse != NULL && PyObject_IS_GC(op)) {
             (void)traverse(op, down_visit, &d);
         }
     }
@@ -859,7 +877,7 @@ spread_mortality(walk_state *w)
     /* Seed by seed, so that each mortal node is counted for the first seed
        that reaches it: the leaders are the seeds that kept the most. */
     for (Py_ssize_t i = 0; i < w->nodes; i++) {
-        if (!(w->node_flags[i] & (F_SEED | F_HOLDS)) || (w->node_flags[i] & F_MORTAL)) {
+        if (!(w->node_flags[i] & (F_SEED | F_HOLDS | F_ASKED)) || (w->node_flags[i] & F_MORTAL)) {
             continue;
         }
         w->node_flags[i] |= F_MORTAL;
@@ -879,7 +897,9 @@ spread_mortality(walk_state *w)
         }
         note_leader(w, i, kept);
     }
-    spread_down(w, todo);  /* each node is pushed once: todo has room for all */
+    /* each node is pushed once in each: todo has room for all */
+    spread_down(w, todo, 1);
+    spread_down(w, todo, 0);
     PyMem_Free(todo);
     return 0;
 }
@@ -912,8 +932,22 @@ leaders_of(walk_state *w)
 
 /* Walk from the roots (the root's own node is looked inside even if it was
    already immortal, for walk()), settle, and build the result. */
+/* Flag the nodes the application asked to keep mortal (a module: its
+   globals' dict). */
+static void
+flag_asked(walk_state *w, PyObject *asked)
+{
+    for (Py_ssize_t i = 0; asked != NULL && i < PyList_GET_SIZE(asked); i++) {
+        PyObject *op = PyList_GET_ITEM(asked, i);
+        if (PyModule_Check(op)) op = PyModule_GetDict(op);
+        Py_ssize_t index = op != NULL ? node_index(w, op) : -1;
+        if (index >= 0) w->node_flags[index] |= F_ASKED;
+    }
+}
+
 static PyObject *
-run(walk_state *w, PyObject *const *roots, Py_ssize_t nroots, PyObject *skip)
+run(walk_state *w, PyObject *const *roots, Py_ssize_t nroots, PyObject *skip,
+    PyObject *asked)
 {
     PyObject *mortal = PyDict_New(), *seeds = PyDict_New();
     w->skipped = PyDict_New();
@@ -943,7 +977,10 @@ run(walk_state *w, PyObject *const *roots, Py_ssize_t nroots, PyObject *skip)
         status = expand(w, i);
     }
     w->current = -1;
-    if (status == 0 && w->marking) status = spread_mortality(w);
+    if (status == 0 && w->marking) {
+        flag_asked(w, asked);
+        status = spread_mortality(w);
+    }
     settle(w, status == 0);
     if (status == 0 && w->marking) status = count_mortal(w, mortal, seeds);
     PyObject *leaders = status == 0 ? leaders_of(w) : NULL;
@@ -1010,21 +1047,23 @@ walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     w.marking = 1;
     w.utf8 = PyObject_IsTrue(args[2]);
     if (w.utf8 < 0) return NULL;
-    return run(&w, args, 1, NULL);
+    return run(&w, args, 1, NULL, NULL);
 }
 
 PyDoc_STRVAR(share_heap_doc,
-"share_heap(roots, known, utf8, /) -> (objects, bytes, mortal, seeds, skipped, leaders)\n\n"
+"share_heap(roots, known, utf8, asked, /) -> (objects, bytes, mortal, seeds, skipped, leaders)\n\n"
 "As walk(), for every object reachable from the items of the list roots, of\n"
-"every kind. Use forkserve.memory.heap.share_heap().");
+"every kind; the items of the list asked (a module: its globals) stay mortal\n"
+"with everything they hold but modules, classes, functions and code. Use\n"
+"forkserve.memory.heap.share_heap().");
 
 static PyObject *
 share_heap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 3 || !PyList_CheckExact(args[0])) {
+    if (nargs != 4 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError,
-                        "share_heap() takes (list of roots, known, utf8)");
+                        "share_heap() takes (list of roots, known, utf8, list kept mortal)");
         return NULL;
     }
     walk_state w = {0};
@@ -1035,7 +1074,7 @@ share_heap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (w.utf8 < 0) return NULL;
     PyObject *roots = args[0];
     /* The list itself is never marked: marking it would leak it. */
-    return run(&w, ((PyListObject *)roots)->ob_item, PyList_GET_SIZE(roots), roots);
+    return run(&w, ((PyListObject *)roots)->ob_item, PyList_GET_SIZE(roots), roots, args[3]);
 }
 
 PyDoc_STRVAR(mark_doc,
@@ -1211,7 +1250,7 @@ hash_only(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     w.utf8 = PyObject_IsTrue(args[1]);
     if (w.utf8 < 0) return NULL;
     if (bitset_init(&w.seen, 64) < 0) return PyErr_NoMemory();
-    return run(&w, args, 1, NULL);
+    return run(&w, args, 1, NULL, NULL);
 }
 
 PyDoc_STRVAR(refcnt_doc,

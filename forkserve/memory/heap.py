@@ -49,9 +49,19 @@ import time
 
 from forkserve.memory import sharing
 
-__all__ = ["last_report", "off_message", "refusal", "share_heap", "unavailable"]
+__all__ = ["keep_mortal", "last_report", "off_message", "refusal", "share_heap", "unavailable"]
 
 _last = {"report": None}  # this process's share_heap() report, for --why
+_asked = []  # what keep_mortal() was given, until share_heap() runs (then let go)
+
+
+def keep_mortal(obj):
+    """Keep obj, and everything it holds but modules, classes, functions and
+    code, mortal when the heap is shared: a worker that drops or replaces it
+    frees it, and what the worker put into it. A module: its globals. Call
+    before the heap is shared (at import, or in a pre_freeze hook); returns obj."""
+    _asked.append(obj)
+    return obj
 
 
 def unavailable():
@@ -109,8 +119,11 @@ def share_heap(collect_first=False):
         gc.unfreeze()  # what an earlier gc.freeze() holds is not in gc.get_objects()
         roots = gc.get_objects()
         roots.append(sys.modules)
-        result = accelerator.share_heap(roots, sharing.known_types(),
-                                        sharing.fill_utf8_cache)
+        try:
+            result = accelerator.share_heap(roots, sharing.known_types(),
+                                            sharing.fill_utf8_cache, _asked)
+        finally:
+            _asked.clear()  # else the list would keep them alive for good
         del roots
     gc.freeze()
     _last["report"] = sharing.report_of(result, started)

@@ -13,7 +13,10 @@ releases something: an lru_cache holding an open buffered file (its links
 are C objects the collector does not track), a memoryview of a bytearray,
 an exception whose traceback's frame holds an open buffered file, a greenlet
 suspended inside try/finally, a generator not started, and the referent of
-a plain weakref. DATA_DIR is where their files go.
+a plain weakref. Last, a cache an import-time object holds, which a worker
+fills and replaces: kept mortal with forkserve.keep_mortal() ("cache"), and
+not ("cache_unkept": with heap sharing the old cache is never freed, as
+docs/memory.md says). DATA_DIR is where their files go.
 """
 
 import contextlib
@@ -30,6 +33,8 @@ from wsgiref.validate import validator
 import greenlet
 import requests
 import sqlalchemy
+
+import forkserve
 
 DATA_DIR = os.environ["DATA_DIR"]
 events = []  # what finalisers and finally blocks did, in this process
@@ -163,6 +168,22 @@ held["weakref"] = Entry("referent")
 plain_ref = weakref.ref(held["weakref"])
 
 
+class Witness:
+    """Made by a worker: notes when it is freed."""
+
+    def __del__(self):
+        events.append("cache entry freed")
+
+
+class Holder:
+    def __init__(self):
+        self.cache = {}
+
+
+held["cache"] = forkserve.keep_mortal(Holder())
+held["cache_unkept"] = Holder()
+
+
 def _file_state(name):
     path = os.path.join(DATA_DIR, name)
     fds = _open_fds(path)
@@ -210,6 +231,10 @@ def _use(case, environ):
         return f"next {next(held['generator_new'])}"
     if case == "weakref":
         return f"referent {plain_ref().name}"
+    if case in ("cache", "cache_unkept"):
+        held[case].cache.update((n, str(n)) for n in range(1000))
+        held[case].cache["witness"] = Witness()
+        return f"{len(held[case].cache)} cached"
     raise KeyError(case)
 
 
@@ -269,6 +294,11 @@ def _drop(case):
         del thing
         gc.collect()
         return f"referent {plain_ref()}"
+    if case in ("cache", "cache_unkept"):
+        thing.cache = {}  # the old cache, and what the worker put into it, are let go
+        held[case] = thing
+        gc.collect()
+        return f"new events {events[len(before):]}"
     del thing  # generator, context, greenlet, generator_new
     gc.collect()
     return f"new events {events[len(before):]}"
@@ -276,7 +306,7 @@ def _drop(case):
 
 CASES = ("sqlalchemy", "logging", "tempfile", "subprocess", "requests", "weakvalue",
          "generator", "context", "lru_cache", "memoryview", "traceback", "greenlet",
-         "generator_new", "weakref")
+         "generator_new", "weakref", "cache", "cache_unkept")
 
 
 def _app(environ, start_response):
