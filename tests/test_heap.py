@@ -11,7 +11,7 @@ import pytest
 from test_share_heap_e2e import IMMORTAL, needs_immortal
 
 CHILD = textwrap.dedent("""
-    import gc, json, sys, weakref
+    import datetime, gc, json, sys, weakref
     from forkserve.memory import heap
     from forkserve.memory._immortal import is_immortal
 
@@ -24,6 +24,8 @@ CHILD = textwrap.dedent("""
     record.n = 10 ** 30              # a big int (not a cached small int)
     frame = sys._getframe()          # a frame object
     runtime = sys.intern("".join(["forkserve", " heap ", "test"]))  # interned at run time
+    PLAIN = [bytearray(b"data"), datetime.date(2026, 12, 6),  # untracked C types, plain data
+             datetime.datetime(2026, 12, 6, tzinfo=datetime.timezone.utc), object()]
 
     report = heap.share_heap()
     later = Record()
@@ -34,7 +36,8 @@ CHILD = textwrap.dedent("""
         ("code constant", Record.total.__code__.co_name), ("type", Record),
         ("module", sys.modules[__name__]), ("float", RATE), ("tuple", NAMES),
         ("tuple item", NAMES[0]), ("instance", record),
-        ("big int", record.n), ("json module function", json.dumps)]}
+        ("big int", record.n), ("json module function", json.dumps),
+        *[(type(value).__name__, value) for value in PLAIN]]}
     before = sys.getrefcount(record)
     copies = [record] * 100
     print(json.dumps({"objects": report.objects, "mb": report.bytes / 1e6, "marked": marked,

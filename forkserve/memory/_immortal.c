@@ -48,7 +48,8 @@
  *     epoll, greenlet, ...: the caller's list);
  *   - its type is a C type the collector does not track, so that no walk
  *     can see what it holds (an lru_cache's links, a capsule), unless the
- *     caller names it plain data (known's plain: object, date, Decimal, ...;
+ *     caller names it plain data (object, bool, range, bytearray, and known's
+ *     plain: date, Decimal, ...;
  *     known's zoned, datetime and time, while their tzinfo is None or plain);
  *   - (share_heap() only) it holds a frame (a traceback, through its frame
  *     the locals of a function that raised): frames are never marked;
@@ -247,7 +248,10 @@ static int
 is_plain(PyObject *op, const known_types *known)
 {
     PyTypeObject *tp = Py_TYPE(op);
-    if (tp == &PyBool_Type || tp == &PyRange_Type || tp == &PyBaseObject_Type) return 1;
+    if (tp == &PyBool_Type || tp == &PyRange_Type || tp == &PyBaseObject_Type
+        || tp == &PyByteArray_Type) {
+        return 1;  /* a bytearray a view holds is a seed (is_seed) before this */
+    }
     if (in_types(known->plain, tp)) return 1;
     if (!in_types(known->zoned, tp)) return 0;
     /* The exact C type: its tzinfo getter runs no Python code. */

@@ -103,7 +103,7 @@ RESOURCE_TYPES = (("mmap", "mmap"), ("select", "epoll"), ("select", "devpoll"),
 #: (numbers, a str, a timedelta) dies with them and releases nothing else.
 #: Any other untracked C type stays mortal, with what holds it: the walker
 #: cannot see its references (an lru_cache's links hold its results).
-#: (object, bool and range the walker knows by itself.)
+#: (object, bool, range and bytearray the walker knows by itself.)
 PLAIN_TYPES = (("datetime", "date"), ("datetime", "timedelta"), ("datetime", "timezone"),
                ("decimal", "Decimal"), ("_decimal", "Decimal"))
 
