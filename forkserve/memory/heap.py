@@ -18,17 +18,21 @@ inside and what it never marks.
 
 Invariants and their reasons:
 
-- Finalisers keep their meaning. An object whose death can run code (a
-  __del__ or other finaliser, a weakref callback pointing at it, a suspended
-  generator or coroutine, an OS resource: file, socket, mmap, subprocess)
+- Finalisers keep their meaning. An object whose death can run code or
+  release something outside Python's data (a finaliser, a generator or
+  coroutine in any state, a greenlet, a buffer view, a weakref's referent,
+  an OS resource), or whose references the walk cannot see (a C type the
+  collector does not track, unless named plain data), or that holds a frame,
   stays mortal, and so does every object from which one is reachable through
   data: a worker that drops an object made at import still closes its file
-  and runs its __del__, as without sharing. Modules, classes, functions and
-  code objects live as long as the program and are made immortal whatever
-  they hold. The report counts what stayed mortal, by type.
-- Everything else is never freed, in the master or in a worker. That is the
-  point: nothing made before the fork is ever freed by a worker anyway while
-  the master holds it.
+  and runs its __del__, as without sharing (_immortal.c states the rule).
+  Modules, classes, functions and code objects live as long as the program
+  and are made immortal whatever they hold. The report counts what stayed
+  mortal, by type, and names the seeds that kept the most of it mortal.
+- Everything else is never freed, in the master or in a worker, nor is what a
+  worker stores in it: a container made at import keeps a worker's entries
+  after the worker replaces it. keep_mortal(obj) (forkserve.keep_mortal)
+  leaves obj and the data it holds out, for such a cache.
 - Only the master at boot calls it, once per process. A reload (HUP) starts
   a new master process and ends the old one, which frees everything.
 - Where marking was not checked (3.11, 3.16+, free-threaded or debug builds,

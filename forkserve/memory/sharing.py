@@ -24,10 +24,11 @@ says how):
 3. Makes each object immortal, as the interpreter reads it (a count on 3.12
    and 3.13; the count and the immortal bit of ob_flags from 3.14), except
    what the mortality rule keeps mortal: an object whose death can run code
-   (a finaliser, a weakref callback pointing at it, a suspended generator,
-   an OS resource) and every object it is reachable from through data. So
-   dropping what holds a file still closes the file. The report counts what
-   stayed mortal, by type.
+   or release something (a finaliser, a weakref pointing at it, a generator,
+   a buffer view, an OS resource), an untracked C object not known to be
+   plain data (PLAIN_TYPES), and every object it is reachable from through
+   data. So dropping what holds a file still closes the file. The report
+   counts what stayed mortal, by type, and names the seeds that kept most.
 4. gc.freeze(), so no collection examines the shared objects again.
 
 Invariants and their reasons:
