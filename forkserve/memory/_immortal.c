@@ -55,6 +55,9 @@
  *     the locals of a function that raised): frames are never marked;
  *   - (walk() only) it holds an object walk() does not go into that is a
  *     seed or could hold one (any other GC-tracked object);
+ *   - (share_heap() only) the application asked (forkserve.keep_mortal):
+ *     then everything it holds is mortal too, but modules, classes,
+ *     functions and code (spread_down from F_ASKED nodes);
  * and so does every object from which a seed is reachable through data, so
  * that dropping a container, or an object two levels up, still frees what
  * it holds; and so does the state a seed of a C type keeps in C objects and
