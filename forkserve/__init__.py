@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "share", "ShareReport", "SharingWarning"]
+__all__ = ["__version__", "keep_mortal", "share", "ShareReport", "SharingWarning"]
 
 
 def share(obj):
@@ -15,6 +15,17 @@ def share(obj):
     from forkserve.memory.sharing import share as _share
 
     return _share(obj)
+
+
+def keep_mortal(obj):
+    """Keep ``obj`` out of heap sharing: it, and the data it holds, stay
+    ordinary objects that a worker frees when it lets them go (a cache a
+    worker fills and replaces). A module: its globals. Call it at import,
+    before the heap is shared; returns ``obj``. See docs/memory.md.
+    """
+    from forkserve.memory.heap import keep_mortal as _keep_mortal
+
+    return _keep_mortal(obj)
 
 
 def __getattr__(name):

@@ -11,7 +11,7 @@ import pytest
 from test_share_heap_e2e import IMMORTAL, needs_immortal
 
 CHILD = textwrap.dedent("""
-    import gc, json, sys, weakref
+    import datetime, gc, json, sys, weakref
     from forkserve.memory import heap
     from forkserve.memory._immortal import is_immortal
 
@@ -24,6 +24,8 @@ CHILD = textwrap.dedent("""
     record.n = 10 ** 30              # a big int (not a cached small int)
     frame = sys._getframe()          # a frame object
     runtime = sys.intern("".join(["forkserve", " heap ", "test"]))  # interned at run time
+    PLAIN = [bytearray(b"data"), datetime.date(2026, 12, 6),  # untracked C types, plain data
+             datetime.datetime(2026, 12, 6, tzinfo=datetime.timezone.utc), object()]
 
     report = heap.share_heap()
     later = Record()
@@ -34,7 +36,8 @@ CHILD = textwrap.dedent("""
         ("code constant", Record.total.__code__.co_name), ("type", Record),
         ("module", sys.modules[__name__]), ("float", RATE), ("tuple", NAMES),
         ("tuple item", NAMES[0]), ("instance", record),
-        ("big int", record.n), ("json module function", json.dumps)]}
+        ("big int", record.n), ("json module function", json.dumps),
+        *[(type(value).__name__, value) for value in PLAIN]]}
     before = sys.getrefcount(record)
     copies = [record] * 100
     print(json.dumps({"objects": report.objects, "mb": report.bytes / 1e6, "marked": marked,
@@ -81,3 +84,50 @@ def test_share_heap_refuses_without_immortal_objects():
     assert "CPython 3.12 to 3.15" in reason and "forkserve.store.Store" in reason
     with pytest.raises(RuntimeError, match="needs immortal objects"):
         heap.share_heap()
+
+
+@needs_immortal
+def test_the_object_that_keeps_much_of_the_heap_mortal_is_named():
+    """One ZoneInfo (in zoneinfo's weak cache: a weakref with a callback, so it
+    stays mortal) held by 5,000 records keeps them and their list mortal."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import zoneinfo
+        from forkserve.memory import heap
+        zone = zoneinfo.ZoneInfo("UTC")
+        records = [{"name": f"person {n}", "zone": zone} for n in range(5_000)]
+        report = heap.share_heap()
+        print(report.leaders[0][0], report.leaders[0][1])
+        print(report)
+    """)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    leader, report = out.stdout.splitlines()
+    what, kept = leader.rsplit(" ", 1)
+    assert what == "zoneinfo.ZoneInfo(key='UTC')" and 5_001 <= int(kept) < 5_100, leader
+    assert f"most of them kept by zoneinfo.ZoneInfo(key='UTC') {int(kept):,}" in report
+
+
+@needs_immortal
+def test_keep_mortal_keeps_an_object_or_a_modules_globals_and_their_data_mortal():
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import json, sys, types
+        import forkserve
+        from forkserve.memory import heap
+        from forkserve.memory._immortal import is_immortal
+
+        class Holder:
+            def __init__(self):
+                self.cache = {"rows": [[1.5], [2.5]]}
+        kept, other = forkserve.keep_mortal(Holder()), Holder()
+        module = types.ModuleType("kept_module")
+        exec("data = {'rows': [[3.5]]}\\ndef f(): return data", module.__dict__)
+        sys.modules["kept_module"] = forkserve.keep_mortal(module)
+        heap.share_heap()
+        print(json.dumps({
+            "kept": [is_immortal(x) for x in (kept, kept.cache, kept.cache["rows"][0])],
+            "other": [is_immortal(x) for x in (other, other.cache, other.cache["rows"][0])],
+            "module": [is_immortal(x) for x in (module.__dict__, module.data,
+                                                module.data["rows"], module.f, module)]}))
+    """)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"kept": [False, False, False], "other": [True, True, True],
+                                      "module": [False, False, False, True, True]}

@@ -1371,6 +1371,17 @@ def test_why_blames_the_copied_pages_on_the_module_global_that_holds_them():
     assert "_COPIED: dict of 60,000 entries" in copied_objects.format_why(answer)
 
 
+def test_why_names_the_objects_that_kept_much_of_the_shared_heap_mortal():
+    answer = {"pid": 7, "exclusive_bytes": 8192, "on_objects_bytes": 4096, "owners": [],
+              "types": [], "objects_walked": 10, "seconds": 0.5,
+              "kept_mortal": {"objects": 200_345, "by": [
+                  {"what": "zoneinfo.ZoneInfo(key='Europe/Paris')", "objects": 200_002}]}}
+    assert ("Heap sharing kept 200,345 of the master's objects mortal (their finalisers run; "
+            "workers copy them as they read them); most by: "
+            "zoneinfo.ZoneInfo(key='Europe/Paris') (200,002).") in copied_objects.format_why(answer)
+    assert "Heap sharing kept" not in copied_objects.format_why({**answer, "kept_mortal": None})
+
+
 class _Record:
     def __init__(self, n):
         self.name, self.tags = f"record {n}", {n, n + 1}

@@ -15,10 +15,13 @@ import datetime
 import gc
 import weakref
 import json
+import re
 import os
 import subprocess
 import sys
 import sysconfig
+import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -326,7 +329,7 @@ def test_failed_walk_unmarks_its_containers_so_a_retry_finishes():
     for failing in range(1, 200):
         testcapi.set_nomemory(failing, failing + 1)
         try:
-            _immortal.walk(data, (), False)
+            _immortal.walk(data, ((), (), ()), False)
         except MemoryError:
             if any(not refcount_moves(pair[0]) for pair in data):
                 break
@@ -432,8 +435,12 @@ def test_report_reads_as_a_sentence():
                            {"_io.TextIOWrapper": 1}, {"datetime.date": 5})) == (
         "shared 10 objects (0.0 MB) in 0.00 s; NOT shared: 5 objects of kinds share() does "
         "not go into (datetime.date 5); kept mortal, so their finalisers still run: 3 "
-        "objects, 1 that run code when they die (_io.TextIOWrapper 1) and what holds them "
-        "(dict 2, _io.TextIOWrapper 1)")
+        "objects, 1 that run code or release something when they die, or hold what no walk "
+        "sees (_io.TextIOWrapper 1) and what holds them (dict 2, _io.TextIOWrapper 1)")
+    zone = ShareReport(10, 1_000, 0.0, True, "c", {"dict": 2_001, "ZoneInfo": 1},
+                       {"ZoneInfo": 1}, {}, (("zoneinfo.ZoneInfo(key='UTC')", 2_002),
+                                             ("a dict at 0x1", 3)))
+    assert str(zone).endswith("; most of them kept by zoneinfo.ZoneInfo(key='UTC') 2,002")
 
 
 def test_forkserve_share_stays_callable_after_the_sharing_module_is_imported():
@@ -454,14 +461,48 @@ def test_probe_verdict_is_exposed():
 
 @requires_immortal
 def test_probe_passes_the_real_marking_and_fails_one_that_does_not_hold():
-    assert probe.run(_immortal.mark, _immortal.restore) is None
+    assert probe.run(_immortal.mark, _immortal.restore, _immortal.probe_fork) is None
 
     def count_only(objects):
         # A mark that the interpreter does not honour: nothing is marked, so the
         # child's reads write the subjects' pages and the probe must see it.
         return [_immortal.refcnt(obj) for obj in objects]
 
-    assert "copied" in probe.run(count_only, lambda objects, words: None)
+    assert "copied" in probe.run(count_only, lambda objects, words: None,
+                                 _immortal.probe_fork)
+
+
+@requires_immortal
+def test_the_probes_fork_runs_no_at_fork_hook_and_answers(tmp_path):
+    """The application's os.register_at_fork hooks run neither in the master
+    nor in the probe's child (one that sleeps would hold up the start)."""
+    script = tmp_path / "hooks.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        from forkserve.memory import _immortal
+        ran = []
+        os.register_at_fork(before=lambda: ran.append("before"),
+                            after_in_parent=lambda: ran.append("parent"),
+                            after_in_child=lambda: os.write(1, b"child hook ran"))
+        def child(fd):
+            os.write(fd, b"answer from " + str(os.getpid()).encode())
+        answer, timed_out = _immortal.probe_fork(child, 10.0)
+        print(answer.decode(), timed_out, ran)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         check=True).stdout
+    assert re.fullmatch(r"answer from \d+ False \[\]\n", out), out
+
+
+@requires_immortal
+def test_a_probe_child_that_does_not_answer_is_killed_at_the_deadline():
+    def child(fd):
+        os.write(fd, b"partial")
+        time.sleep(60)
+
+    started = time.monotonic()
+    assert _immortal.probe_fork(child, 0.5) == (b"partial", True)
+    assert time.monotonic() - started < 30
 
 
 def test_versions_not_checked_get_no_marking(monkeypatch):

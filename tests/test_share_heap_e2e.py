@@ -13,7 +13,9 @@ reload (HUP) still frees the old heap, because the old processes exit.
 import os
 import re
 import signal
+import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -65,6 +67,54 @@ def test_share_heap_with_no_workers_says_it_is_pointless_and_serves(run_server):
     assert "--share-heap: skipped, pointless with -w 0" in server.log()
     assert not SHARED.search(server.log())
     assert server.get("/pid")[0] == 200
+
+
+@needs_immortal
+def test_the_probe_runs_none_of_the_applications_at_fork_hooks(run_server, tmp_path):
+    """Each hook sleeps 5 s: had the probe forked with os.fork, the master
+    would have slept in the before and after-in-parent hooks before listening,
+    and the file would show calls the worker's fork did not make."""
+    server = run_server("-w", "1", app="fork_hooks:app", env={"WITNESS_DIR": str(tmp_path)},
+                        timeout=60)
+    assert SHARED.search(server.log()), server.log()
+    worker = int(server.get("/", timeout=30)[1])
+    calls = sorted((tmp_path / "hooks").read_text().splitlines())
+    assert calls == [f"before {server.pid}", f"child {worker}", f"parent {server.pid}"]
+
+
+def test_a_failed_probe_is_a_warning_that_says_what_to_do_and_refuses_share_heap(tmp_path):
+    """The probe cannot fork (no descriptor left for its pipe): the default
+    warns, with what to do, and an explicit --share-heap is refused."""
+    script = tmp_path / "nofds.py"
+    script.write_text(textwrap.dedent("""
+        import logging, resource
+        from forkserve.memory import heap, sharing
+        sharing.accelerator(), sharing.unchecked_reason()  # their imports, while files open
+        held = []
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        try:
+            while True:
+                held.append(open("/dev/null"))
+        except OSError:
+            pass
+        level, message = heap.off_message()
+        refusal = heap.refusal()
+        del held
+        print(logging.getLevelName(level))
+        print(message)
+        print(refusal)
+    """))
+    level, message, refusal = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"}).stdout.splitlines()
+    if not IMMORTAL:  # this Python cannot share: the probe never runs, and it is no fault
+        assert level == "INFO"
+        return
+    assert level == "WARNING"
+    cause = "the probe could not fork a child: Too many open files"
+    assert message.startswith(f"Heap sharing off: the immortality probe failed ({cause})")
+    assert "--no-share-heap" in message and "Restart" in message
+    assert refusal.startswith("--share-heap needs immortal objects") and cause in refusal
 
 
 def _safety_server(run_server, tmp_path, *flags, wait=True, **env):

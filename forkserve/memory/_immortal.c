@@ -1,11 +1,11 @@
 /* forkserve.memory._immortal: the walker behind forkserve.share() and
  * --share-heap.
  *
- * walk(root, resources, utf8) prepares everything reachable from root
+ * walk(root, known, utf8) prepares everything reachable from root
  * through the kinds a dataset is made of (dict keys and values, list, tuple
  * and their subclasses such as named tuples, set, frozenset, str, bytes,
  * int, float, and instances of Python classes: with a __dict__, with
- * __slots__, dataclasses of either kind); share_heap(roots, resources, utf8)
+ * __slots__, dataclasses of either kind); share_heap(roots, known, utf8)
  * does the same for every object reachable from the items of the list
  * roots, of every kind (the caller passes gc.get_objects() and sys.modules).
  * Preparing an object means that reading it in a forked worker writes
@@ -22,24 +22,42 @@
  *     Include/object.h, refcount.h, internal/pycore_object.h and
  *     pycore_stackref.h); CHECKED is 0 anywhere else (another version,
  *     32-bit, free-threaded or a debug build), where only hash_only() exists.
- * Each returns (objects, bytes, mortal, seeds, skipped): how many objects
- * were made immortal and roughly what sys.getsizeof() says they weigh;
- * {type: count} of the objects left mortal by the rule below, and of the
- * seeds among them; and, for walk(), {type: count} of the objects found in
- * the data that it does not go into.
+ * Each returns (objects, bytes, mortal, seeds, skipped, leaders): how many
+ * objects were made immortal and roughly what sys.getsizeof() says they
+ * weigh; {type: count} of the objects left mortal by the rule below, and of
+ * the seeds among them; for walk(), {type: count} of the objects found in
+ * the data that it does not go into; and [(seed, count)] of the LEADERS
+ * seeds that kept the most objects mortal (each mortal object counted for
+ * the first seed that reaches it).
  *
  * The mortality rule. An immortal object is never freed, so its finaliser
  * would never run. An object therefore stays mortal when its death can run
- * code (a "seed"):
- *   - its type has a finaliser (tp_finalize: __del__, files, sockets; or
- *     tp_del), except a generator or coroutine that is not suspended (one
- *     not started or finished runs nothing when it dies);
- *   - a weakref with a callback points at it (WeakValueDictionary values,
- *     weakref.finalize, WeakSet members);
- *   - it is an instance of one of `resources`, the types that own an OS
- *     resource without a finaliser (mmap, epoll, ...: the caller's list);
+ * code or release something outside Python's data, or when the walk cannot
+ * see what it holds (a "seed"):
+ *   - its type has a finaliser (tp_finalize: __del__, files, sockets,
+ *     generators and coroutines in any state; or tp_del);
+ *   - a weakref points at it: with a callback (WeakValueDictionary values,
+ *     weakref.finalize, WeakSet members), or without one unless it is a
+ *     module, function or code object (the referent must die for the
+ *     weakref to say None);
+ *   - it is a buffer view or an exporter that counts its views (its type has
+ *     bf_releasebuffer: memoryview, array, mmap; a bytearray only while a
+ *     view holds it): a view's death releases the export;
+ *   - it is an instance of one of known's resources, the types that own an
+ *     OS resource or run code when they die without a finaliser (mmap,
+ *     epoll, greenlet, ...: the caller's list);
+ *   - its type is a C type the collector does not track, so that no walk
+ *     can see what it holds (an lru_cache's links, a capsule), unless the
+ *     caller names it plain data (object, bool, range, bytearray, and known's
+ *     plain: date, Decimal, ...;
+ *     known's zoned, datetime and time, while their tzinfo is None or plain);
+ *   - (share_heap() only) it holds a frame (a traceback, through its frame
+ *     the locals of a function that raised): frames are never marked;
  *   - (walk() only) it holds an object walk() does not go into that is a
  *     seed or could hold one (any other GC-tracked object);
+ *   - (share_heap() only) the application asked (forkserve.keep_mortal):
+ *     then everything it holds is mortal too, but modules, classes,
+ *     functions and code (spread_down from F_ASKED nodes);
  * and so does every object from which a seed is reachable through data, so
  * that dropping a container, or an object two levels up, still frees what
  * it holds; and so does the state a seed of a C type keeps in C objects and
@@ -84,6 +102,8 @@
  *   reaches the additions. Interned str are the interpreter's and never
  *   marked; frame objects are never marked (a running frame's object is
  *   reused as the function returns).
+ * - A seed is decided from its type and header alone: the only calls are
+ *   the tzinfo getter of exact datetime and time objects (C, no Python).
  * - hash_only(root, utf8) is walk() without marking, for the versions
  *   above that CHECKED excludes and 3.11: an address bitmap (_addrset.h's
  *   BitSet) is its visited mark.
@@ -94,7 +114,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "_addrset.h"
 #include "_module.h"
@@ -202,37 +228,89 @@ is_stop(PyObject *op)
     return PyModule_Check(op) || PyType_Check(op) || PyCode_Check(op);
 }
 
-/* Whether op's death can run code by itself: see "The mortality rule".
-   -1 with an exception set on failure. */
+/* The types the caller names (sharing.known_types()): those that own an OS
+   resource without a finaliser; C types the collector does not track that
+   are known to be plain data; and of those, the ones plain only while their
+   tzinfo is None or plain (datetime, time). Borrowed from the walk's caller. */
+typedef struct {
+    PyObject *resources, *plain, *zoned;
+} known_types;
+
 static int
-is_seed(PyObject *op, PyObject *resources)
+in_types(PyObject *types, PyTypeObject *tp)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(types); i++) {
+        if ((PyTypeObject *)PyTuple_GET_ITEM(types, i) == tp) return 1;
+    }
+    return 0;
+}
+
+/* Whether op, of a C type the collector does not track, is known to hold
+   nothing whose release matters. -1 with an exception set on failure. */
+static int
+is_plain(PyObject *op, const known_types *known)
+{
+    PyTypeObject *tp = Py_TYPE(op);
+    if (tp == &PyBool_Type || tp == &PyRange_Type || tp == &PyBaseObject_Type
+        || tp == &PyByteArray_Type) {
+        return 1;  /* a bytearray a view holds is a seed (is_seed) before this */
+    }
+    if (in_types(known->plain, tp)) return 1;
+    if (!in_types(known->zoned, tp)) return 0;
+    /* The exact C type: its tzinfo getter runs no Python code. */
+    PyObject *tzinfo = PyObject_GetAttrString(op, "tzinfo");
+    if (tzinfo == NULL) return -1;
+    int plain = tzinfo == Py_None || in_types(known->plain, Py_TYPE(tzinfo));
+    Py_DECREF(tzinfo);
+    return plain;
+}
+
+/* Whether op's death can run code or release something outside Python's
+   data by itself: see "The mortality rule". -1 with an exception set on
+   failure. */
+static int
+is_seed(PyObject *op, const known_types *known)
 {
     PyTypeObject *tp = Py_TYPE(op);
     if (tp == &PyDict_Type || tp == &PyList_Type || tp == &PyTuple_Type) {
         return 0;  /* the common case, settled fast: no finaliser, no weakrefs */
     }
-    if (tp->tp_finalize != NULL || tp->tp_del != NULL) {
-        const char *suspended = PyGen_CheckExact(op) ? "gi_suspended"
-                                : PyCoro_CheckExact(op) ? "cr_suspended" : NULL;
-        if (suspended == NULL) return 1;
-        /* A C getter returning True or False (immortal): nothing is allocated
-           that the collector tracks. */
-        PyObject *state = PyObject_GetAttrString(op, suspended);
-        if (state == NULL) return -1;
-        int result = state == Py_True;
-        Py_DECREF(state);
-        if (result) return 1;
-    }
+    /* A finaliser: __del__, files, sockets; generators and coroutines in any
+       state (one not started may be started by a worker). */
+    if (tp->tp_finalize != NULL || tp->tp_del != NULL) return 1;
     if (tp->tp_weaklistoffset != 0 && !PyType_Check(op)) {
         /* As CPython's _PyObject_GET_WEAKREFS_LISTPTR for all but static
-           types (a negative offset is 3.12+'s managed weakref list). */
+           types (a negative offset is 3.12+'s managed weakref list). A weak
+           reference without a callback counts too (its referent must die for
+           it to say None), but not to a module, function or code object,
+           which live as long as the program. */
         PyWeakReference *ref = *(PyWeakReference **)((char *)op + tp->tp_weaklistoffset);
         for (; ref != NULL; ref = ref->wr_next) {
-            if (ref->wr_callback != NULL) return 1;
+            if (ref->wr_callback != NULL
+                || !(PyModule_Check(op) || PyFunction_Check(op) || PyCode_Check(op))) {
+                return 1;
+            }
         }
     }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(resources); i++) {
-        if (PyObject_TypeCheck(op, (PyTypeObject *)PyTuple_GET_ITEM(resources, i))) return 1;
+    /* A view or an exporter that counts its views (memoryview, array, mmap):
+       a view's death releases the export. A bytearray no view holds is data. */
+    if (tp->tp_as_buffer != NULL && tp->tp_as_buffer->bf_releasebuffer != NULL
+        && !(tp == &PyByteArray_Type && ((PyByteArrayObject *)op)->ob_exports == 0)) {
+        return 1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(known->resources); i++) {
+        if (PyObject_TypeCheck(op, (PyTypeObject *)PyTuple_GET_ITEM(known->resources, i))) {
+            return 1;
+        }
+    }
+    /* A C type the collector does not track holds references no walk can see
+       (an lru_cache's links, a capsule's pointer), unless it is known plain
+       data. Leaves, classes, code and Python classes' instances (which have
+       no slot that holds an object when they are not tracked) are seen. */
+    if (!PyType_IS_GC(tp) && !is_leaf(op) && !PyType_Check(op) && !PyCode_Check(op)
+        && tp->tp_dealloc != python_class_dealloc) {
+        int plain = is_plain(op, known);
+        return plain < 0 ? -1 : !plain;
     }
     return 0;
 }
@@ -403,14 +481,22 @@ count_type(PyObject *counts, PyObject *op)
 /* ---- the walk ---------------------------------------------------------------- */
 
 /* F_KEEP: a root that was immortal before the walk: looked inside, left as it was.
-   F_OWNED: reached from a C seed through C objects and containers (spread_down). */
-enum { F_SEED = 1, F_MORTAL = 2, F_STOP = 4, F_KEEP = 8, F_OWNED = 16 };
+   F_OWNED: reached from a C seed through C objects and containers (spread_down).
+   F_HOLDS: a seed because of what it holds (a frame), not of its type: mortality
+   spreads up from it, never down (it owns no C state of its own).
+   F_ASKED: kept mortal by the application (forkserve.keep_mortal): a seed,
+   and so is everything it holds but modules, classes, functions and code. */
+enum { F_SEED = 1, F_MORTAL = 2, F_STOP = 4, F_KEEP = 8, F_OWNED = 16, F_HOLDS = 32,
+       F_ASKED = 64 };
+
+/* How many of the seeds that kept the most objects mortal are reported. */
+#define LEADERS 3
 
 typedef struct {
     int heap;               /* share_heap(): every kind; walk(): data kinds */
     int marking;            /* 0: hash_only() */
     int utf8;
-    PyObject *resources;    /* tuple of types owning an OS resource */
+    known_types known;      /* the caller's named types */
     PyObject *skipped;      /* walk(): {type: count} of what it does not go into */
     /* nodes */
     PyObject **node_op;
@@ -424,6 +510,8 @@ typedef struct {
     Py_ssize_t current;     /* the node being looked inside, or -1 */
     BitSet seen;            /* hash_only()'s visited mark */
     Py_ssize_t objects, bytes;
+    /* the seeds that kept the most nodes mortal, and how many (0: none) */
+    Py_ssize_t leader[LEADERS], leader_kept[LEADERS];
 } walk_state;
 
 static inline uint64_t
@@ -509,7 +597,7 @@ add_node(walk_state *w, PyObject *op)
     if (w->marking) set_word(op, ((uint64_t)n << 32) | IMMORTAL_LOW);
 #endif
     if (w->marking) {
-        int seed = is_seed(op, w->resources);
+        int seed = is_seed(op, &w->known);
         if (seed < 0) return -1;
         if (seed) w->node_flags[index] |= F_SEED;
         if (is_stop(op)) w->node_flags[index] |= F_STOP;
@@ -534,12 +622,19 @@ visit(PyObject *op, void *arg)
     }
     enum kind k = classify(op);
     if (w->heap) {
-        if (PyFrame_Check(op)) return 0;
+        if (PyFrame_Check(op)) {
+            /* Never a node (a running frame's object is reused as its
+               function returns); what holds one (a traceback, an exception
+               through it) stays mortal, so that dropping it frees the
+               frame's locals (an open file). */
+            if (w->current >= 0 && w->marking) w->node_flags[w->current] |= F_HOLDS;
+            return 0;
+        }
     }
     else if (k == K_SKIP) {
         if (!w->marking || is_stop(op)) return 0;  /* a class is not data, nor skipped */
         if (w->current >= 0) {
-            int seed = is_seed(op, w->resources);
+            int seed = is_seed(op, &w->known);
             if (seed < 0) return -1;
             if (seed || (PyObject_IS_GC(op) && !is_stop(op))) {
                 w->node_flags[w->current] |= F_SEED;
@@ -680,7 +775,7 @@ count_mortal(walk_state *w, PyObject *mortal, PyObject *seeds)
         uint8_t flags = w->node_flags[i];
         if ((flags & (F_MORTAL | F_KEEP)) != F_MORTAL) continue;
         if (count_type(mortal, w->node_op[i]) < 0
-            || ((flags & F_SEED) && count_type(seeds, w->node_op[i]) < 0)) {
+            || ((flags & (F_SEED | F_HOLDS)) && count_type(seeds, w->node_op[i]) < 0)) {
             return -1;
         }
     }
@@ -698,6 +793,7 @@ typedef struct {
     walk_state *w;
     uint32_t *todo;
     Py_ssize_t pending;
+    int asked;
 } down_state;
 
 static int
@@ -719,7 +815,8 @@ down_visit(PyObject *op, void *arg)
     down_state *d = (down_state *)arg;
     if (op == NULL) return 0;
     Py_ssize_t index = node_index(d->w, op);
-    if (index < 0 || (d->w->node_flags[index] & (F_OWNED | F_STOP)) || runs_python(op)) {
+    if (index < 0 || (d->w->node_flags[index] & (F_OWNED | F_STOP))
+        || (d->asked ? PyFunction_Check(op) : runs_python(op))) {
         return 0;
     }
     d->w->node_flags[index] |= F_OWNED | F_MORTAL;
@@ -727,12 +824,17 @@ down_visit(PyObject *op, void *arg)
     return 0;
 }
 
+/* From the C seeds through C objects and containers (asked 0), or from the
+   asked nodes through everything but modules, classes, functions and code
+   (asked 1). */
 static void
-spread_down(walk_state *w, uint32_t *todo)
+spread_down(walk_state *w, uint32_t *todo, int asked)
 {
-    down_state d = {w, todo, 0};
+    down_state d = {w, todo, 0, asked};
     for (Py_ssize_t i = 0; i < w->nodes; i++) {
-        if ((w->node_flags[i] & F_SEED) && !runs_python(w->node_op[i])) {
+        int from = asked ? (w->node_flags[i] & F_ASKED)
+                         : ((w->node_flags[i] & F_SEED) && !runs_python(w->node_op[i]));
+        if (from && !(w->node_flags[i] & F_OWNED)) {
             w->node_flags[i] |= F_OWNED;
             todo[d.pending++] = (uint32_t)i;
         }
@@ -740,10 +842,33 @@ spread_down(walk_state *w, uint32_t *todo)
     while (d.pending > 0) {
         PyObject *op = w->node_op[todo[--d.pending]];
         traverseproc traverse = Py_TYPE(op)->tp_traverse;
-        if (traverse != NULL && PyObject_IS_GC(op)) {
+        if (PyDict_Check(op)) {  /* tp_traverse may skip a dict's keys */
+            Py_ssize_t pos = 0;
+            PyObject *key, *value;
+            while (PyDict_Next(op, &pos, &key, &value)) {
+                (void)down_visit(key, &d);
+                (void)down_visit(value, &d);
+            }
+        }
+        else if (traverse != NULL && PyObject_IS_GC(op)) {
             (void)traverse(op, down_visit, &d);
         }
     }
+}
+
+/* Keep the LEADERS seeds that kept the most nodes mortal, most first. */
+static void
+note_leader(walk_state *w, Py_ssize_t index, Py_ssize_t kept)
+{
+    int at = LEADERS;
+    while (at > 0 && kept > w->leader_kept[at - 1]) at--;
+    if (at == LEADERS) return;
+    for (int j = LEADERS - 1; j > at; j--) {
+        w->leader[j] = w->leader[j - 1];
+        w->leader_kept[j] = w->leader_kept[j - 1];
+    }
+    w->leader[at] = index;
+    w->leader_kept[at] = kept;
 }
 
 /* Mortality: every seed, every node from which a seed is reachable through
@@ -756,24 +881,32 @@ spread_mortality(walk_state *w)
         PyErr_NoMemory();
         return -1;
     }
-    Py_ssize_t pending = 0;
+    /* Seed by seed, so that each mortal node is counted for the first seed
+       that reaches it: the leaders are the seeds that kept the most. */
     for (Py_ssize_t i = 0; i < w->nodes; i++) {
-        if (w->node_flags[i] & F_SEED) {
-            w->node_flags[i] |= F_MORTAL;
-            todo[pending++] = (uint32_t)i;
+        if (!(w->node_flags[i] & (F_SEED | F_HOLDS | F_ASKED)) || (w->node_flags[i] & F_MORTAL)) {
+            continue;
         }
-    }
-    while (pending > 0) {
-        uint32_t child = todo[--pending];
-        for (uint32_t edge = w->node_parents[child]; edge != 0; edge = w->edge_next[edge - 1]) {
-            uint32_t parent = w->edge_parent[edge - 1];
-            if (!(w->node_flags[parent] & F_MORTAL)) {
-                w->node_flags[parent] |= F_MORTAL;
-                todo[pending++] = parent;
+        w->node_flags[i] |= F_MORTAL;
+        Py_ssize_t pending = 0, kept = 1;
+        todo[pending++] = (uint32_t)i;
+        while (pending > 0) {
+            uint32_t child = todo[--pending];
+            for (uint32_t edge = w->node_parents[child]; edge != 0;
+                 edge = w->edge_next[edge - 1]) {
+                uint32_t parent = w->edge_parent[edge - 1];
+                if (!(w->node_flags[parent] & F_MORTAL)) {
+                    w->node_flags[parent] |= F_MORTAL;
+                    todo[pending++] = parent;
+                    kept++;
+                }
             }
         }
+        note_leader(w, i, kept);
     }
-    spread_down(w, todo);  /* each node is pushed once: todo has room for all */
+    /* each node is pushed once in each: todo has room for all */
+    spread_down(w, todo, 1);
+    spread_down(w, todo, 0);
     PyMem_Free(todo);
     return 0;
 }
@@ -790,10 +923,38 @@ free_state(walk_state *w)
     bitset_free(&w->seen);
 }
 
+/* [(seed, objects it kept mortal)], most first. Only once every node has its
+   final word: a seed is an ordinary object again. */
+static PyObject *
+leaders_of(walk_state *w)
+{
+    PyObject *leaders = PyList_New(0);
+    for (int i = 0; leaders != NULL && i < LEADERS && w->leader_kept[i] > 0; i++) {
+        PyObject *pair = Py_BuildValue("(On)", w->node_op[w->leader[i]], w->leader_kept[i]);
+        if (pair == NULL || PyList_Append(leaders, pair) < 0) Py_CLEAR(leaders);
+        Py_XDECREF(pair);
+    }
+    return leaders;
+}
+
 /* Walk from the roots (the root's own node is looked inside even if it was
    already immortal, for walk()), settle, and build the result. */
+/* Flag the nodes the application asked to keep mortal (a module: its
+   globals' dict). */
+static void
+flag_asked(walk_state *w, PyObject *asked)
+{
+    for (Py_ssize_t i = 0; asked != NULL && i < PyList_GET_SIZE(asked); i++) {
+        PyObject *op = PyList_GET_ITEM(asked, i);
+        if (PyModule_Check(op)) op = PyModule_GetDict(op);
+        Py_ssize_t index = op != NULL ? node_index(w, op) : -1;
+        if (index >= 0) w->node_flags[index] |= F_ASKED;
+    }
+}
+
 static PyObject *
-run(walk_state *w, PyObject *const *roots, Py_ssize_t nroots, PyObject *skip)
+run(walk_state *w, PyObject *const *roots, Py_ssize_t nroots, PyObject *skip,
+    PyObject *asked)
 {
     PyObject *mortal = PyDict_New(), *seeds = PyDict_New();
     w->skipped = PyDict_New();
@@ -823,12 +984,18 @@ run(walk_state *w, PyObject *const *roots, Py_ssize_t nroots, PyObject *skip)
         status = expand(w, i);
     }
     w->current = -1;
-    if (status == 0 && w->marking) status = spread_mortality(w);
+    if (status == 0 && w->marking) {
+        flag_asked(w, asked);
+        status = spread_mortality(w);
+    }
     settle(w, status == 0);
     if (status == 0 && w->marking) status = count_mortal(w, mortal, seeds);
+    PyObject *leaders = status == 0 ? leaders_of(w) : NULL;
     free_state(w);
-    PyObject *result = status == 0
-        ? Py_BuildValue("(nnOOO)", w->objects, w->bytes, mortal, seeds, w->skipped) : NULL;
+    PyObject *result = leaders != NULL
+        ? Py_BuildValue("(nnOOOO)", w->objects, w->bytes, mortal, seeds, w->skipped, leaders)
+        : NULL;
+    Py_XDECREF(leaders);
     Py_XDECREF(mortal);
     Py_XDECREF(seeds);
     Py_XDECREF(w->skipped);
@@ -839,27 +1006,39 @@ run(walk_state *w, PyObject *const *roots, Py_ssize_t nroots, PyObject *skip)
 /* ---- the module ------------------------------------------------------------- */
 
 #if CHECKED
+/* Parse the (resources, plain, zoned) tuple of tuples of types into w. */
 static int
-resources_arg(PyObject *resources)
+known_arg(walk_state *w, PyObject *known)
 {
-    if (!PyTuple_Check(resources)) {
-        PyErr_SetString(PyExc_TypeError, "resources must be a tuple of types");
+    const char *message = "known types must be (resources, plain, zoned), tuples of types";
+    if (!PyTuple_Check(known) || PyTuple_GET_SIZE(known) != 3) {
+        PyErr_SetString(PyExc_TypeError, message);
         return -1;
     }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(resources); i++) {
-        if (!PyType_Check(PyTuple_GET_ITEM(resources, i))) {
-            PyErr_SetString(PyExc_TypeError, "resources must be a tuple of types");
+    for (Py_ssize_t i = 0; i < 3; i++) {
+        PyObject *types = PyTuple_GET_ITEM(known, i);
+        if (!PyTuple_Check(types)) {
+            PyErr_SetString(PyExc_TypeError, message);
             return -1;
         }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(types); j++) {
+            if (!PyType_Check(PyTuple_GET_ITEM(types, j))) {
+                PyErr_SetString(PyExc_TypeError, message);
+                return -1;
+            }
+        }
     }
+    w->known.resources = PyTuple_GET_ITEM(known, 0);
+    w->known.plain = PyTuple_GET_ITEM(known, 1);
+    w->known.zoned = PyTuple_GET_ITEM(known, 2);
     return 0;
 }
 
 PyDoc_STRVAR(walk_doc,
-"walk(root, resources, utf8, /) -> (objects, bytes, mortal, seeds, skipped)\n\n"
+"walk(root, known, utf8, /) -> (objects, bytes, mortal, seeds, skipped, leaders)\n\n"
 "Make everything a dataset reachable from root is made of immortal, but\n"
-"for what the mortality rule keeps mortal. resources: a tuple of types\n"
-"that own an OS resource without a finaliser. utf8: also cache the UTF-8\n"
+"for what the mortality rule keeps mortal. known: (resources, plain, zoned),\n"
+"tuples of types (forkserve.memory.sharing.known_types()). utf8: also cache the UTF-8\n"
 "form of non-ASCII str. Use forkserve.share(), which probes first.");
 
 static PyObject *
@@ -867,42 +1046,42 @@ walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "walk() takes (root, resources, utf8)");
+        PyErr_SetString(PyExc_TypeError, "walk() takes (root, known, utf8)");
         return NULL;
     }
-    if (resources_arg(args[1]) < 0) return NULL;
     walk_state w = {0};
+    if (known_arg(&w, args[1]) < 0) return NULL;
     w.marking = 1;
-    w.resources = args[1];
     w.utf8 = PyObject_IsTrue(args[2]);
     if (w.utf8 < 0) return NULL;
-    return run(&w, args, 1, NULL);
+    return run(&w, args, 1, NULL, NULL);
 }
 
 PyDoc_STRVAR(share_heap_doc,
-"share_heap(roots, resources, utf8, /) -> (objects, bytes, mortal, seeds, skipped)\n\n"
+"share_heap(roots, known, utf8, asked, /) -> (objects, bytes, mortal, seeds, skipped, leaders)\n\n"
 "As walk(), for every object reachable from the items of the list roots, of\n"
-"every kind. Use forkserve.memory.heap.share_heap().");
+"every kind; the items of the list asked (a module: its globals) stay mortal\n"
+"with everything they hold but modules, classes, functions and code. Use\n"
+"forkserve.memory.heap.share_heap().");
 
 static PyObject *
 share_heap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 3 || !PyList_CheckExact(args[0])) {
+    if (nargs != 4 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError,
-                        "share_heap() takes (list of roots, resources, utf8)");
+                        "share_heap() takes (list of roots, known, utf8, list kept mortal)");
         return NULL;
     }
-    if (resources_arg(args[1]) < 0) return NULL;
     walk_state w = {0};
+    if (known_arg(&w, args[1]) < 0) return NULL;
     w.heap = 1;
     w.marking = 1;
-    w.resources = args[1];
     w.utf8 = PyObject_IsTrue(args[2]);
     if (w.utf8 < 0) return NULL;
     PyObject *roots = args[0];
     /* The list itself is never marked: marking it would leak it. */
-    return run(&w, ((PyListObject *)roots)->ob_item, PyList_GET_SIZE(roots), roots);
+    return run(&w, ((PyListObject *)roots)->ob_item, PyList_GET_SIZE(roots), roots, args[3]);
 }
 
 PyDoc_STRVAR(mark_doc,
@@ -961,8 +1140,108 @@ restore(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 #endif
 
+/* ---- the probe's fork ------------------------------------------------------- */
+
+/* Seconds on the monotonic clock. */
+static double
+monotonic_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+/* In the parent: read the child's answer into buffer (what does not fit is
+   read and dropped) until it closes the pipe or the deadline passes. Runs
+   without the GIL. Returns 1 if the deadline passed, 0 at end of file, -1
+   with errno set on a read or poll error. */
+static int
+read_answer(int fd, char *buffer, size_t size, size_t *length, double deadline)
+{
+    char scratch[512];
+    for (;;) {
+        double left = deadline - monotonic_now();
+        if (left <= 0) return 1;
+        struct pollfd wait = {.fd = fd, .events = POLLIN};
+        int ready = poll(&wait, 1, (int)(left * 1000) + 1);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) return -1;
+        if (ready == 0) continue;  /* the deadline is checked above */
+        char *into = *length < size ? buffer + *length : scratch;
+        size_t room = *length < size ? size - *length : sizeof(scratch);
+        ssize_t got = read(fd, into, room);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return -1;
+        if (got == 0) return 0;
+        if (into == buffer + *length) *length += (size_t)got;
+    }
+}
+
+PyDoc_STRVAR(probe_fork_doc,
+"probe_fork(child, timeout, /) -> (answer, timed_out)\n\n"
+"Fork with the C library's fork(): none of the hooks registered with\n"
+"os.register_at_fork run, in this process or the child (gevent's neither).\n"
+"The child calls child(fd), fd the write end of a pipe, and leaves with\n"
+"_exit(). The parent reads what the child writes (at most 4 KiB kept) until\n"
+"it closes the pipe or timeout seconds pass, then kills a child still\n"
+"running, reaps it, and returns the bytes and whether the time ran out.\n"
+"OSError if pipe() or fork() fails. For forkserve.memory.probe.");
+
+static PyObject *
+probe_fork(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "probe_fork() takes (callable, timeout)");
+        return NULL;
+    }
+    double timeout = PyFloat_AsDouble(args[1]);
+    if (timeout == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(timeout > 0 && timeout < 3600)) {
+        PyErr_SetString(PyExc_ValueError, "probe_fork(): timeout must be 0-3600 seconds");
+        return NULL;
+    }
+    int fds[2];
+    if (pipe(fds) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    pid_t pid = fork();
+    if (pid < 0) {
+        int saved = errno;
+        close(fds[0]);
+        close(fds[1]);
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (pid == 0) {
+        /* The child: this thread still holds the GIL, and no other thread
+           exists; the callable imports nothing and takes no lock. */
+        close(fds[0]);
+        PyObject *fd = PyLong_FromLong(fds[1]);
+        PyObject *result = fd != NULL ? PyObject_CallOneArg(args[0], fd) : NULL;
+        _exit(result != NULL ? 0 : 1);
+    }
+    close(fds[1]);
+    char answer[4096];
+    size_t length = 0;
+    int outcome, saved = 0;
+    Py_BEGIN_ALLOW_THREADS
+    outcome = read_answer(fds[0], answer, sizeof(answer), &length,
+                          monotonic_now() + timeout);
+    saved = errno;
+    if (outcome != 0) kill(pid, SIGKILL);
+    close(fds[0]);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+    Py_END_ALLOW_THREADS
+    if (outcome < 0) {
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return Py_BuildValue("(y#O)", answer, (Py_ssize_t)length,
+                         outcome == 1 ? Py_True : Py_False);
+}
+
 PyDoc_STRVAR(hash_only_doc,
-"hash_only(root, utf8, /) -> (objects, bytes, {}, {}, {})\n\n"
+"hash_only(root, utf8, /) -> (objects, bytes, {}, {}, {}, [])\n\n"
 "Cache the hashes (and UTF-8 forms) of the dataset reachable from root;\n"
 "mark nothing. For the interpreters marking is not checked on.");
 
@@ -978,7 +1257,7 @@ hash_only(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     w.utf8 = PyObject_IsTrue(args[1]);
     if (w.utf8 < 0) return NULL;
     if (bitset_init(&w.seen, 64) < 0) return PyErr_NoMemory();
-    return run(&w, args, 1, NULL);
+    return run(&w, args, 1, NULL, NULL);
 }
 
 PyDoc_STRVAR(refcnt_doc,
@@ -1019,6 +1298,7 @@ static PyMethodDef methods[] = {
     {"restore", (PyCFunction)(void (*)(void))restore, METH_FASTCALL, restore_doc},
 #endif
     {"hash_only", (PyCFunction)(void (*)(void))hash_only, METH_FASTCALL, hash_only_doc},
+    {"probe_fork", (PyCFunction)(void (*)(void))probe_fork, METH_FASTCALL, probe_fork_doc},
     {"refcnt", refcnt, METH_O, refcnt_doc},
     {"is_immortal", is_immortal_py, METH_O, is_immortal_doc},
     {NULL, NULL, 0, NULL},

@@ -254,7 +254,19 @@ def explain(pid, first_modules=(), progress=None):
         "types": [{"type": name, "bytes": round(size)} for name, size in by_type.most_common(TOP)],
         "objects_walked": walked,
         "seconds": time.monotonic() - started,
+        "kept_mortal": _kept_mortal(),
     }
+
+
+def _kept_mortal():
+    """What heap sharing left mortal in the master (workers copy it as they
+    read it), and the objects that kept the most of it; None if not shared."""
+    from forkserve.memory import heap
+    report = heap.last_report()
+    if report is None:
+        return None
+    return {"objects": sum(report.mortal.values()),
+            "by": [{"what": what, "objects": n} for what, n in report.leaders]}
 
 
 def format_why(result):
@@ -277,6 +289,12 @@ def format_why(result):
         "  (nothing)"]
     lines += ["", f"({result['objects_walked']:,} objects walked in "
                   f"{result['seconds']:.1f} s, in a process forked from the master.)"]
+    mortal = result.get("kept_mortal")
+    if mortal:
+        leaders = ", ".join(f"{m['what']} ({m['objects']:,})" for m in mortal["by"])
+        lines.append(f"Heap sharing kept {mortal['objects']:,} of the master's objects mortal "
+                     f"(their finalisers run; workers copy them as they read them); most by: "
+                     f"{leaders or 'none'}.")
     if result["owners"] and result["owners"][0]["bytes"] > exclusive / 4:
         lines.append(f"Reading {result['owners'][0]['name']} copies it into every worker: "
                      "pass it to forkserve.share() before the fork (Python 3.12+), or keep "

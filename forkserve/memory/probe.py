@@ -16,7 +16,14 @@ alone says immortal):
    small size is tried first because freeing a block glibc mapped raises its
    mmap threshold to that block's size for the rest of the process.
    They are marked as the walks mark (`mark`), their words saved.
-2. A child is forked. It stops its collector, then uses the subjects the
+2. A child is forked by the C library's fork() (_immortal.probe_fork), not
+   os.fork(): none of the application's os.register_at_fork hooks run, in
+   the master or in the child (one that sleeps or blocks would hold up the
+   start), nor gevent's. The child imports nothing and takes no lock, so
+   the interpreter state Python resets after os.fork() is not needed. The
+   master waits for its answer at most TIMEOUT seconds, then kills it; a
+   fork that fails (OSError) or a child that does not answer fails the
+   probe. The child stops its collector, then uses the subjects the
    ways the interpreter and C code take and drop references: locals,
    arguments and return values through nested calls, a global, a class
    attribute, list and dict items, iteration, len, hash, comparison. It also
@@ -36,8 +43,6 @@ fork, once per process (sharing caches the verdict).
 import gc
 import os
 import struct
-import sys
-import warnings
 
 __all__ = ["run"]
 
@@ -47,6 +52,10 @@ ALONE = 33 << 20
 #: Tried first: mapped alone while glibc's mmap threshold is below it.
 SMALL = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
+#: Seconds the master waits for the probe's child. It answers in well under
+#: 0.1 s (it reads two 1 MiB objects and /proc); a child that takes longer is
+#: stuck (a lock another thread held at the fork), and sharing is turned off.
+TIMEOUT = 5.0
 _PRESENT = 1 << 63
 _EXCLUSIVE = 1 << 56  # "page exclusively mapped" (Linux 4.2+)
 
@@ -57,11 +66,11 @@ class _Held:
     subjects = ()
 
 
-def run(mark, restore):
+def run(mark, restore, fork):
     """None if marked objects stay unwritten in a forked child; else why not.
 
     mark(list) marks each item and returns their old words; restore(list,
-    words) puts them back."""
+    words) puts them back; fork is _immortal.probe_fork (see step 2)."""
     subjects = _subjects()
     if subjects is None:
         return "the probe could not place its objects on pages of their own"
@@ -69,7 +78,7 @@ def run(mark, restore):
     _Held.subjects = subjects
     words = mark(subjects)
     try:
-        verdict = _in_child(subjects, control)
+        verdict = _in_child(subjects, control, fork)
     finally:
         restore(subjects, words)
         _Held.subjects = ()
@@ -86,51 +95,25 @@ def _subjects():
     return large if all(id(subject) % PAGE < 256 for subject in large) else None
 
 
-def _in_child(subjects, control):
-    close = _unpatched("close")  # gevent's closes when its loop next runs: not soon enough
-    read, write = os.pipe()
-    with warnings.catch_warnings():
-        # 3.12+ warns when a process with other threads forks (a child might
-        # inherit a lock some thread held). This child only reads its own
-        # memory and /proc, takes no lock, and leaves through os._exit.
-        warnings.filterwarnings("ignore", r".*multi-threaded.*fork", DeprecationWarning)
-        pid = _unpatched("fork")()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        status = 0
+def _in_child(subjects, control, fork):
+    def child(fd):  # runs in the forked child, which then leaves with _exit()
         try:
-            close(read)
             gc.disable()
             _use_all()
             keep = [control]
             answer = _check(subjects, keep[0])
-            os.write(write, answer.encode())
-        except BaseException as exc:  # the child must always reach os._exit
-            status = 1
-            try:
-                os.write(write, f"the probe's child failed: {exc!r}"[:500].encode())
-            except OSError:
-                pass
-        os._exit(status)
-    close(write)
+        except BaseException as exc:  # the child must always answer
+            answer = f"the probe's child failed: {exc!r}"[:500]
+        os.write(fd, answer.encode())
+
     try:
-        chunks = []
-        while chunk := os.read(read, 4096):
-            chunks.append(chunk)
-    finally:
-        close(read)
-        _unpatched("waitpid")(pid, 0)
-    answer = b"".join(chunks).decode()
+        answer, timed_out = fork(child, TIMEOUT)
+    except OSError as exc:
+        return f"the probe could not fork a child: {exc.strerror or exc}"
+    if timed_out:
+        return f"the probe's child did not answer within {TIMEOUT:g} s"
+    answer = answer.decode(errors="replace")
     return None if answer == "ok" else answer or "the probe's child said nothing"
-
-
-def _unpatched(name):
-    """os.<name>, as it was before gevent's monkey-patching: the probe's child
-    must not run gevent's fork hooks, and no hub runs to wait for it or to
-    carry out a close."""
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None and monkey.is_module_patched("os"):
-        return monkey.get_original("os", name)
-    return getattr(os, name)
 
 
 def _use_all():

@@ -24,10 +24,11 @@ says how):
 3. Makes each object immortal, as the interpreter reads it (a count on 3.12
    and 3.13; the count and the immortal bit of ob_flags from 3.14), except
    what the mortality rule keeps mortal: an object whose death can run code
-   (a finaliser, a weakref callback pointing at it, a suspended generator,
-   an OS resource) and every object it is reachable from through data. So
-   dropping what holds a file still closes the file. The report counts what
-   stayed mortal, by type.
+   or release something (a finaliser, a weakref pointing at it, a generator,
+   a buffer view, an OS resource), an untracked C object not known to be
+   plain data (PLAIN_TYPES), and every object it is reachable from through
+   data. So dropping what holds a file still closes the file. The report
+   counts what stayed mortal, by type, and names the seeds that kept most.
 4. gc.freeze(), so no collection examines the shared objects again.
 
 Invariants and their reasons:
@@ -61,6 +62,7 @@ import os
 import sys
 import sysconfig
 import time
+import types
 import warnings
 
 from forkserve import cext
@@ -87,14 +89,32 @@ fill_utf8_cache = True
 #: Set to a non-empty value to ignore the C extensions (forkserve.cext).
 NO_C_ENV = cext.NO_C_ENV
 
-#: Types that own an OS resource and release it when they die, looked up in
-#: the modules already imported (nothing is imported for this). Most also
-#: have a finaliser, which the walker sees by itself; mmap, epoll and
-#: SemLock do not.
+#: Types that own an OS resource, or run code, when they die without a
+#: finaliser the walker sees, looked up in the modules already imported
+#: (nothing is imported for this). Most also have a finaliser, which the
+#: walker sees by itself; mmap, epoll and SemLock do not, and a greenlet
+#: throws GreenletExit into itself from its dealloc (finally blocks run).
 RESOURCE_TYPES = (("mmap", "mmap"), ("select", "epoll"), ("select", "devpoll"),
                   ("select", "kqueue"), ("_multiprocessing", "SemLock"),
                   ("_sqlite3", "Connection"), ("sqlite3", "Connection"),
-                  ("_socket", "socket"), ("_io", "_IOBase"), ("subprocess", "Popen"))
+                  ("_socket", "socket"), ("_io", "_IOBase"), ("subprocess", "Popen"),
+                  ("greenlet", "greenlet"))
+
+#: C types the collector does not track that are plain data: what they hold
+#: (numbers, a str, a timedelta) dies with them and releases nothing else.
+#: Any other untracked C type stays mortal, with what holds it: the walker
+#: cannot see its references (an lru_cache's links hold its results).
+#: (object, bool, range and bytearray the walker knows by itself.)
+PLAIN_TYPES = (("datetime", "date"), ("datetime", "timedelta"), ("datetime", "timezone"),
+               ("decimal", "Decimal"), ("_decimal", "Decimal"))
+
+#: Plain while their tzinfo is None or plain (a timezone); a ZoneInfo or a
+#: Python tzinfo could be held by nothing else.
+ZONED_TYPES = (("datetime", "datetime"), ("datetime", "time"))
+
+#: A seed that kept at least this many objects mortal is named in the report
+#: (a ZoneInfo held by every record of a dataset keeps the records mortal).
+LARGE_MORTAL = 1000
 
 _state = {"warned": False}
 
@@ -109,7 +129,8 @@ class ShareReport:
     total of the objects made immortal; `mortal`, `seeds` and `skipped` map
     type names to how many objects stayed mortal (the mortality rule), of
     those how many die running code themselves (the rest hold one), and how
-    many were not gone into (share() only: not data it knows)."""
+    many were not gone into (share() only: not data it knows); `leaders`
+    names the seeds that kept the most objects mortal, with how many."""
 
     objects: int
     bytes: int
@@ -119,10 +140,14 @@ class ShareReport:
     mortal: dict = dataclasses.field(default_factory=dict)
     seeds: dict = dataclasses.field(default_factory=dict)
     skipped: dict = dataclasses.field(default_factory=dict)
+    #: ((what, objects), ...): the seeds that kept the most objects mortal
+    leaders: tuple = ()
 
     def __str__(self):
         kept = self.kept_mortal()
-        return f"{self.headline()}; {kept}" if kept else self.headline()
+        large = self.large_mortal()
+        text = f"{self.headline()}; {kept}" if kept else self.headline()
+        return f"{text}; {large}" if large else text
 
     def headline(self):
         """What was shared, and what was not: the report without the objects
@@ -145,8 +170,18 @@ class ShareReport:
         text = f"kept mortal, so their finalisers still run: {mortal:,} objects"
         seeds = sum(self.seeds.values())
         if seeds:
-            text += f", {seeds:,} that run code when they die ({_by_type(self.seeds, shown=8)})"
+            text += (f", {seeds:,} that run code or release something when they die, or "
+                     f"hold what no walk sees ({_by_type(self.seeds, shown=16)})")
         return text + f" and what holds them ({_by_type(self.mortal)})"
+
+    def large_mortal(self):
+        """The objects that each kept a large part of the heap mortal ("" if
+        none): shown with the headline, since they cost sharing."""
+        large = [f"{what} {count:,}" for what, count in self.leaders if count >= LARGE_MORTAL]
+        if not self.immortal or not large:
+            return ""
+        return (f"{sum(self.mortal.values()):,} objects kept mortal; "
+                f"most of them kept by {', '.join(large)}")
 
 
 def _by_type(counts, shown=4):
@@ -156,11 +191,25 @@ def _by_type(counts, shown=4):
 
 
 def report_of(result, started, immortal=True):
-    """A ShareReport from a walker's (objects, bytes, mortal, seeds, skipped)."""
-    objects, size, mortal, seeds, skipped = result
+    """A ShareReport from a walker's (objects, bytes, mortal, seeds, skipped, leaders)."""
+    objects, size, mortal, seeds, skipped, leaders = result
     return ShareReport(objects, size, time.perf_counter() - started, immortal,
                        "c" if immortal else "hash-only", _named(mortal), _named(seeds),
-                       _named(skipped))
+                       _named(skipped), tuple((describe(seed), n) for seed, n in leaders))
+
+
+def describe(obj):
+    """A short name for a seed: its repr where its type's C code makes it,
+    else what it is (no __repr__ of the application runs)."""
+    cls = type(obj)
+    name = f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins.")
+    for kind in (dict, list, tuple, set, frozenset):
+        if isinstance(obj, kind):
+            return f"a {name} of {kind.__len__(obj):,} items"
+    if isinstance(getattr(cls, "__repr__", None), types.FunctionType):
+        return f"a {name} at {id(obj):#x}"
+    text = repr(obj)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _named(counts):
@@ -179,7 +228,7 @@ def share(obj):
     accelerator = _accelerator()
     with _gc_paused():
         if support.ok:
-            result = accelerator.walk(obj, resource_types(), fill_utf8_cache)
+            result = accelerator.walk(obj, known_types(), fill_utf8_cache)
         elif accelerator is not None:
             result = accelerator.hash_only(obj, fill_utf8_cache)
         else:
@@ -205,10 +254,15 @@ def gc_paused():
     return _gc_paused()
 
 
-def resource_types():
-    """RESOURCE_TYPES, as the types of the modules imported so far."""
+def known_types():
+    """(resources, plain, zoned): RESOURCE_TYPES, PLAIN_TYPES and ZONED_TYPES,
+    as the types of the modules imported so far (the walkers' `known`)."""
+    return _types(RESOURCE_TYPES), _types(PLAIN_TYPES), _types(ZONED_TYPES)
+
+
+def _types(names):
     found = []
-    for module_name, name in RESOURCE_TYPES:
+    for module_name, name in names:
         module = sys.modules.get(module_name)
         candidate = getattr(module, name, None) if module is not None else None
         if isinstance(candidate, type) and candidate not in found:
@@ -223,6 +277,7 @@ def resource_types():
 class Support:
     ok: bool      # objects are made immortal
     reason: str   # why not, when not ok
+    fault: bool = False  # the probe failed where marking should work: worth a warning
 
 
 def c_extension(name):
@@ -253,9 +308,9 @@ def _support(accelerated):
     if not backend.CHECKED:
         return Support(False, "forkserve.memory._immortal was built without the marking "
                               "for this interpreter")
-    failure = probe.run(backend.mark, backend.restore)
+    failure = probe.run(backend.mark, backend.restore, backend.probe_fork)
     if failure:
-        return Support(False, f"the immortality probe failed ({failure})")
+        return Support(False, f"the immortality probe failed ({failure})", fault=True)
     return Support(True, "")
 
 

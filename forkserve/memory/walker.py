@@ -3,7 +3,7 @@
 `walk(root)` visits everything reachable from `root` that a dataset is made
 of (str, bytes, numbers, dict, list, tuple, set, and instances of Python
 classes), once each, caches the hashes of str, bytes and frozenset, and
-returns (objects, bytes, {}, {}, {}) as the C walker's hash_only() does. It
+returns (objects, bytes, {}, {}, {}, []) as the C walker's hash_only() does. It
 marks nothing: making objects immortal needs the C walker, which applies
 the mortality rule and writes what each interpreter version reads.
 forkserve.memory.sharing decides when it runs and reports what it did.
@@ -67,7 +67,7 @@ def _size(obj, kind):
 
 
 def walk(root, fill_utf8_cache=True):
-    """Cache the hashes of the dataset reachable from root: (objects, bytes, {}, {}, {}).
+    """Cache the hashes of the dataset reachable from root: (objects, bytes, {}, {}, {}, []).
 
     fill_utf8_cache is accepted for the C walker's signature; without the
     extension there is no way to fill the cache, so it is not filled."""
@@ -95,4 +95,4 @@ def walk(root, fill_utf8_cache=True):
                 stack.append((obj, kind))
             objects += 1
         pending = []
-    return objects, size, {}, {}, {}
+    return objects, size, {}, {}, {}, []

@@ -196,14 +196,15 @@ def _share_heap(cfg, warmed):
                      "share the heap with)")
         return
     from forkserve.memory import heap
-    reason = heap.unavailable()
-    if reason is not None:  # only the default gets here: --share-heap was refused at start
-        log.info("Heap sharing off: %s; workers copy the pages of what they read "
-                 "(gc.freeze still keeps collections off the master's objects)", reason)
+    off = heap.off_message()
+    if off is not None:  # only the default gets here: --share-heap was refused at start
+        log.log(*off)
         return
     # A warm-up's cyclic garbage is collected first (heap.share_heap says why).
     report = heap.share_heap(collect_first=warmed)
-    log.info("Heap sharing: %s (--no-share-heap turns it off)", report.headline())
+    large = report.large_mortal()  # what cost sharing most: worth a user's eye
+    log.info("Heap sharing: %s%s (--no-share-heap turns it off)", report.headline(),
+             f"; {large}" if large else "")
     if report.kept_mortal():  # which finalisers are kept working: a detail, for debugging
         log.debug("Heap sharing: %s", report.kept_mortal())
 

@@ -8,10 +8,19 @@ Routes: /use/<case> and /drop/<case>, for every case in CASES; /plain.
 Cases: a SQLAlchemy engine and its pool, a logging file handler, a named
 temporary file, a subprocess.Popen with a pipe, a requests.Session, a
 WeakValueDictionary cache, a suspended generator, and a context manager
-entered and never left. DATA_DIR is where their files go.
+entered and never left. Then what the walk cannot see into or whose death
+releases something: an lru_cache holding an open buffered file (its links
+are C objects the collector does not track), a memoryview of a bytearray,
+an exception whose traceback's frame holds an open buffered file, a greenlet
+suspended inside try/finally, a generator not started, and the referent of
+a plain weakref. Last, a cache an import-time object holds, which a worker
+fills and replaces: kept mortal with forkserve.keep_mortal() ("cache"), and
+not ("cache_unkept": with heap sharing the old cache is never freed, as
+docs/memory.md says). DATA_DIR is where their files go.
 """
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -21,8 +30,11 @@ import tempfile
 import weakref
 from wsgiref.validate import validator
 
+import greenlet
 import requests
 import sqlalchemy
+
+import forkserve
 
 DATA_DIR = os.environ["DATA_DIR"]
 events = []  # what finalisers and finally blocks did, in this process
@@ -112,6 +124,73 @@ held["context"] = _context()
 held["context"].__enter__()
 
 
+@functools.lru_cache  # maxsize=128: its links are C objects the collector does not track
+def _opened(name):
+    return open(os.path.join(DATA_DIR, name), "w")  # buffered: written out when it closes
+
+
+_opened("lru.txt").write("written by the lru_cache's file")
+held["lru_cache"] = _opened
+
+held["memoryview_buffer"] = bytearray(b"exported")
+held["memoryview"] = memoryview(held["memoryview_buffer"])
+
+
+def _fail_holding_a_file():
+    handle = open(os.path.join(DATA_DIR, "traceback.txt"), "w")
+    handle.write("written by the traceback's frame")
+    raise RuntimeError("saved at import")
+
+
+def _saved_exception():
+    try:
+        _fail_holding_a_file()
+    except RuntimeError as exc:
+        return exc
+
+
+held["traceback"] = _saved_exception()
+
+
+def _greenlet_body():
+    try:
+        greenlet.getcurrent().parent.switch("suspended")
+    finally:
+        events.append("greenlet finally")
+
+
+held["greenlet"] = greenlet.greenlet(_greenlet_body)
+held["greenlet"].switch()
+
+held["generator_new"] = _generator()  # not started
+
+held["weakref"] = Entry("referent")
+plain_ref = weakref.ref(held["weakref"])
+
+
+class Witness:
+    """Made by a worker: notes when it is freed."""
+
+    def __del__(self):
+        events.append("cache entry freed")
+
+
+class Holder:
+    def __init__(self):
+        self.cache = {}
+
+
+held["cache"] = forkserve.keep_mortal(Holder())
+held["cache_unkept"] = Holder()
+
+
+def _file_state(name):
+    path = os.path.join(DATA_DIR, name)
+    fds = _open_fds(path)
+    with open(path) as handle:
+        return f"fds {fds}, on disk {handle.read()!r}"
+
+
 # -- what a request sees --------------------------------------------------------------
 
 def _use(case, environ):
@@ -140,6 +219,22 @@ def _use(case, environ):
         return f"next {next(held['generator'])}"
     if case == "context":
         return f"events {events}"
+    if case == "lru_cache":
+        return f"{held['lru_cache'].cache_info().currsize} cached, {_file_state('lru.txt')}"
+    if case == "memoryview":
+        return f"view {bytes(held['memoryview'][:4])!r}"
+    if case == "traceback":
+        return f"{held['traceback']!r}, {_file_state('traceback.txt')}"
+    if case == "greenlet":
+        return f"dead {held['greenlet'].dead}, events {events}"
+    if case == "generator_new":
+        return f"next {next(held['generator_new'])}"
+    if case == "weakref":
+        return f"referent {plain_ref().name}"
+    if case in ("cache", "cache_unkept"):
+        held[case].cache.update((n, str(n)) for n in range(1000))
+        held[case].cache["witness"] = Witness()
+        return f"{len(held[case].cache)} cached"
     raise KeyError(case)
 
 
@@ -178,13 +273,40 @@ def _drop(case):
         del thing
         gc.collect()
         return f"cached {sorted(cache)}"
-    del thing  # generator, context
+    if case == "lru_cache":
+        thing.cache_clear()
+        del thing
+        gc.collect()
+        return _file_state("lru.txt")
+    if case == "memoryview":
+        del thing
+        gc.collect()
+        try:
+            held["memoryview_buffer"].extend(b" then resized")
+        except BufferError as exc:
+            return f"BufferError: {exc}"
+        return f"resized: {bytes(held['memoryview_buffer'])!r}"
+    if case == "traceback":
+        del thing
+        gc.collect()
+        return _file_state("traceback.txt")
+    if case == "weakref":
+        del thing
+        gc.collect()
+        return f"referent {plain_ref()}"
+    if case in ("cache", "cache_unkept"):
+        thing.cache = {}  # the old cache, and what the worker put into it, are let go
+        held[case] = thing
+        gc.collect()
+        return f"new events {events[len(before):]}"
+    del thing  # generator, context, greenlet, generator_new
     gc.collect()
     return f"new events {events[len(before):]}"
 
 
 CASES = ("sqlalchemy", "logging", "tempfile", "subprocess", "requests", "weakvalue",
-         "generator", "context")
+         "generator", "context", "lru_cache", "memoryview", "traceback", "greenlet",
+         "generator_new", "weakref", "cache", "cache_unkept")
 
 
 def _app(environ, start_response):
