@@ -30,7 +30,9 @@ Invariants, and why:
   does: idle (keep_alive) between requests, header_timeout from a request's
   first byte (or the connection's start) to its last header line,
   body_timeout for the whole request body from the application's first read,
-  send_timeout for each send of the response.
+  send_timeout for each stall of the response (a client that takes no byte).
+  The keep-alive wait counts from when the last response was written whole
+  (the hub may finish writing one long after it was handed over).
 """
 
 import time
@@ -190,6 +192,9 @@ class Handler:
             try:
                 self.transport.close()
             finally:
+                cut = self.transport.cut  # a held response the hub stopped writing
+                if cut is not None:
+                    self.server.cuts.report(self.peer, *cut)
                 # Two cycles: wsgi.errors (an ErrorStream, in the base environ
                 # and in the last request's) refers back to this handler, and
                 # the responder's bound methods to the responder. Break them
@@ -287,18 +292,7 @@ class Handler:
             if idle_timer is None:
                 data = transport.reader.recv(True)
             else:
-                idle_timer.again(transport.throw, Expired)
-                try:
-                    data = transport.reader.recv(True)
-                except Expired:
-                    # The loop may run the timer before the read it has pending:
-                    # a request that came in time (while the worker was busy) is
-                    # served, not closed on (an RST).
-                    data = transport.read_now()
-                    if data is None:
-                        raise
-                finally:
-                    idle_timer.stop()
+                data = self._await_kept(idle_timer)
             # the request begins now: the keep-alive wait is not part of it
             self._started = time.perf_counter()
             http.receive_data(data)
@@ -314,6 +308,39 @@ class Handler:
         if event is NEED_DATA:  # a head in parts: wait for the rest under header_timeout
             return self._receive_head(False, begun=True)
         return event if isinstance(event, Request) else None
+
+    def _await_kept(self, idle_timer):
+        """The first bytes of the next request on a kept connection, waited for
+        under the keep-alive timer, which counts from when the last response
+        was written whole: while the hub still writes it to a slow reader, or
+        finished it less than keep_alive ago, the wait goes on. Expired if
+        nothing came in time."""
+        transport = self.transport
+        expiry = idle_timer
+        try:
+            expiry.again(transport.throw, Expired)
+            while True:
+                try:
+                    return transport.reader.recv(True)
+                except Expired:
+                    # The loop may run the timer before the read it has pending:
+                    # a request that came in time (while the worker was busy) is
+                    # served, not closed on (an RST).
+                    data = transport.read_now()
+                    if data is not None:
+                        return data
+                    left = transport.idle_left(self.server.limits.keep_alive)
+                    if left <= 0:
+                        raise
+                    expiry.stop()  # a repeating timer would run again
+                    if expiry is not idle_timer:
+                        expiry.close()
+                    expiry = self.server.loop.timer(left)
+                    expiry.start(transport.throw, Expired)
+        finally:
+            idle_timer.stop()
+            if expiry is not idle_timer:
+                expiry.close()
 
     def _receive_head(self, first, begun=False):
         """Wait for a request and read its head; None if the connection

@@ -31,6 +31,7 @@ from forkserve.http.accesslog import AccessFormat
 from forkserve.http.handler import ErrorStream, FileWrapper, Handler, Limits
 from forkserve.http.protocol import Connection
 from forkserve.http.proxy import ProxyPolicy
+from forkserve.http.cuts import CutLog
 from forkserve.http.shortage import DESCRIPTOR_ERRNOS, SHED_BATCH, ShortageLog, oldest_heads
 
 __all__ = ["Server", "needs_nodelay"]
@@ -119,6 +120,8 @@ class Server:
         self.admission = admission
         self._handlers = set()
         self._shortage = ShortageLog(time.monotonic)
+        #: the log of responses the server stopped sending (forkserve.http.cuts)
+        self.cuts = CutLog(time.monotonic, self.logger)
         self._acceptor = None
         self._nodelay = False
         address = listener.getsockname()
