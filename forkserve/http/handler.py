@@ -292,7 +292,14 @@ class Handler:
             if idle_timer is None:
                 data = transport.reader.recv(True)
             else:
-                data = self._await_kept(idle_timer)
+                idle_timer.again(transport.throw, Expired)
+                try:
+                    data = transport.reader.recv(True)
+                except Expired:
+                    idle_timer.stop()  # a repeating timer would run again
+                    data = self._after_idle_timer()
+                finally:
+                    idle_timer.stop()
             # the request begins now: the keep-alive wait is not part of it
             self._started = time.perf_counter()
             http.receive_data(data)
@@ -309,37 +316,34 @@ class Handler:
             return self._receive_head(False, begun=True)
         return event if isinstance(event, Request) else None
 
-    def _await_kept(self, idle_timer):
-        """The first bytes of the next request on a kept connection, waited for
-        under the keep-alive timer, which counts from when the last response
-        was written whole: while the hub still writes it to a slow reader, or
-        finished it less than keep_alive ago, the wait goes on. Expired if
-        nothing came in time."""
+    def _after_idle_timer(self):
+        """The keep-alive timer ran: the first bytes of the next request if
+        they came after all, else Expired. The wait counts from when the last
+        response was written whole, so it goes on while the hub still writes
+        it to a slow reader, and for what is left of keep_alive after that."""
         transport = self.transport
-        expiry = idle_timer
+        expiry = None
         try:
-            expiry.again(transport.throw, Expired)
             while True:
+                # The loop may run the timer before the read it has pending:
+                # a request that came in time (while the worker was busy) is
+                # served, not closed on (an RST).
+                data = transport.read_now()
+                if data is not None:
+                    return data
+                left = transport.idle_left(self.server.limits.keep_alive)
+                if left <= 0:
+                    raise Expired
+                if expiry is not None:
+                    expiry.close()
+                expiry = self.server.loop.timer(left)
+                expiry.start(transport.throw, Expired)
                 try:
                     return transport.reader.recv(True)
                 except Expired:
-                    # The loop may run the timer before the read it has pending:
-                    # a request that came in time (while the worker was busy) is
-                    # served, not closed on (an RST).
-                    data = transport.read_now()
-                    if data is not None:
-                        return data
-                    left = transport.idle_left(self.server.limits.keep_alive)
-                    if left <= 0:
-                        raise
-                    expiry.stop()  # a repeating timer would run again
-                    if expiry is not idle_timer:
-                        expiry.close()
-                    expiry = self.server.loop.timer(left)
-                    expiry.start(transport.throw, Expired)
+                    pass
         finally:
-            idle_timer.stop()
-            if expiry is not idle_timer:
+            if expiry is not None:
                 expiry.close()
 
     def _receive_head(self, first, begun=False):
