@@ -28,10 +28,10 @@ from gevent.pool import Pool
 
 import forkserve
 from forkserve.http.accesslog import AccessFormat
+from forkserve.http.cuts import CutLog
 from forkserve.http.handler import ErrorStream, FileWrapper, Handler, Limits
 from forkserve.http.protocol import Connection
 from forkserve.http.proxy import ProxyPolicy
-from forkserve.http.cuts import CutLog
 from forkserve.http.shortage import DESCRIPTOR_ERRNOS, SHED_BATCH, ShortageLog, oldest_heads
 
 __all__ = ["Server", "needs_nodelay"]
