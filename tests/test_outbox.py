@@ -4,6 +4,7 @@ and what a connection's Transport does with what their writes leave."""
 
 import os
 import socket
+import time
 
 import gevent
 import gevent.socket
@@ -167,3 +168,102 @@ def test_a_write_error_not_of_the_clients_doing_is_raised_by_close_once_the_sock
     transport.write_failed(OSError(errno.ECONNRESET, "reset"))
     transport.close()
     assert transport.socket is None
+
+
+def _poll_hub(predicate, timeout=10.0):
+    """Let the hub run until `predicate()` holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        gevent.sleep(0.01)
+
+
+def _slow_reader(peer, count, chunk=16384, every=0.02):
+    """A greenlet that takes `count` bytes from `peer`, `chunk` at most every
+    `every` seconds (the client's pace), and returns them."""
+    def read():
+        received = bytearray()
+        while len(received) < count:
+            gevent.socket.wait_read(peer.fileno(), timeout=10)
+            received.extend(peer.recv(chunk))
+            gevent.sleep(every)
+        return bytes(received)
+    return gevent.spawn(read)
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n"
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["held", "sent"])
+def test_a_write_goes_on_past_send_timeout_while_the_client_keeps_taking_bytes(pairs, batch):
+    [(ours, peer)] = pairs(1)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    transport = _transport(ours, Outbox(gevent.get_hub().loop) if batch else None,
+                           send_timeout=0.2)
+    response = HEAD + os.urandom(1 << 20)
+    reader = _slow_reader(peer, len(response))  # about 1.3 s: six send_timeouts
+    started = time.monotonic()
+    transport.send_response(response)
+    _poll_hub(lambda: transport._rest is None and not transport.held)
+    assert reader.get(timeout=20) == response and time.monotonic() - started > 0.6
+    assert transport.cut is None and transport._failure is None
+
+
+def test_the_hub_cuts_a_rest_the_client_stops_taking_and_says_how_much_went(pairs):
+    [(ours, peer)] = pairs(1)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    transport = _transport(ours, Outbox(gevent.get_hub().loop), send_timeout=0.2)
+    transport.line = "GET /big HTTP/1.1"
+    body = os.urandom(1 << 20)
+    transport.send_response(HEAD + body)
+    waiting = gevent.spawn(transport.reader.recv, True)  # as for the next request
+    _poll_hub(lambda: transport.cut is not None)  # the client read nothing
+    line, sent, total, reason = transport.cut
+    assert (line, total, reason) == ("GET /big HTTP/1.1", len(body),
+                                     "the client took no byte for 0.2 s (--send-timeout)")
+    assert waiting.get(timeout=5) == b""  # the connection was shut down: it wakes
+    received = bytearray()
+    while data := peer.recv(1 << 20) if _poll_readable(peer) else b"":
+        received.extend(data)
+    assert bytes(received) == (HEAD + body)[:len(HEAD) + sent]
+    with pytest.raises(ClientDisconnected, match="took no byte"):
+        transport.settle()
+
+
+def _poll_readable(sock):
+    gevent.socket.wait_read(sock.fileno(), timeout=5)
+    return True
+
+
+def test_a_send_the_client_stops_taking_is_cut_after_send_timeout_and_says_what_is_left(pairs):
+    [(ours, peer)] = pairs(1)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    transport = _transport(ours, None, send_timeout=0.2)
+    data = os.urandom(1 << 20)
+    with pytest.raises(ClientDisconnected, match="took no byte for 0.2 s") as raised:
+        transport.send(data)
+    unsent = raised.value.unsent
+    assert 0 < unsent < len(data)
+    received = bytearray()
+    while len(received) < len(data) - unsent:
+        gevent.socket.wait_read(peer.fileno(), timeout=5)
+        received.extend(peer.recv(1 << 20))
+    assert bytes(received) == data[:len(data) - unsent]
+
+
+def test_the_keep_alive_wait_counts_from_when_the_hub_wrote_the_last_byte(pairs):
+    [(ours, peer)] = pairs(1)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    loop = gevent.get_hub().loop
+    transport = _transport(ours, Outbox(loop))
+    assert transport.idle_left(5.0) <= 0  # nothing written late: the wait began when it did
+    response = os.urandom(1 << 20)
+    transport.send_response(response)
+    assert transport.idle_left(5.0) == 5.0  # held
+    gevent.sleep(0)
+    assert transport._rest is not None and transport.idle_left(5.0) == 5.0  # being written
+    reader = _slow_reader(peer, len(response), chunk=65536, every=0.01)
+    _poll_hub(lambda: transport._rest is None)
+    finished = loop.now()
+    assert reader.get(timeout=10) == response
+    assert 4.0 < transport.idle_left(5.0) <= 5.0 - (loop.now() - finished)

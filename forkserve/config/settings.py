@@ -252,9 +252,10 @@ SETTINGS = (
             details="Counted from the application's first read: bounds each wait and the "
                     "whole body; the connection is closed after the 408."),
     Setting("send_timeout", ("--send-timeout",), values.seconds, 30.0,
-            "Seconds one send may wait for a client that does not read. 0 disables.",
+            "Seconds a client may go without taking a byte of the response. 0 disables.",
             metavar="SECONDS", section="http",
-            details="The connection is closed after."),
+            details="A stall, not a download: a slow client that keeps reading finishes. "
+                    "The connection is closed after, with a WARNING line."),
     Setting("sendfile", ("--no-sendfile",), values.flag_on_by_default, True,
             "Send wsgi.file_wrapper's files in blocks, not with os.sendfile().",
             kind="off", section="http",

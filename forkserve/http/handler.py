@@ -30,7 +30,9 @@ Invariants, and why:
   does: idle (keep_alive) between requests, header_timeout from a request's
   first byte (or the connection's first wait for one) to its last header line,
   body_timeout for the whole request body from the application's first read,
-  send_timeout for each send of the response.
+  send_timeout for each stall of the response (a client that takes no byte).
+  The keep-alive wait counts from when the last response was written whole
+  (the hub may finish writing one long after it was handed over).
 """
 
 import time
@@ -195,6 +197,9 @@ class Handler:
             try:
                 self.transport.close()
             finally:
+                cut = self.transport.cut  # a held response the hub stopped writing
+                if cut is not None:
+                    self.server.cuts.report(self.peer, *cut)
                 # Two cycles: wsgi.errors (an ErrorStream, in the base environ
                 # and in the last request's) refers back to this handler, and
                 # the responder's bound methods to the responder. Break them
@@ -296,12 +301,8 @@ class Handler:
                 try:
                     data = transport.reader.recv(True)
                 except Expired:
-                    # The loop may run the timer before the read it has pending:
-                    # a request that came in time (while the worker was busy) is
-                    # served, not closed on (an RST).
-                    data = transport.read_now()
-                    if data is None:
-                        raise
+                    idle_timer.stop()  # a repeating timer would run again
+                    data = self._after_idle_timer()
                 finally:
                     idle_timer.stop()
             # the request begins now: the keep-alive wait is not part of it
@@ -319,6 +320,36 @@ class Handler:
         if event is NEED_DATA:  # a head in parts: wait for the rest under header_timeout
             return self._receive_head(False, begun=True)
         return event if isinstance(event, Request) else None
+
+    def _after_idle_timer(self):
+        """The keep-alive timer ran: the first bytes of the next request if
+        they came after all, else Expired. The wait counts from when the last
+        response was written whole, so it goes on while the hub still writes
+        it to a slow reader, and for what is left of keep_alive after that."""
+        transport = self.transport
+        expiry = None
+        try:
+            while True:
+                # The loop may run the timer before the read it has pending:
+                # a request that came in time (while the worker was busy) is
+                # served, not closed on (an RST).
+                data = transport.read_now()
+                if data is not None:
+                    return data
+                left = transport.idle_left(self.server.limits.keep_alive)
+                if left <= 0:
+                    raise Expired
+                if expiry is not None:
+                    expiry.close()
+                expiry = self.server.loop.timer(left)
+                expiry.start(transport.throw, Expired)
+                try:
+                    return transport.reader.recv(True)
+                except Expired:
+                    pass
+        finally:
+            if expiry is not None:
+                expiry.close()
 
     def _receive_head(self, first, begun=False):
         """Wait for a request and read its head; None if the connection

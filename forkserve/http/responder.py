@@ -86,9 +86,10 @@ class Responder:
     def respond(self, env, line):
         """Run the application on `env` and send its response; `line` is the
         request line, for the log."""
-        self.status = self.code = self._fatal = None
+        self.status = self.code = self._fatal = self._total = None
         self.headers = ()
         self.headers_sent = False
+        self.transport.line = line  # for a held response, and a cut one's log line
         http = self.http
         result = None
         try:
@@ -107,6 +108,7 @@ class Responder:
                     if whole is not None:
                         self.code = http.code
                         self.headers_sent = True
+                        self._total = len(data)
                         self.transport.send_response(whole)
                     else:
                         self._send_whole(data)
@@ -127,8 +129,12 @@ class Responder:
                     close()
         except RequestError as ex:  # from wsgi.input; logged once the response is done
             self._answer(ex.status)
-        except ClientDisconnected:
+        except ClientDisconnected as ex:
             http.response_cut()
+            unsent = getattr(ex, "unsent", None)
+            if unsent is not None:  # else an earlier response's: the transport has it
+                self.server.cuts.report(self.peer, line, max(0, http.sent - unsent),
+                                        self._body_total(), str(ex))
         except (Exception, Timeout):  # a gevent.Timeout the application didn't catch
             if http.body_error is not None:  # raised because reading the body failed:
                 self._answer_body_error()   # the refusal is logged, not this traceback
@@ -165,9 +171,20 @@ class Responder:
             if arrived is not None:  # b"" is the client's close; None, nothing yet
                 http.receive_data(arrived)
         head = http.response_head(status, self.headers, data, total, http_date())
+        self._total = total
         self.code = http.code
         self.headers_sent = True
         self.transport.send(head)
+
+    def _body_total(self):
+        """The length of the body being sent, if known: given to the head, or
+        the application's Content-Length."""
+        if self._total is not None:
+            return self._total
+        for name, value in self.headers:
+            if name.lower() == "content-length" and value.strip().isdigit():
+                return int(value)
+        return None
 
     def _send_file(self, wrapper):
         """Send a FileWrapper's regular file with os.sendfile(); False (nothing

@@ -44,6 +44,7 @@ from greenlet import GreenletExit, greenlet
 
 import forkserve
 from forkserve.http.accesslog import AccessFormat
+from forkserve.http.cuts import CutLog
 from forkserve.http.handler import ErrorStream, FileWrapper, Handler, Limits
 from forkserve.http.protocol import Connection
 from forkserve.http.proxy import ProxyPolicy
@@ -234,6 +235,8 @@ class Server:
         self.admission = admission
         self._handlers = set()
         self._shortage = ShortageLog(time.monotonic)
+        #: the log of responses the server stopped sending (forkserve.http.cuts)
+        self.cuts = CutLog(time.monotonic, self.logger)
         # made by start(): the listener's non-blocking stdlib twin (on a
         # duplicate of its descriptor, closed with it), the io watcher on it,
         # and the timer of a pause
