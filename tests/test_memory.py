@@ -1382,6 +1382,18 @@ def test_why_names_the_objects_that_kept_much_of_the_shared_heap_mortal():
     assert "Heap sharing kept" not in copied_objects.format_why({**answer, "kept_mortal": None})
 
 
+def test_why_points_a_worker_whose_own_memory_dominates_to_keep_mortal_when_shared():
+    """What a worker stored in an immortal container is the worker's own
+    memory: --why cannot name the container, so it says what would free it."""
+    answer = {"pid": 7, "exclusive_bytes": 40 << 20, "on_objects_bytes": 4 << 20,
+              "owners": [], "types": [], "objects_walked": 10, "seconds": 0.5,
+              "kept_mortal": {"objects": 12, "by": []}}
+    hint = "pass that container (or its module) to forkserve.keep_mortal() at import"
+    assert hint in copied_objects.format_why(answer)
+    assert hint not in copied_objects.format_why({**answer, "kept_mortal": None})  # not shared
+    assert hint not in copied_objects.format_why({**answer, "on_objects_bytes": 30 << 20})
+
+
 class _Record:
     def __init__(self, n):
         self.name, self.tags = f"record {n}", {n, n + 1}

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -80,6 +81,36 @@ def test_the_probe_runs_none_of_the_applications_at_fork_hooks(run_server, tmp_p
     worker = int(server.get("/", timeout=30)[1])
     calls = sorted((tmp_path / "hooks").read_text().splitlines())
     assert calls == [f"before {server.pid}", f"child {worker}", f"parent {server.pid}"]
+
+
+@needs_immortal
+def test_a_server_whose_at_fork_hook_blocks_until_the_heap_is_shared_serves_at_once(
+        run_server, tmp_path):
+    """The app's os.register_at_fork(before=...) hook sleeps 60 s in any fork
+    made before the heap is shared (tests/apps/probe_blocking_hook.py tells by
+    whether a list of its own is immortal yet). Only the probe forks then:
+    forkserve forks its workers after sharing, and for them the hook runs and
+    returns at once. So the wait isolated here is the probe's. Had the probe
+    forked with os.fork, the master would sleep 60 s in the hook before any
+    worker existed; the server must answer within 15 s of starting instead,
+    with the heap shared (the probe passed)."""
+    started = time.monotonic()
+    server = run_server("-w", "1", app="probe_blocking_hook:app", wait=False,
+                        env={"WITNESS_DIR": str(tmp_path)})
+
+    def answered():
+        try:
+            return server.get("/", timeout=2)
+        except OSError:  # not yet listening, or no worker yet
+            return None
+    server.wait_listening(timeout=15)
+    status, worker = poll(answered, timeout=max(0.0, started + 15 - time.monotonic()),
+                          interval=0.1, message="an answer within 15 s of the start")
+    assert status == 200
+    assert SHARED.search(server.log()), server.log()
+    # The hook did run, in the master, for the worker's fork only, after sharing.
+    assert (tmp_path / "hooks").read_text().splitlines() == [f"before {server.pid} shared"]
+    assert int(worker) != server.pid
 
 
 def test_a_failed_probe_is_a_warning_that_says_what_to_do_and_refuses_share_heap(tmp_path):

@@ -214,7 +214,9 @@ def _parse_args(argv):
     parser.add_argument("--why", metavar="TARGET", nargs="?", const="",
                         help="explain a worker's private memory: which of the master's objects "
                         "it copied, by module-level name and by type. TARGET is the worker's "
-                        "pid, or a server (then its worker with the most private memory)")
+                        "pid, or a server (then its worker with the most private memory). With the heap "
+                        "shared, what a worker stores in an import-time container is never "
+                        "freed: forkserve.keep_mortal() keeps such a container ordinary")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--watch", metavar="SECONDS", type=_positive_seconds,
                         help="refresh every SECONDS until Ctrl-C")

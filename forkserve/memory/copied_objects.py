@@ -295,6 +295,12 @@ def format_why(result):
         lines.append(f"Heap sharing kept {mortal['objects']:,} of the master's objects mortal "
                      f"(their finalisers run; workers copy them as they read them); most by: "
                      f"{leaders or 'none'}.")
+    if mortal is not None and exclusive - on_objects > exclusive / 2:
+        lines.append("Most of it is the worker's own. With the heap shared, what a worker "
+                     "stores in a dict, list, set or instance made at import is never freed, "
+                     "even once the worker replaces or drops it: if this grows, pass that "
+                     "container (or its module) to forkserve.keep_mortal() at import "
+                     "(docs/heap-sharing.md).")
     if result["owners"] and result["owners"][0]["bytes"] > exclusive / 4:
         lines.append(f"Reading {result['owners'][0]['name']} copies it into every worker: "
                      "pass it to forkserve.share() before the fork (Python 3.12+), or keep "
