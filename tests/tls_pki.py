@@ -16,7 +16,9 @@ def issue(directory, name, subject, ca, extensions):
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
             f"{name}.csr", "-subj", subject, cwd=directory)
     with open(os.path.join(directory, f"{name}.ext"), "w") as handle:
-        handle.write(extensions + "\n")
+        # and of a certificate it issued: its issuer's key named
+        handle.write(extensions + "\nauthorityKeyIdentifier=keyid,issuer\n"
+                     "subjectKeyIdentifier=hash\n")
     openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
             "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
             cwd=directory)
@@ -28,8 +30,13 @@ def make_pki(directory):
     second, for a reload), a client certificate from the CA (client) and one
     from another CA (stranger). Returns `directory`."""
     for ca in ("ca", "other-ca"):
+        # the extensions a strict verifier wants of a CA (Python 3.13+ sets
+        # VERIFY_X509_STRICT in its default contexts)
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key",
-                "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN={ca}", cwd=directory)
+                "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN={ca}",
+                "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                "-addext", "subjectKeyIdentifier=hash", cwd=directory)
     server = "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth"
     issue(directory, "server", "/CN=first", "ca", server)
     issue(directory, "server2", "/CN=second", "ca", server)
